@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs every Debian package the lab and the tests need (TESTBED.md), idempotently.
+# Safe to run repeatedly: a package that is already present is not touched, and
+# `apt-get update` runs only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  openvswitch-switch openvswitch-ipsec ovn-central ovn-host
+  strongswan strongswan-swanctl charon-systemd libcharon-extra-plugins
+  libstrongswan-extra-plugins iproute2
+  # Build and test tooling used by scripts/test.sh.
+  build-essential pkg-config python3 python3-venv openssl patch util-linux procps psmisc
+)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: must run as root (apt-get, network namespaces, XFRM)" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # The Debian packages try to start their services through systemd/invoke-rc.d;
+  # in a container without an init that fails harmlessly, but a policy-rc.d that
+  # forbids starts keeps postinst scripts from hanging or erroring.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+    chmod 0755 /usr/sbin/policy-rc.d
+    created_policy=1
+  fi
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if [ "${created_policy:-0}" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
+else
+  echo "install-deps: all Debian packages present"
+fi
+
+# The Debian packages start system-wide daemons when an init exists. The lab and
+# the tests run their own instances in temp dirs; nothing here depends on them.
