@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Sets up and runs every test of kube-ovn-ipsec: the README's second quick-start
+# command, and the only thing .ci/run calls.
+#
+# It installs what the tests need (Debian packages from scripts/install-deps.sh),
+# checks formatting and lints, runs the whole test suite against the real
+# ovsdb-server, ovn-northd, strongSwan, ovs-monitor-ipsec and kernel XFRM, and
+# smoke-runs every bench once so a bench that no longer works fails here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+source scripts/lib/toolchain.sh
+require_toolchain
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy --all-targets -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== cargo test (real daemons; a missing program fails by name)"
+# Two test threads: the machine has two cores, and the integration tests start
+# real daemons whose start-up latency is what they measure against timeouts.
+cargo test --workspace --locked -- --test-threads="${TEST_THREADS:-2}"
+
+echo "== benches, smoke mode (each bench once; figures come from scripts/bench.sh)"
+cargo bench --workspace --locked --benches -- --test
+
+echo "== all tests passed"
