@@ -1,1 +1,496 @@
-//! (being written)
+//! Real `ovsdb-server` (Open_vSwitch, OVN NB, OVN SB schemas) and
+//! `ovn-northd` processes for tests, benches and the lab.
+//!
+//! Each daemon is started with `--detach --pidfile --log-file --unixctl` in a
+//! directory the caller owns (usually a `tempfile::TempDir`), the way
+//! `TESTBED.md` shows. The handle remembers the daemon's PID (read from its
+//! pidfile once it is up) and stops it on drop, so a failing test never
+//! leaves a daemon behind, even if the directory was removed first.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), testbed::ovs::Error> {
+//! let dir = tempfile::tempdir().unwrap();
+//! let vswitch = testbed::ovs::OvsdbServer::start_vswitch(dir.path())?;
+//! let central = testbed::ovs::OvnCentral::start(dir.path())?;
+//! println!("{} {} {}", vswitch.address(), central.nb.address(), central.sb.address());
+//! # Ok(()) }
+//! ```
+//!
+//! The API is synchronous: starting a daemon takes a few milliseconds and
+//! tests call it before their async part begins.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::{MissingProgram, require_program};
+
+/// What can go wrong starting or stopping a daemon.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A program the harness runs is not installed.
+    #[error(transparent)]
+    Missing(#[from] MissingProgram),
+    /// A command ran but failed.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: String,
+        /// Its standard error.
+        stderr: String,
+    },
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was attempted.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A daemon did not come up or go away in time.
+    #[error("timed out: {what}")]
+    Timeout {
+        /// What was awaited.
+        what: String,
+    },
+}
+
+/// Which schema an [`OvsdbServer`] serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbKind {
+    /// `Open_vSwitch` (`/usr/share/openvswitch/vswitch.ovsschema`).
+    Vswitch,
+    /// `OVN_Northbound` (`/usr/share/ovn/ovn-nb.ovsschema`).
+    Northbound,
+    /// `OVN_Southbound` (`/usr/share/ovn/ovn-sb.ovsschema`).
+    Southbound,
+}
+
+impl DbKind {
+    /// The schema file shipped by the Debian packages.
+    pub fn schema(self) -> &'static str {
+        match self {
+            DbKind::Vswitch => "/usr/share/openvswitch/vswitch.ovsschema",
+            DbKind::Northbound => "/usr/share/ovn/ovn-nb.ovsschema",
+            DbKind::Southbound => "/usr/share/ovn/ovn-sb.ovsschema",
+        }
+    }
+
+    /// The database name inside the schema.
+    pub fn db_name(self) -> &'static str {
+        match self {
+            DbKind::Vswitch => "Open_vSwitch",
+            DbKind::Northbound => "OVN_Northbound",
+            DbKind::Southbound => "OVN_Southbound",
+        }
+    }
+
+    /// File stem used in the directory: `conf`, `nb`, `sb` (so one directory
+    /// can hold all three).
+    pub fn stem(self) -> &'static str {
+        match self {
+            DbKind::Vswitch => "conf",
+            DbKind::Northbound => "nb",
+            DbKind::Southbound => "sb",
+        }
+    }
+}
+
+/// Runs `program args`, returning its stdout, or [`Error::Command`].
+pub fn run(program: &str, args: &[&str]) -> Result<String, Error> {
+    let path = require_program(program)?;
+    let command = format!("{program} {}", args.join(" "));
+    let out = Command::new(&path)
+        .args(args)
+        .output()
+        .map_err(|source| Error::Io { what: format!("spawn `{command}`"), source })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command,
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A detached daemon known by its pidfile.
+#[derive(Debug)]
+struct Daemon {
+    name: String,
+    pidfile: PathBuf,
+    pid: Option<Pid>,
+}
+
+impl Daemon {
+    fn new(name: &str, pidfile: PathBuf) -> Self {
+        Self { name: name.to_string(), pidfile, pid: None }
+    }
+
+    /// Reads the pidfile the daemon wrote before `--detach` returned.
+    fn record_pid(&mut self) -> Result<(), Error> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(s) = std::fs::read_to_string(&self.pidfile)
+                && let Ok(pid) = s.trim().parse::<i32>()
+            {
+                self.pid = Some(Pid::from_raw(pid));
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout { what: format!("{} pidfile {}", self.name, self.pidfile.display()) });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn is_running(&self) -> bool {
+        self.pid.is_some_and(alive)
+    }
+
+    /// Sends `signal` and waits until the process is gone.
+    fn signal(&mut self, signal: Signal) -> Result<(), Error> {
+        let Some(pid) = self.pid else { return Ok(()) };
+        if alive(pid) {
+            // ESRCH (already gone) is success here.
+            let _ = kill(pid, signal);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while alive(pid) {
+            if Instant::now() > deadline {
+                if signal == Signal::SIGKILL {
+                    return Err(Error::Timeout { what: format!("{} (pid {pid}) to exit", self.name) });
+                }
+                return self.signal(Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.pid = None;
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Err(e) = self.signal(Signal::SIGTERM) {
+            tracing::error!(error = %e, "could not stop {}", self.name);
+        }
+    }
+}
+
+/// Alive and not a zombie: a detached daemon is reparented away from us, and
+/// the container's init may be slow (or absent) to reap it.
+fn alive(pid: Pid) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+fn remove_if_exists(path: &Path) -> Result<(), Error> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(Error::Io { what: format!("remove {}", path.display()), source }),
+    }
+}
+
+/// A running `ovsdb-server` with one database, listening on a unix socket.
+#[derive(Debug)]
+pub struct OvsdbServer {
+    kind: DbKind,
+    db: PathBuf,
+    socket: PathBuf,
+    ctl: PathBuf,
+    log: PathBuf,
+    daemon: Daemon,
+}
+
+impl OvsdbServer {
+    /// Creates `<dir>/<stem>.db` from the schema and starts a server on
+    /// `<dir>/<stem>.sock`; no rows are created.
+    pub fn start(kind: DbKind, dir: &Path) -> Result<Self, Error> {
+        let stem = kind.stem();
+        let db = dir.join(format!("{stem}.db"));
+        let server = Self {
+            kind,
+            socket: dir.join(format!("{stem}.sock")),
+            ctl: dir.join(format!("{stem}.ctl")),
+            log: dir.join(format!("{stem}.log")),
+            daemon: Daemon::new(&format!("ovsdb-server ({})", kind.db_name()), dir.join(format!("{stem}.pid"))),
+            db,
+        };
+        run("ovsdb-tool", &["create", &path_str(&server.db), kind.schema()])?;
+        let mut server = server;
+        server.launch()?;
+        Ok(server)
+    }
+
+    /// `Open_vSwitch` database with its root row (`ovs-vsctl --no-wait
+    /// init`), as on a node before ovs-vswitchd starts.
+    pub fn start_vswitch(dir: &Path) -> Result<Self, Error> {
+        let s = Self::start(DbKind::Vswitch, dir)?;
+        s.vsctl(&["init"])?;
+        Ok(s)
+    }
+
+    /// `OVN_Northbound` database with its `NB_Global` row (`ovn-nbctl init`).
+    pub fn start_nb(dir: &Path) -> Result<Self, Error> {
+        let s = Self::start(DbKind::Northbound, dir)?;
+        s.nbctl(&["init"])?;
+        Ok(s)
+    }
+
+    /// `OVN_Southbound` database, empty: `ovn-northd` creates `SB_Global`
+    /// (call [`OvsdbServer::sbctl`] with `init` to create it without northd).
+    pub fn start_sb(dir: &Path) -> Result<Self, Error> {
+        Self::start(DbKind::Southbound, dir)
+    }
+
+    fn launch(&mut self) -> Result<(), Error> {
+        // A killed server leaves its socket file behind.
+        remove_if_exists(&self.socket)?;
+        run(
+            "ovsdb-server",
+            &[
+                &path_str(&self.db),
+                &format!("--remote=punix:{}", self.socket.display()),
+                &format!("--unixctl={}", self.ctl.display()),
+                &format!("--pidfile={}", self.daemon.pidfile.display()),
+                &format!("--log-file={}", self.log.display()),
+                "--detach",
+                "--no-chdir",
+            ],
+        )?;
+        self.daemon.record_pid()
+    }
+
+    /// Which database this is.
+    pub fn kind(&self) -> DbKind {
+        self.kind
+    }
+
+    /// The unix socket clients connect to.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket
+    }
+
+    /// `unix:<socket>`, for `--db=` options and OVSDB clients.
+    pub fn address(&self) -> String {
+        format!("unix:{}", self.socket.display())
+    }
+
+    /// The database file (survives [`OvsdbServer::kill`]).
+    pub fn db_path(&self) -> &Path {
+        &self.db
+    }
+
+    /// The server's log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The `ovs-appctl -t` target.
+    pub fn ctl_path(&self) -> &Path {
+        &self.ctl
+    }
+
+    /// The server's PID while it runs.
+    pub fn pid(&self) -> Option<i32> {
+        self.daemon.pid.filter(|p| alive(*p)).map(Pid::as_raw)
+    }
+
+    /// Whether the process is alive.
+    pub fn is_running(&self) -> bool {
+        self.daemon.is_running()
+    }
+
+    /// SIGKILL, as a crash: clients see the connection drop; the database
+    /// file keeps committed data.
+    pub fn kill(&mut self) -> Result<(), Error> {
+        self.daemon.signal(Signal::SIGKILL)
+    }
+
+    /// SIGTERM (SIGKILL after 5 s).
+    pub fn stop(&mut self) -> Result<(), Error> {
+        self.daemon.signal(Signal::SIGTERM)
+    }
+
+    /// Stops the server if it runs, and starts it again on the same database
+    /// file and socket path.
+    pub fn restart(&mut self) -> Result<(), Error> {
+        self.stop()?;
+        self.launch()
+    }
+
+    /// Runs `ovs-vsctl --db=<this> --no-wait args` (`--no-wait` because no
+    /// ovs-vswitchd runs here to acknowledge changes).
+    pub fn vsctl(&self, args: &[&str]) -> Result<String, Error> {
+        let mut all = vec!["--no-wait"];
+        all.extend_from_slice(args);
+        self.ctl_tool("ovs-vsctl", &all)
+    }
+
+    /// Runs `ovn-nbctl --db=<this> args`.
+    pub fn nbctl(&self, args: &[&str]) -> Result<String, Error> {
+        self.ctl_tool("ovn-nbctl", args)
+    }
+
+    /// Runs `ovn-sbctl --db=<this> args`.
+    pub fn sbctl(&self, args: &[&str]) -> Result<String, Error> {
+        self.ctl_tool("ovn-sbctl", args)
+    }
+
+    fn ctl_tool(&self, program: &str, args: &[&str]) -> Result<String, Error> {
+        let db = format!("--db={}", self.address());
+        let mut all = vec![db.as_str(), "--timeout=10"];
+        all.extend_from_slice(args);
+        run(program, &all)
+    }
+}
+
+/// A running `ovn-northd` between an NB and an SB server.
+#[derive(Debug)]
+pub struct Northd {
+    nb: String,
+    sb: String,
+    ctl: PathBuf,
+    log: PathBuf,
+    daemon: Daemon,
+}
+
+impl Northd {
+    /// Starts northd against `nb` and `sb`, with its files in `nb`'s
+    /// directory. It creates `SB_Global` and mirrors `NB_Global.ipsec` into
+    /// `SB_Global.ipsec` (~10 ms).
+    pub fn start(nb: &OvsdbServer, sb: &OvsdbServer) -> Result<Self, Error> {
+        let dir = nb.socket_path().parent().unwrap_or(Path::new("/tmp"));
+        let mut n = Self {
+            nb: nb.address(),
+            sb: sb.address(),
+            ctl: dir.join("northd.ctl"),
+            log: dir.join("northd.log"),
+            daemon: Daemon::new("ovn-northd", dir.join("northd.pid")),
+        };
+        n.launch()?;
+        Ok(n)
+    }
+
+    fn launch(&mut self) -> Result<(), Error> {
+        run(
+            "ovn-northd",
+            &[
+                &format!("--ovnnb-db={}", self.nb),
+                &format!("--ovnsb-db={}", self.sb),
+                &format!("--unixctl={}", self.ctl.display()),
+                &format!("--pidfile={}", self.daemon.pidfile.display()),
+                &format!("--log-file={}", self.log.display()),
+                "--detach",
+                "--no-chdir",
+            ],
+        )?;
+        self.daemon.record_pid()
+    }
+
+    /// The daemon's log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The daemon's PID while it runs.
+    pub fn pid(&self) -> Option<i32> {
+        self.daemon.pid.filter(|p| alive(*p)).map(Pid::as_raw)
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) -> Result<(), Error> {
+        self.daemon.signal(Signal::SIGKILL)
+    }
+
+    /// SIGTERM (SIGKILL after 5 s).
+    pub fn stop(&mut self) -> Result<(), Error> {
+        self.daemon.signal(Signal::SIGTERM)
+    }
+
+    /// Stops (if running) and starts again with the same databases.
+    pub fn restart(&mut self) -> Result<(), Error> {
+        self.stop()?;
+        self.launch()
+    }
+}
+
+/// NB and SB servers with `ovn-northd` between them, in one directory.
+///
+/// Dropped northd first, then the servers.
+#[derive(Debug)]
+pub struct OvnCentral {
+    /// `ovn-northd`.
+    pub northd: Northd,
+    /// The northbound server (with `NB_Global`).
+    pub nb: OvsdbServer,
+    /// The southbound server.
+    pub sb: OvsdbServer,
+}
+
+impl OvnCentral {
+    /// Starts NB, SB and northd in `dir`.
+    pub fn start(dir: &Path) -> Result<Self, Error> {
+        let nb = OvsdbServer::start_nb(dir)?;
+        let sb = OvsdbServer::start_sb(dir)?;
+        let northd = Northd::start(&nb, &sb)?;
+        Ok(Self { northd, nb, sb })
+    }
+}
+
+fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vswitch_starts_serves_and_stops_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid;
+        {
+            let mut s = OvsdbServer::start_vswitch(dir.path()).unwrap();
+            pid = s.pid().unwrap();
+            s.vsctl(&["set", "Open_vSwitch", ".", "other_config:x=1"]).unwrap();
+            s.kill().unwrap();
+            assert!(!s.is_running());
+            s.restart().unwrap();
+            assert_ne!(s.pid().unwrap(), pid);
+            let v = s.vsctl(&["get", "Open_vSwitch", ".", "other_config:x"]).unwrap();
+            assert_eq!(v.trim(), "\"1\"");
+        }
+        assert!(!alive(Pid::from_raw(pid)));
+    }
+
+    #[test]
+    fn central_mirrors_ipsec() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = OvnCentral::start(dir.path()).unwrap();
+        c.nb.nbctl(&["set", "NB_Global", ".", "ipsec=true"]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = c.sb.sbctl(&["--if-exists", "get", "SB_Global", ".", "ipsec"]).unwrap_or_default();
+            if v.trim() == "true" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "SB ipsec never became true");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
