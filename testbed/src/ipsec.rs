@@ -1,1 +1,872 @@
-//! (being written)
+//! Simulated IPsec nodes: strongSwan starter + charon and ovs-monitor-ipsec
+//! over an ovsdb-server, each node in its own network and mount namespace.
+//!
+//! This is the production-shaped chain of `TESTBED.md` ("ovs-monitor-ipsec
+//! with strongSwan starter, two nodes"): per node a [`Netns`] whose holder
+//! binds the node's own `/run`, `/etc/ipsec.conf`, `/etc/ipsec.secrets`,
+//! `/etc/ipsec.d` and `/etc/strongswan.d`; inside it `ovsdb-server` on
+//! `punix:/run/openvswitch/db.sock`, `ipsec start --nofork` and
+//! `<python> <monitor script> ... --no-restart-ike-daemon` in the foreground
+//! (the interpreter of the script's `#!` line, as running it directly would).
+//! No ovs-vswitchd: the monitor only reads the database.
+//!
+//! Typical use:
+//! ```no_run
+//! # use testbed::ipsec::*;
+//! # fn main() -> Result<(), IpsecError> {
+//! let ca = TestCa::create("kube-ovn-ipsec test CA")?;
+//! let (mut a, mut b) = IpsecNode::pair("koi-doc", "chass-a", "chass-b")?;
+//! let script = std::path::Path::new(DEBIAN_MONITOR_SCRIPT);
+//! a.start(&StartOptions::new(&ca, script))?;
+//! b.start(&StartOptions::new(&ca, script))?;
+//! a.add_tunnel(&Tunnel::to(&b, 0))?;
+//! b.add_tunnel(&Tunnel::to(&a, 0))?;
+//! # Ok(()) }
+//! ```
+//!
+//! Every process and the namespace go away when the node is dropped.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::netns::{self, Bind, Mounts, Netns, NetnsError, VethEnd};
+
+/// Where Debian's openvswitch-ipsec installs the monitor.
+pub const DEBIAN_MONITOR_SCRIPT: &str = "/usr/share/openvswitch/scripts/ovs-monitor-ipsec";
+
+/// Default `ipsec_mark_out` of test tunnels (the lease's output mark).
+pub const DEFAULT_MARK: u32 = 0x1000_0001;
+
+/// Why an IPsec node operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IpsecError {
+    /// A namespace or command failed.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    /// Reading or writing a node file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The operating system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A daemon did not come up in time.
+    #[error("{what} not ready after {waited:?}; node logs:\n{diagnostics}")]
+    NotReady {
+        /// What was waited for.
+        what: String,
+        /// How long.
+        waited: Duration,
+        /// Log tails of the node, to see why.
+        diagnostics: String,
+    },
+    /// The node was used before [`IpsecNode::start`].
+    #[error("node {0} is not started")]
+    NotStarted(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IpsecError + '_ {
+    move |source| IpsecError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A test certificate authority (RSA-2048, made with `openssl`).
+#[derive(Debug)]
+pub struct TestCa {
+    dir: tempfile::TempDir,
+    /// The CA certificate (PEM), the trust bundle given to the nodes.
+    pub cert: PathBuf,
+    key: PathBuf,
+}
+
+/// A node certificate and key issued by a [`TestCa`].
+#[derive(Debug, Clone)]
+pub struct NodeCert {
+    /// Certificate (PEM), subject `/O=kube-ovn/CN=<chassis>`, SAN `DNS:<chassis>`.
+    pub cert: PathBuf,
+    /// Private key (PEM, PKCS#8).
+    pub key: PathBuf,
+}
+
+impl TestCa {
+    /// Creates a self-signed CA with subject `/O=kube-ovn/CN=<cn>`.
+    pub fn create(cn: &str) -> Result<Self, IpsecError> {
+        let dir = tempfile::Builder::new()
+            .prefix("koi-ca-")
+            .tempdir()
+            .map_err(io_err(Path::new("/tmp")))?;
+        let cert = dir.path().join("ca.pem");
+        let key = dir.path().join("ca.key");
+        netns::run(
+            Command::new("openssl")
+                .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes"])
+                .args([
+                    "-keyout".as_ref(),
+                    key.as_os_str(),
+                    "-out".as_ref(),
+                    cert.as_os_str(),
+                    "-subj".as_ref(),
+                    format!("/O=kube-ovn/CN={cn}").as_ref(),
+                    "-days".as_ref(),
+                    "2".as_ref(),
+                ]),
+        )?;
+        Ok(Self { dir, cert, key })
+    }
+
+    /// Issues an RSA-2048 certificate for `chassis` with subject
+    /// `/O=kube-ovn/CN=<chassis>` and SAN `DNS:<chassis>` — O before CN, so RFC 2253 renders
+    /// `CN=<chassis>,O=kube-ovn` and the monitor's `CN=(.+?),` finds it
+    /// (`TESTBED.md` defect 4).
+    pub fn issue(&self, chassis: &str) -> Result<NodeCert, IpsecError> {
+        let base = self.dir.path().join(chassis);
+        let key = base.with_extension("key");
+        let csr = base.with_extension("csr");
+        let cert = base.with_extension("pem");
+        let ext = base.with_extension("ext");
+        // The leaf the project's signer issues (SPEC section 6). The SAN
+        // matters: the monitor sets `leftid=<CN>`, and strongSwan only uses
+        // an ID the certificate contains as subjectAltName — otherwise it
+        // falls back to the subject DN, which the peer's `rightid=<chassis>`
+        // does not match ("no matching peer config found").
+        std::fs::write(
+            &ext,
+            format!(
+                "basicConstraints=critical,CA:FALSE\n\
+                 keyUsage=critical,digitalSignature,keyEncipherment\n\
+                 subjectAltName=DNS:{chassis}\n"
+            ),
+        )
+        .map_err(io_err(&ext))?;
+        netns::run(
+            Command::new("openssl")
+                .args(["req", "-newkey", "rsa:2048", "-nodes"])
+                .args([
+                    "-keyout".as_ref(),
+                    key.as_os_str(),
+                    "-out".as_ref(),
+                    csr.as_os_str(),
+                    "-subj".as_ref(),
+                    format!("/O=kube-ovn/CN={chassis}").as_ref(),
+                ]),
+        )?;
+        // A random serial instead of -CAcreateserial: no shared serial file.
+        let serial = format!("0x{:016x}", std::process::id() as u64 * 1_000_003 + nanos());
+        netns::run(
+            Command::new("openssl")
+                .args(["x509", "-req", "-days", "2"])
+                .args([
+                    "-in".as_ref(),
+                    csr.as_os_str(),
+                    "-CA".as_ref(),
+                    self.cert.as_os_str(),
+                    "-CAkey".as_ref(),
+                    self.key.as_os_str(),
+                    "-set_serial".as_ref(),
+                    serial.as_ref(),
+                    "-extfile".as_ref(),
+                    ext.as_os_str(),
+                    "-out".as_ref(),
+                    cert.as_os_str(),
+                ]),
+        )?;
+        Ok(NodeCert { cert, key })
+    }
+}
+
+fn nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or_default()
+}
+
+/// How [`IpsecNode::start`] runs the node.
+#[derive(Debug, Clone)]
+pub struct StartOptions<'a> {
+    /// CA that issues this node's certificate; its certificate becomes the
+    /// monitor's `other_config:ca_cert`.
+    pub ca: &'a TestCa,
+    /// The ovs-monitor-ipsec script to run with `python3` (Debian's original
+    /// or a patched copy).
+    pub monitor_script: &'a Path,
+    /// Write the `ovs.conf` that this script's `restart_ike_daemon()` would
+    /// write into the node's `/etc/strongswan.d` before charon starts. The
+    /// monitor runs with `--no-restart-ike-daemon`, so it never writes it
+    /// itself; this shows what charon does with the script's settings.
+    pub write_ovs_conf: bool,
+}
+
+impl<'a> StartOptions<'a> {
+    /// Runs `monitor_script` with a certificate from `ca`; no `ovs.conf`.
+    pub fn new(ca: &'a TestCa, monitor_script: &'a Path) -> Self {
+        Self {
+            ca,
+            monitor_script,
+            write_ovs_conf: false,
+        }
+    }
+}
+
+/// A geneve tunnel Interface as ovn-controller (with the output-protection
+/// options of the lease) would create it.
+#[derive(Debug, Clone)]
+pub struct Tunnel {
+    /// Interface name, e.g. `ovn-chassb-0`.
+    pub name: String,
+    /// `options:remote_ip`.
+    pub remote_ip: Ipv4Addr,
+    /// `options:remote_name`: the peer's chassis (its certificate CN).
+    pub remote_name: String,
+    /// `options:ipsec_mark_out` (as `<mark>/0xffffffff`).
+    pub mark: u32,
+    /// `options:ipsec_reqid`.
+    pub reqid: u32,
+}
+
+impl Tunnel {
+    /// The tunnel to `peer` named like OVN names them (`ovn-<chassis
+    /// without dashes>-<n>`), with [`DEFAULT_MARK`] and reqid 1.
+    pub fn to(peer: &IpsecNode, n: u32) -> Self {
+        Self {
+            name: format!("ovn-{}-{n}", peer.chassis.replace('-', "")),
+            remote_ip: peer.ip,
+            remote_name: peer.chassis.clone(),
+            mark: DEFAULT_MARK,
+            reqid: 1,
+        }
+    }
+
+    /// A tunnel to an address nobody answers on; adding and removing it
+    /// makes the monitor refresh without touching real peers.
+    pub fn unrelated(name: &str, remote_ip: Ipv4Addr) -> Self {
+        Self {
+            name: name.to_string(),
+            remote_ip,
+            remote_name: format!("{name}-peer"),
+            mark: DEFAULT_MARK,
+            reqid: 1,
+        }
+    }
+}
+
+/// An IKE_SA as `ipsec statusall` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IkeSa {
+    /// Connection name, e.g. `ovn-chassb-0-out-1`.
+    pub conn: String,
+    /// charon's unique id (the `[n]`).
+    pub unique_id: u32,
+    /// State word, e.g. `ESTABLISHED`, `CONNECTING`.
+    pub state: String,
+    /// Initiator SPI (hex), when shown.
+    pub spi_i: Option<String>,
+    /// Responder SPI (hex), when shown.
+    pub spi_r: Option<String>,
+}
+
+/// Parses the IKE_SA lines of `ipsec statusall` / `ipsec status`:
+/// `<conn>[<id>]: <STATE> ...` and `<conn>[<id>]: IKEv2 SPIs: <i>_i[*] <r>_r[*], ...`.
+pub fn parse_ike_sas(status: &str) -> Vec<IkeSa> {
+    let mut sas: Vec<IkeSa> = Vec::new();
+    for line in status.lines() {
+        let line = line.trim();
+        let Some((head, rest)) = line.split_once(": ") else {
+            continue;
+        };
+        let Some((conn, id)) = head.strip_suffix(']').and_then(|h| h.rsplit_once('[')) else {
+            continue;
+        };
+        let Ok(unique_id) = id.parse::<u32>() else {
+            continue;
+        };
+        let rest = rest.trim();
+        if let Some(spis) = rest
+            .strip_prefix("IKEv2 SPIs: ")
+            .or_else(|| rest.strip_prefix("IKEv1 SPIs: "))
+        {
+            let mut words = spis.split([' ', ',']).filter(|w| !w.is_empty());
+            let spi_i = words
+                .next()
+                .map(|w| w.trim_end_matches('*').trim_end_matches("_i").to_string());
+            let spi_r = words
+                .next()
+                .map(|w| w.trim_end_matches('*').trim_end_matches("_r").to_string());
+            if let Some(sa) = sas
+                .iter_mut()
+                .find(|s| s.unique_id == unique_id && s.conn == conn)
+            {
+                sa.spi_i = spi_i;
+                sa.spi_r = spi_r;
+            }
+            continue;
+        }
+        let state = rest.split_whitespace().next().unwrap_or_default();
+        if !state.is_empty() && state.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+            if sas
+                .iter()
+                .any(|s| s.unique_id == unique_id && s.conn == conn)
+            {
+                continue;
+            }
+            sas.push(IkeSa {
+                conn: conn.to_string(),
+                unique_id,
+                state: state.to_string(),
+                spi_i: None,
+                spi_r: None,
+            });
+        }
+    }
+    sas
+}
+
+/// The daemons of a started node.
+#[derive(Debug)]
+struct Daemons {
+    ovsdb: Child,
+    starter: Child,
+    monitor: Child,
+}
+
+/// One simulated node: its namespaces, files and (once started) daemons.
+#[derive(Debug)]
+pub struct IpsecNode {
+    chassis: String,
+    ip: Ipv4Addr,
+    cert: Option<NodeCert>,
+    daemons: Option<Daemons>,
+    // Dropped after the daemons (field order): processes first, then the
+    // namespace, then the files.
+    netns: Netns,
+    dir: tempfile::TempDir,
+}
+
+impl IpsecNode {
+    /// Creates the node's directory (`run/`, `etc/ipsec.conf`,
+    /// `etc/ipsec.secrets`, `etc/ipsec.d/*`, a copy of `/etc/strongswan.d`
+    /// plus a charon file log at `/run/charon.log`) and its namespace.
+    /// `ip` is the underlay address the node gets once linked.
+    pub fn new(prefix: &str, chassis: &str, ip: Ipv4Addr) -> Result<Self, IpsecError> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("koi-node-{chassis}-"))
+            .tempdir()
+            .map_err(io_err(Path::new("/tmp")))?;
+        let root = dir.path();
+        let mkdir = |p: PathBuf| std::fs::create_dir_all(&p).map_err(io_err(&p));
+        mkdir(root.join("run/openvswitch"))?;
+        for sub in [
+            "aacerts",
+            "acerts",
+            "cacerts",
+            "certs",
+            "crls",
+            "ocspcerts",
+            "private",
+            "reqs",
+        ] {
+            mkdir(root.join("etc/ipsec.d").join(sub))?;
+        }
+        let write = |p: PathBuf, text: &str| std::fs::write(&p, text).map_err(io_err(&p));
+        write(root.join("etc/ipsec.conf"), "config setup\n")?;
+        write(root.join("etc/ipsec.secrets"), "")?;
+        netns::run(
+            Command::new("cp")
+                .args(["-a", "/etc/strongswan.d/."])
+                .arg(root.join("etc/strongswan.d")),
+        )?;
+        write(
+            root.join("etc/strongswan.d/zz-testbed-log.conf"),
+            "charon {\n  filelog {\n    testbed {\n      path = /run/charon.log\n      \
+             time_format = %H:%M:%S\n      default = 1\n      ike = 2\n      cfg = 2\n      \
+             flush_line = yes\n      append = no\n    }\n  }\n}\n",
+        )?;
+        let etc = root.join("etc");
+        let mounts = Mounts {
+            run: Some(root.join("run")),
+            binds: ["ipsec.conf", "ipsec.secrets", "ipsec.d", "strongswan.d"]
+                .iter()
+                .map(|f| Bind::new(etc.join(f), Path::new("/etc").join(f)))
+                .collect(),
+        };
+        let netns = Netns::create_with_mounts(prefix, &mounts)?;
+        Ok(Self {
+            chassis: chassis.to_string(),
+            ip,
+            cert: None,
+            daemons: None,
+            netns,
+            dir,
+        })
+    }
+
+    /// Two nodes on a veth pair `eth0`, `10.77.0.1/24` and `10.77.0.2/24`
+    /// (every pair lives in namespaces of its own, so pairs of parallel tests
+    /// can reuse the addresses).
+    pub fn pair(
+        prefix: &str,
+        chassis_a: &str,
+        chassis_b: &str,
+    ) -> Result<(Self, Self), IpsecError> {
+        let a = Self::new(prefix, chassis_a, Ipv4Addr::new(10, 77, 0, 1))?;
+        let b = Self::new(prefix, chassis_b, Ipv4Addr::new(10, 77, 0, 2))?;
+        netns::veth_pair(
+            VethEnd {
+                netns: &a.netns,
+                ifname: "eth0",
+                cidr: &format!("{}/24", a.ip),
+            },
+            VethEnd {
+                netns: &b.netns,
+                ifname: "eth0",
+                cidr: &format!("{}/24", b.ip),
+            },
+        )?;
+        Ok((a, b))
+    }
+
+    /// The chassis name (certificate CN, peers' `remote_name`).
+    pub fn chassis(&self) -> &str {
+        &self.chassis
+    }
+
+    /// The underlay address.
+    pub fn ip(&self) -> Ipv4Addr {
+        self.ip
+    }
+
+    /// The node's namespaces.
+    pub fn netns(&self) -> &Netns {
+        &self.netns
+    }
+
+    /// The host directory holding the node's `run/` and `etc/`.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The host path of the node's `/run/<rel>`.
+    pub fn run_path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join("run").join(rel)
+    }
+
+    /// The host path of the node's `/etc/<rel>` (only the bound files).
+    pub fn etc_path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join("etc").join(rel)
+    }
+
+    /// Starts ovsdb-server, initialises the database (bridge `br-int`, PKI
+    /// paths in `other_config`), starts `ipsec start --nofork` and waits for
+    /// charon, then starts the monitor and waits for its control socket.
+    pub fn start(&mut self, opts: &StartOptions<'_>) -> Result<(), IpsecError> {
+        let cert = opts.ca.issue(&self.chassis)?;
+        let db = self.dir.path().join("conf.db");
+        netns::run(
+            Command::new("ovsdb-tool")
+                .arg("create")
+                .arg(&db)
+                .arg("/usr/share/openvswitch/vswitch.ovsschema"),
+        )?;
+        let ovsdb = self.spawn(
+            "ovsdb-server",
+            &[
+                db.to_string_lossy().as_ref(),
+                "--remote=punix:/run/openvswitch/db.sock",
+                "--unixctl=/run/openvswitch/ovsdb-server.ctl",
+                "--pidfile=/run/openvswitch/ovsdb-server.pid",
+                "--log-file=/run/ovsdb-server.log",
+                "--no-chdir",
+            ],
+            "ovsdb-server.out",
+        )?;
+        // Held in a partial Daemons-like guard: kill what started if a later
+        // step fails, so nothing outlives the error.
+        let mut started = vec![ovsdb];
+        let result = self.start_rest(opts, &cert, &mut started);
+        match result {
+            Ok((starter, monitor)) => {
+                let ovsdb = started.remove(0);
+                self.daemons = Some(Daemons {
+                    ovsdb,
+                    starter,
+                    monitor,
+                });
+                self.cert = Some(cert);
+                Ok(())
+            }
+            Err(e) => {
+                for mut child in started {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn start_rest(
+        &self,
+        opts: &StartOptions<'_>,
+        cert: &NodeCert,
+        started: &mut Vec<Child>,
+    ) -> Result<(Child, Child), IpsecError> {
+        let sock = self.run_path("openvswitch/db.sock");
+        self.wait_ready("ovsdb-server socket", Duration::from_secs(10), || {
+            sock.exists()
+        })?;
+        self.vsctl(&["init"])?;
+        self.vsctl(&[
+            "set",
+            "Open_vSwitch",
+            ".",
+            &format!("other_config:certificate={}", cert.cert.display()),
+            &format!("other_config:private_key={}", cert.key.display()),
+            &format!("other_config:ca_cert={}", opts.ca.cert.display()),
+        ])?;
+        self.vsctl(&["add-br", "br-int"])?;
+
+        if opts.write_ovs_conf {
+            let conf = strongswan_conf_of(opts.monitor_script)?;
+            let path = self.etc_path("strongswan.d/ovs.conf");
+            std::fs::write(&path, conf).map_err(io_err(&path))?;
+        }
+        let starter = self.spawn("ipsec", &["start", "--nofork"], "starter.out")?;
+        started.push(starter);
+        let (pid, ctl) = (self.run_path("charon.pid"), self.run_path("charon.ctl"));
+        self.wait_ready(
+            "charon (charon.pid, charon.ctl)",
+            Duration::from_secs(15),
+            || pid.exists() && ctl.exists(),
+        )?;
+
+        let script = opts.monitor_script.to_string_lossy();
+        let python = interpreter_of(opts.monitor_script)?;
+        let monitor = self.spawn(
+            &python,
+            &[
+                script.as_ref(),
+                "unix:/run/openvswitch/db.sock",
+                "--ike-daemon=strongswan",
+                "--no-restart-ike-daemon",
+                "--pidfile=/run/openvswitch/ovs-monitor-ipsec.pid",
+                "--log-file=/run/ovs-monitor-ipsec.log",
+            ],
+            "ovs-monitor-ipsec.out",
+        )?;
+        let monitor_pid = monitor.id();
+        started.push(monitor);
+        let ctl = self.run_path(&format!("openvswitch/ovs-monitor-ipsec.{monitor_pid}.ctl"));
+        self.wait_ready(
+            "ovs-monitor-ipsec control socket",
+            Duration::from_secs(15),
+            || ctl.exists(),
+        )?;
+        let monitor = started
+            .pop()
+            .ok_or_else(|| IpsecError::NotStarted(self.chassis.clone()))?;
+        let starter = started
+            .pop()
+            .ok_or_else(|| IpsecError::NotStarted(self.chassis.clone()))?;
+        Ok((starter, monitor))
+    }
+
+    /// Spawns `program args` inside the node, stdout and stderr to
+    /// `<dir>/<log>` (files, not pipes: nobody reads them while it runs).
+    fn spawn(&self, program: &str, args: &[&str], log: &str) -> Result<Child, IpsecError> {
+        let path = self.dir.path().join(log);
+        let out = std::fs::File::create(&path).map_err(io_err(&path))?;
+        let err = out.try_clone().map_err(io_err(&path))?;
+        let mut cmd = self.netns.command(program);
+        cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+        cmd.spawn().map_err(|source| {
+            IpsecError::Netns(NetnsError::Spawn {
+                command: netns::describe(&cmd),
+                source,
+            })
+        })
+    }
+
+    fn wait_ready(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<(), IpsecError> {
+        netns::wait_for(timeout, Duration::from_millis(20), || ready().then_some(())).ok_or_else(
+            || IpsecError::NotReady {
+                what: format!("{}: {what}", self.chassis),
+                waited: timeout,
+                diagnostics: self.diagnostics(),
+            },
+        )
+    }
+
+    /// `ovs-vsctl --db=unix:/run/openvswitch/db.sock --no-wait <args>` in the
+    /// node (no ovs-vswitchd runs, so never wait for it); returns stdout.
+    pub fn vsctl(&self, args: &[&str]) -> Result<String, IpsecError> {
+        let out = self.netns.run(
+            "ovs-vsctl",
+            ["--db=unix:/run/openvswitch/db.sock", "--no-wait"]
+                .iter()
+                .chain(args),
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Adds `tunnel` as a geneve Interface on `br-int` with the options
+    /// ovn-controller (patched for output protection) sets.
+    pub fn add_tunnel(&self, tunnel: &Tunnel) -> Result<(), IpsecError> {
+        let name = tunnel.name.as_str();
+        self.vsctl(&[
+            "add-port",
+            "br-int",
+            name,
+            "--",
+            "set",
+            "Interface",
+            name,
+            "type=geneve",
+            &format!("options:local_ip={}", self.ip),
+            &format!("options:remote_ip={}", tunnel.remote_ip),
+            &format!("options:remote_name={}", tunnel.remote_name),
+            "options:key=flow",
+            &format!("options:ipsec_mark_out={}/0xffffffff", tunnel.mark),
+            &format!("options:ipsec_reqid={}", tunnel.reqid),
+        ])?;
+        Ok(())
+    }
+
+    /// Removes the tunnel Interface `name`.
+    pub fn remove_tunnel(&self, name: &str) -> Result<(), IpsecError> {
+        self.vsctl(&["del-port", "br-int", name])?;
+        Ok(())
+    }
+
+    /// Runs `ipsec <args>` in the node and returns stdout. The exit code of
+    /// `ipsec up` is 0 even when it fails: check state, not this.
+    pub fn ipsec(&self, args: &[&str]) -> Result<String, IpsecError> {
+        let out = self.netns.run("ipsec", args)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The node's IKE_SAs (`ipsec statusall`).
+    pub fn ike_sas(&self) -> Result<Vec<IkeSa>, IpsecError> {
+        Ok(parse_ike_sas(&self.ipsec(&["statusall"])?))
+    }
+
+    /// Connections starter has routed (trap policies installed), from the
+    /// `<conn>{<n>}:  ROUTED` lines of `ipsec status`.
+    pub fn routed_conns(&self) -> Result<Vec<String>, IpsecError> {
+        Ok(self
+            .ipsec(&["status"])?
+            .lines()
+            .filter_map(|l| {
+                let (head, rest) = l.trim().split_once(": ")?;
+                rest.trim_start().starts_with("ROUTED").then_some(head)?;
+                Some(head.rsplit_once('{').map_or(head, |(c, _)| c).to_string())
+            })
+            .collect())
+    }
+
+    /// Waits until an IKE_SA whose connection starts with `conn_prefix` is
+    /// `ESTABLISHED`; returns it, or `None` after `timeout`.
+    pub fn wait_established(&self, conn_prefix: &str, timeout: Duration) -> Option<IkeSa> {
+        netns::wait_for(timeout, Duration::from_millis(20), || {
+            self.ike_sas()
+                .ok()?
+                .into_iter()
+                .find(|sa| sa.conn.starts_with(conn_prefix) && sa.state == "ESTABLISHED")
+        })
+    }
+
+    /// Sends one UDP datagram to `dst:port` from a socket with `SO_MARK =
+    /// mark`, inside the node — what a geneve packet of a protected tunnel
+    /// looks like to the `dir out` trap policy, so the kernel ACQUIREs.
+    pub fn send_marked_udp(&self, dst: Ipv4Addr, port: u16, mark: u32) -> Result<(), IpsecError> {
+        // SO_MARK is 36 on Linux; Python's socket module may not name it.
+        let code = format!(
+            "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             s.setsockopt(socket.SOL_SOCKET, 36, {mark})\n\
+             try:\n    s.sendto(b'koi', ('{dst}', {port}))\nexcept OSError:\n    pass\n"
+        );
+        self.netns.run(SYSTEM_PYTHON, ["-c", &code])?;
+        Ok(())
+    }
+
+    /// Flushes the XFRM states of this node's namespace only — clears the
+    /// larval ACQUIRE state a failed CHILD_SA leaves, which would suppress
+    /// new ACQUIREs (`TESTBED.md` defect 3).
+    pub fn flush_xfrm_states(&self) -> Result<(), IpsecError> {
+        self.netns.ip(["xfrm", "state", "flush"])?;
+        Ok(())
+    }
+
+    /// Installs the CA workaround an unpatched monitor needs: the trust
+    /// bundle into `/etc/ipsec.d/cacerts/` and `ipsec rereadcacerts`.
+    pub fn install_ca_workaround(&self, ca_cert: &Path) -> Result<(), IpsecError> {
+        let dst = self.etc_path("ipsec.d/cacerts/kube-ovn-ipsec-ca.pem");
+        std::fs::copy(ca_cert, &dst).map_err(io_err(&dst))?;
+        self.ipsec(&["rereadcacerts"])?;
+        Ok(())
+    }
+
+    /// `ovs-appctl -t ovs-monitor-ipsec tunnels/show`. The monitor answers
+    /// control requests only between main-loop iterations, so a reply also
+    /// means its last refresh (including any `ipsec stroke down-nb`) is done.
+    pub fn monitor_show(&self) -> Result<String, IpsecError> {
+        let out = self
+            .netns
+            .run("ovs-appctl", ["-t", "ovs-monitor-ipsec", "tunnels/show"])?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The monitor's log so far.
+    pub fn monitor_log(&self) -> String {
+        std::fs::read_to_string(self.run_path("ovs-monitor-ipsec.log")).unwrap_or_default()
+    }
+
+    /// charon's log so far (`/run/charon.log`, levels ike/cfg 2).
+    pub fn charon_log(&self) -> String {
+        std::fs::read_to_string(self.run_path("charon.log")).unwrap_or_default()
+    }
+
+    /// `/proc/sys/net/core/xfrm_acq_expires` of the node's network
+    /// namespace: charon's kernel-netlink plugin writes its
+    /// `xfrm_acq_expires` setting there at start-up.
+    pub fn xfrm_acq_expires(&self) -> Result<u32, IpsecError> {
+        let out = self
+            .netns
+            .run("cat", ["/proc/sys/net/core/xfrm_acq_expires"])?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim().parse().map_err(|_| IpsecError::Io {
+            path: PathBuf::from("/proc/sys/net/core/xfrm_acq_expires"),
+            source: std::io::Error::other(format!("not a number: {text:?}")),
+        })
+    }
+
+    /// The last lines of the node's logs, for failure messages.
+    pub fn diagnostics(&self) -> String {
+        let mut s = String::new();
+        for log in [
+            "run/ovs-monitor-ipsec.log",
+            "ovs-monitor-ipsec.out",
+            "run/charon.log",
+            "starter.out",
+            "ovsdb-server.out",
+        ] {
+            let text = std::fs::read_to_string(self.dir.path().join(log)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(25)..];
+            s += &format!(
+                "--- {} {log} (last {} lines)\n{}\n",
+                self.chassis,
+                tail.len(),
+                tail.join("\n")
+            );
+        }
+        s
+    }
+}
+
+impl Drop for IpsecNode {
+    fn drop(&mut self) {
+        let Some(mut d) = self.daemons.take() else {
+            return;
+        };
+        // SIGTERM: starter stops charon gracefully (it removes its policies);
+        // the netns drop SIGKILLs whatever is left after the grace period.
+        for child in [&mut d.monitor, &mut d.starter, &mut d.ovsdb] {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for child in [&mut d.monitor, &mut d.starter, &mut d.ovsdb] {
+            while Instant::now() < deadline {
+                if !matches!(child.try_wait(), Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The Python that has Debian's `python3-openvswitch` (`import ovs`); a
+/// `python3` earlier on `PATH` (pyenv, venv) usually does not.
+pub const SYSTEM_PYTHON: &str = "/usr/bin/python3";
+
+/// The interpreter of `script`'s `#!` line (what running the script
+/// directly would use), or [`SYSTEM_PYTHON`] when it has none.
+pub fn interpreter_of(script: &Path) -> Result<String, IpsecError> {
+    let text = std::fs::read_to_string(script).map_err(io_err(script))?;
+    Ok(text
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("#!"))
+        .and_then(|l| l.split_whitespace().next())
+        .map_or_else(|| SYSTEM_PYTHON.to_string(), str::to_string))
+}
+
+/// The `ovs.conf` text `script`'s `StrongSwanHelper.restart_ike_daemon()`
+/// writes, read by importing the script with `python3`.
+pub fn strongswan_conf_of(script: &Path) -> Result<String, IpsecError> {
+    const CODE: &str = "import importlib.machinery, importlib.util, sys\n\
+        loader = importlib.machinery.SourceFileLoader('ovs_monitor_ipsec', sys.argv[1])\n\
+        spec = importlib.util.spec_from_loader('ovs_monitor_ipsec', loader)\n\
+        m = importlib.util.module_from_spec(spec)\n\
+        loader.exec_module(m)\n\
+        sys.stdout.write(m.StrongSwanHelper.STRONGSWAN_CONF)\n";
+    let python = interpreter_of(script)?;
+    let out = netns::run(Command::new(python).arg("-c").arg(CODE).arg(script))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATUSALL: &str = "\
+Status of IKE charon daemon (strongSwan 5.9.8, Linux 6.1.0, x86_64):
+Connections:
+ovn-chassb-0-out-1:  %any...10.77.0.2  IKEv2
+Routed Connections:
+ovn-chassb-0-out-1{1}:  ROUTED, TRANSPORT, reqid 1
+Security Associations (1 up, 0 connecting):
+ovn-chassb-0-out-1[1]: ESTABLISHED 2 seconds ago, 10.77.0.1[CN=chass-a, O=kube-ovn]...10.77.0.2[CN=chass-b, O=kube-ovn]
+ovn-chassb-0-out-1[1]: IKEv2 SPIs: 5b1d0c1a2f3e4d5c_i* 8a9b0c1d2e3f4a5b_r, public key reauthentication in 2 hours
+ovn-chassb-0-out-1[1]: IKE proposal: AES_GCM_16_256/PRF_HMAC_SHA2_256/MODP_2048
+     other[2]: CONNECTING, 10.77.0.1[%any]...10.77.0.9[%any]
+";
+
+    #[test]
+    fn parses_ike_sas_with_spis() {
+        let sas = parse_ike_sas(STATUSALL);
+        assert_eq!(sas.len(), 2, "{sas:?}");
+        assert_eq!(
+            sas[0],
+            IkeSa {
+                conn: "ovn-chassb-0-out-1".into(),
+                unique_id: 1,
+                state: "ESTABLISHED".into(),
+                spi_i: Some("5b1d0c1a2f3e4d5c".into()),
+                spi_r: Some("8a9b0c1d2e3f4a5b".into()),
+            }
+        );
+        assert_eq!(sas[1].conn, "other");
+        assert_eq!(sas[1].state, "CONNECTING");
+        assert_eq!(sas[1].spi_i, None);
+    }
+}
