@@ -1,0 +1,462 @@
+//! The agent's `/status` document (SPEC §5) with its phase and reason.
+//!
+//! The document holds only booleans, validated identifiers, timestamps and
+//! SHA-256 digests: it has no field that could carry PEM, a private key or
+//! an SA key, and the identifier types reject the characters PEM needs.
+//! `message` is not stored: it is derived from `reason` on serialisation, so
+//! no free text reaches the endpoint.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Sha256Digest;
+use crate::ident::{Chassis, Uid};
+use crate::time::Timestamp;
+
+/// Where the agent is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Phase {
+    /// Process started; identity, lease and runtime not evaluated yet.
+    Starting,
+    /// IPsec is not enabled for this node (coordination `Disabled`, or the
+    /// node is not a target); the agent holds nothing.
+    Disabled,
+    /// A CSR is submitted (or about to be) and not yet issued.
+    Pending,
+    /// Coordination `Prepare`: identity ready and capability verified;
+    /// nothing published or armed.
+    Prepare,
+    /// Coordination `Arm`: lease published, guards being armed, runtime
+    /// starting, waiting for the monitor acknowledgement.
+    Arming,
+    /// Armed, applied, healthy: ready.
+    Active,
+    /// Running with a problem named by `reason`; protection stays armed.
+    Degraded,
+    /// The active certificate has expired and no renewal succeeded.
+    Expired,
+    /// The capability gate failed; the agent stops with a distinct exit
+    /// code ([`crate::names::exit_code::CAPABILITY_MISSING`]).
+    CapabilityMissing,
+    /// A configuration or host problem the agent cannot fix itself
+    /// (`reason` says which); it will not proceed until it is fixed.
+    Failed,
+}
+
+/// Why the agent is not simply `Active`: machine-readable, with an
+/// operator-actionable [`Reason::message`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The key directory cannot be written.
+    KeyDirReadOnly,
+    /// Another process holds the key directory's owner lock.
+    KeyDirLocked,
+    /// The image's ovn-controller does not advertise the capability.
+    CapabilityMissing,
+    /// The running ovn-controller's capability differs from the image's.
+    CapabilityMismatch,
+    /// OVS `system-id` is missing or disagrees with the Node's chassis
+    /// annotation.
+    ChassisUnknown,
+    /// Persisted state (lease, identity) belongs to a different Node UID.
+    NodeUidMismatch,
+    /// The CSR awaits the controller.
+    CsrPending,
+    /// The controller denied the CSR.
+    CsrDenied,
+    /// The signer reported a failure on the CSR.
+    CsrFailed,
+    /// The CSR was not issued within the request timeout.
+    CsrTimeout,
+    /// The issued certificate does not match the pending key or chassis.
+    CertificateMismatch,
+    /// The trust ConfigMap is missing.
+    TrustBundleMissing,
+    /// The trust bundle does not parse or has no CA.
+    TrustBundleInvalid,
+    /// The active identity does not verify against the current trust.
+    IdentityUntrusted,
+    /// The active certificate has expired.
+    Expired,
+    /// Renewal keeps failing; the current identity is still valid.
+    RenewalFailing,
+    /// The OVSDB activation transaction failed.
+    ActivationFailed,
+    /// OVSDB is unreachable.
+    OvsdbUnavailable,
+    /// The monitor's read-back does not match the active generation.
+    MonitorNotAcknowledged,
+    /// The IKE daemon is down or failing its probe.
+    IkeDaemonUnhealthy,
+    /// ovs-monitor-ipsec is down or failing its probe.
+    MonitorUnhealthy,
+    /// An outbound ALLOW policy without ESP would let marked traffic bypass
+    /// the guard; lease allocation refused.
+    BypassPolicyPresent,
+    /// No mark/reqid candidate avoids existing policies and reserved bits.
+    LeaseAllocationFailed,
+    /// A guard was missing from the kernel (re-added).
+    GuardMissing,
+    /// A foreign policy occupies a guard's place; not overwritten.
+    GuardConflict,
+    /// SAs up, outbound bytes grow, inbound stay flat.
+    InboundMissing,
+    /// Tunnel MTU too small for ESP overhead.
+    MtuTooSmall,
+    /// Waiting for the controller's next coordination phase.
+    WaitingForCoordination,
+    /// The coordination record is unreadable or inconsistent.
+    CoordinationInvalid,
+    /// A reason from a newer agent that this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+impl Reason {
+    /// The message an operator acts on. Static text: no values, so nothing
+    /// secret can leak through it.
+    pub fn message(self) -> &'static str {
+        use Reason::*;
+        match self {
+            KeyDirReadOnly => {
+                "the IPsec key directory is not writable; on hosts with a read-only /etc (Talos) \
+                 set OVN_IPSEC_KEY_DIR / the chart's ipsec key directory to /var/lib/ovs_ipsec_keys"
+            }
+            KeyDirLocked => {
+                "another kube-ovn-ipsec process holds the key directory lock; check for a second \
+                 ipsec container or a leftover process on the host"
+            }
+            CapabilityMissing => {
+                "the image's ovn-controller lacks the 'IPsec output protection version 1' patch; \
+                 use an image built with the OVN/OVS output protection patch"
+            }
+            CapabilityMismatch => {
+                "the running ovn-controller does not advertise 'IPsec output protection version \
+                 1'; restart or upgrade ovn-controller on this node to the patched image"
+            }
+            ChassisUnknown => {
+                "OVS external_ids:system-id is missing or differs from the Node's \
+                 ovn.kubernetes.io/chassis annotation; wait for kube-ovn-cni to register the chassis"
+            }
+            NodeUidMismatch => {
+                "persisted IPsec state belongs to a different Node UID (node re-created); it is \
+                 not inherited — the controller must retire the old node"
+            }
+            CsrPending => "waiting for the controller to sign the IPsec CSR (kubectl get csr)",
+            CsrDenied => {
+                "the controller denied the IPsec CSR; see the CSR's Denied condition for the \
+                 failed check (kubectl describe csr)"
+            }
+            CsrFailed => {
+                "the signer failed the IPsec CSR; check the controller and, in cert-manager \
+                 mode, the CertificateRequest and ClusterIssuer"
+            }
+            CsrTimeout => {
+                "the IPsec CSR was not issued within the request timeout; check that the \
+                 controller is running and the API server is reachable"
+            }
+            CertificateMismatch => {
+                "the issued certificate does not match the pending key or chassis; the agent \
+                 will request a new one — check the signer configuration if this repeats"
+            }
+            TrustBundleMissing => {
+                "ConfigMap ovn-ipsec-trust (key ca.crt) is missing; check the controller"
+            }
+            TrustBundleInvalid => {
+                "ConfigMap ovn-ipsec-trust key ca.crt is not a valid PEM bundle of CA \
+                 certificates; fix the bundle at the controller"
+            }
+            IdentityUntrusted => {
+                "the active certificate does not verify against the current trust bundle (CA \
+                 rotation?); renewing now"
+            }
+            Expired => {
+                "the IPsec certificate has expired and renewal has not succeeded; check CSR \
+                 approval (kubectl get csr) and the controller"
+            }
+            RenewalFailing => {
+                "certificate renewal keeps failing; the current identity stays active until it \
+                 expires — check CSR approval and the controller"
+            }
+            ActivationFailed => {
+                "writing the identity to OVSDB failed; check ovsdb-server on this node"
+            }
+            OvsdbUnavailable => "cannot reach the local OVSDB server; check openvswitch on this node",
+            MonitorNotAcknowledged => {
+                "ovs-monitor-ipsec has not loaded the active certificate and trust bundle; see \
+                 'ovs-appctl ipsec/show' and the monitor log"
+            }
+            IkeDaemonUnhealthy => {
+                "the IKE daemon is down or not answering; it is being restarted with backoff — \
+                 see the ipsec container log"
+            }
+            MonitorUnhealthy => {
+                "ovs-monitor-ipsec is down or not answering; it is being restarted with backoff"
+            }
+            BypassPolicyPresent => {
+                "an outbound XFRM allow policy without ESP would let IPsec traffic leave in \
+                 plaintext; remove it ('ip xfrm policy') before protection can be armed"
+            }
+            LeaseAllocationFailed => {
+                "no output mark/reqid avoids the existing XFRM policies and reserved mark bits; \
+                 review the reserved mark configuration and foreign XFRM state"
+            }
+            GuardMissing => {
+                "an output protection guard was missing from the kernel and has been re-added; \
+                 check for tools that flush XFRM policies"
+            }
+            GuardConflict => {
+                "a foreign XFRM policy occupies the guard's selector and priority; it is not \
+                 overwritten — remove the foreign policy"
+            }
+            InboundMissing => {
+                "SAs are up but no inbound encrypted traffic arrives: ESP (IP proto 50) or UDP \
+                 4500 dropped on the underlay, or MTU"
+            }
+            MtuTooSmall => {
+                "the tunnel MTU does not leave room for ESP overhead; lower the Pod MTU or raise \
+                 the underlay MTU"
+            }
+            WaitingForCoordination => {
+                "waiting for the controller to advance IPsec coordination (ConfigMap \
+                 ovn-ipsec-coordination)"
+            }
+            CoordinationInvalid => {
+                "ConfigMap ovn-ipsec-coordination is unreadable or inconsistent; do not edit it \
+                 by hand — check the controller"
+            }
+            Unknown => "unknown reason reported by a newer agent",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The serde name, so logs and JSON agree.
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(s)) => f.write_str(&s),
+            _ => write!(f, "{self:?}"),
+        }
+    }
+}
+
+/// The `/status` document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "StatusWire", from = "StatusWire")]
+pub struct Status {
+    /// Lifecycle phase.
+    pub phase: Phase,
+    /// Why the phase is not `Active`, or a warning while `Active`.
+    pub reason: Option<Reason>,
+    /// The active generation is in OVSDB and the monitor read-back matched
+    /// (certificate, CA and trust digest).
+    pub configuration_applied: bool,
+    /// IKE daemon and monitor healthy.
+    pub runtime_healthy: bool,
+    /// Guards read back from the kernel.
+    pub protection_armed: bool,
+    /// notAfter of the active certificate.
+    pub expires: Option<Timestamp>,
+    /// The Node's UID.
+    pub node_uid: Option<Uid>,
+    /// The chassis name.
+    pub chassis: Option<Chassis>,
+    /// The active identity generation.
+    pub generation: Option<u64>,
+    /// SHA-256 of the active certificate's DER.
+    pub certificate_digest: Option<Sha256Digest>,
+    /// The trust digest the monitor acknowledged.
+    pub trust_digest: Option<Sha256Digest>,
+    /// Datapath health from SA counters (SPEC §10); absent until measured.
+    pub datapath_healthy: Option<bool>,
+}
+
+impl Status {
+    /// The document at process start.
+    pub fn starting() -> Self {
+        Status {
+            phase: Phase::Starting,
+            reason: None,
+            configuration_applied: false,
+            runtime_healthy: false,
+            protection_armed: false,
+            expires: None,
+            node_uid: None,
+            chassis: None,
+            generation: None,
+            certificate_digest: None,
+            trust_digest: None,
+            datapath_healthy: None,
+        }
+    }
+
+    /// The `/readyz` rule (SPEC §5): an unexpired certificate, and either
+    /// `Prepare` with the identity ready, or runtime healthy, guards read
+    /// back and the current trust digest acknowledged.
+    ///
+    /// `current_trust` is the digest of the trust bundle the agent holds now;
+    /// an acknowledgement of an older bundle does not count.
+    pub fn is_ready(&self, now: Timestamp, current_trust: &Sha256Digest) -> bool {
+        let unexpired = self.expires.is_some_and(|e| now < e);
+        if !unexpired || self.certificate_digest.is_none() {
+            return false;
+        }
+        if self.phase == Phase::Prepare {
+            return true;
+        }
+        self.runtime_healthy
+            && self.protection_armed
+            && self.configuration_applied
+            && self.trust_digest.as_ref() == Some(current_trust)
+    }
+
+    /// The derived operator message, if there is a reason.
+    pub fn message(&self) -> Option<&'static str> {
+        self.reason.map(Reason::message)
+    }
+}
+
+/// Wire form: the field names of SPEC §5 plus the derived `message`.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusWire {
+    phase: Phase,
+    reason: Option<Reason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    configuration_applied: bool,
+    runtime_healthy: bool,
+    protection_armed: bool,
+    expires: Option<Timestamp>,
+    #[serde(rename = "nodeUID")]
+    node_uid: Option<Uid>,
+    chassis: Option<Chassis>,
+    generation: Option<u64>,
+    certificate_digest: Option<Sha256Digest>,
+    trust_digest: Option<Sha256Digest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    datapath_healthy: Option<bool>,
+}
+
+impl From<Status> for StatusWire {
+    fn from(s: Status) -> Self {
+        StatusWire {
+            phase: s.phase,
+            reason: s.reason,
+            message: s.message().map(str::to_owned),
+            configuration_applied: s.configuration_applied,
+            runtime_healthy: s.runtime_healthy,
+            protection_armed: s.protection_armed,
+            expires: s.expires,
+            node_uid: s.node_uid,
+            chassis: s.chassis,
+            generation: s.generation,
+            certificate_digest: s.certificate_digest,
+            trust_digest: s.trust_digest,
+            datapath_healthy: s.datapath_healthy,
+        }
+    }
+}
+
+impl From<StatusWire> for Status {
+    fn from(w: StatusWire) -> Self {
+        // `message` is dropped: it is always re-derived from `reason`.
+        Status {
+            phase: w.phase,
+            reason: w.reason,
+            configuration_applied: w.configuration_applied,
+            runtime_healthy: w.runtime_healthy,
+            protection_armed: w.protection_armed,
+            expires: w.expires,
+            node_uid: w.node_uid,
+            chassis: w.chassis,
+            generation: w.generation,
+            certificate_digest: w.certificate_digest,
+            trust_digest: w.trust_digest,
+            datapath_healthy: w.datapath_healthy,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_names_are_the_contract() {
+        let mut s = Status::starting();
+        s.reason = Some(Reason::InboundMissing);
+        s.datapath_healthy = Some(false);
+        let v = serde_json::to_value(&s).unwrap();
+        let mut keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "certificateDigest",
+                "chassis",
+                "configurationApplied",
+                "datapathHealthy",
+                "expires",
+                "generation",
+                "message",
+                "nodeUID",
+                "phase",
+                "protectionArmed",
+                "reason",
+                "runtimeHealthy",
+                "trustDigest"
+            ]
+        );
+        assert_eq!(v["reason"], "InboundMissing");
+        assert_eq!(v["phase"], "Starting");
+        assert!(v["message"].as_str().unwrap().contains("UDP 4500"));
+        // datapathHealthy is omitted until measured.
+        let v = serde_json::to_value(Status::starting()).unwrap();
+        assert!(v.get("datapathHealthy").is_none());
+        assert!(v.get("message").is_none());
+    }
+
+    #[test]
+    fn unknown_reason_decodes() {
+        let mut v = serde_json::to_value(Status::starting()).unwrap();
+        v["reason"] = "SomethingNew".into();
+        let s: Status = serde_json::from_value(v).unwrap();
+        assert_eq!(s.reason, Some(Reason::Unknown));
+        assert_eq!(Reason::CsrDenied.to_string(), "CsrDenied");
+    }
+
+    #[test]
+    fn cannot_carry_pem() {
+        let mut v = serde_json::to_value(Status::starting()).unwrap();
+        v["chassis"] = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----".into();
+        assert!(serde_json::from_value::<Status>(v.clone()).is_err());
+        v["chassis"] = serde_json::Value::Null;
+        v["certificateDigest"] = "-----BEGIN PRIVATE KEY-----".into();
+        assert!(serde_json::from_value::<Status>(v).is_err());
+    }
+
+    #[test]
+    fn readiness_rule() {
+        let trust = Sha256Digest::of(b"trust");
+        let now = Timestamp::from_unix(1_000).unwrap();
+        let mut s = Status::starting();
+        s.phase = Phase::Prepare;
+        s.certificate_digest = Some(Sha256Digest::of(b"cert"));
+        s.expires = Some(Timestamp::from_unix(2_000).unwrap());
+        assert!(s.is_ready(now, &trust));
+        s.phase = Phase::Active;
+        assert!(!s.is_ready(now, &trust));
+        s.runtime_healthy = true;
+        s.protection_armed = true;
+        s.configuration_applied = true;
+        s.trust_digest = Some(Sha256Digest::of(b"old trust"));
+        assert!(!s.is_ready(now, &trust));
+        s.trust_digest = Some(trust);
+        assert!(s.is_ready(now, &trust));
+        assert!(!s.is_ready(Timestamp::from_unix(2_000).unwrap(), &trust));
+    }
+}
