@@ -91,7 +91,11 @@ pub struct Backoff {
 impl Backoff {
     /// A schedule starting at `initial`, never exceeding `max`.
     pub fn new(initial: Duration, max: Duration) -> Self {
-        Self { initial, max, next: initial.min(max) }
+        Self {
+            initial,
+            max,
+            next: initial.min(max),
+        }
     }
 
     /// The delay before the next attempt; advances the schedule.
@@ -148,13 +152,18 @@ impl<U> Drop for MonitorStream<U> {
     fn drop(&mut self) {
         // Tell the server to stop sending; ignoring a closed task is right:
         // then there is nothing left to cancel.
-        let _ = self.client.tx.send(Command::CancelMonitor { key: self.key });
+        let _ = self
+            .client
+            .tx
+            .send(Command::CancelMonitor { key: self.key });
     }
 }
 
 impl<U> fmt::Debug for MonitorStream<U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MonitorStream").field("key", &self.key).finish()
+        f.debug_struct("MonitorStream")
+            .field("key", &self.key)
+            .finish()
     }
 }
 
@@ -183,13 +192,21 @@ impl Sink {
         Ok(match self {
             Sink::V1(s) => {
                 let u = parse_table_updates1(updates)?;
-                s.send(if initial { MonitorEvent::Initial(u) } else { MonitorEvent::Update(u) })
-                    .is_ok()
+                s.send(if initial {
+                    MonitorEvent::Initial(u)
+                } else {
+                    MonitorEvent::Update(u)
+                })
+                .is_ok()
             }
             Sink::V2(s) => {
                 let u = parse_table_updates2(updates)?;
-                s.send(if initial { MonitorEvent::Initial(u) } else { MonitorEvent::Update(u) })
-                    .is_ok()
+                s.send(if initial {
+                    MonitorEvent::Initial(u)
+                } else {
+                    MonitorEvent::Update(u)
+                })
+                .is_ok()
             }
         })
     }
@@ -212,15 +229,29 @@ struct MonitorEntry {
 }
 
 enum Command {
-    Call { method: String, params: Value, reply: oneshot::Sender<Result<Value, Error>> },
-    Monitor { key: u64, entry: MonitorEntry },
-    CancelMonitor { key: u64 },
+    Call {
+        method: String,
+        params: Value,
+        reply: oneshot::Sender<Result<Value, Error>>,
+    },
+    Monitor {
+        key: u64,
+        entry: MonitorEntry,
+    },
+    CancelMonitor {
+        key: u64,
+    },
     Close,
 }
 
 enum Pending {
-    Call { method: String, reply: oneshot::Sender<Result<Value, Error>> },
-    MonitorStart { key: u64 },
+    Call {
+        method: String,
+        reply: oneshot::Sender<Result<Value, Error>>,
+    },
+    MonitorStart {
+        key: u64,
+    },
     /// A request whose answer nobody needs (monitor_cancel).
     Ignore,
 }
@@ -235,7 +266,9 @@ pub struct Client {
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Client").field("closed", &self.tx.is_closed()).finish()
+        f.debug_struct("Client")
+            .field("closed", &self.tx.is_closed())
+            .finish()
     }
 }
 
@@ -243,7 +276,10 @@ type Reader = Box<dyn AsyncRead + Send + Unpin>;
 type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
 async fn open(address: &Address) -> Result<(Reader, Writer), Error> {
-    let err = |e: std::io::Error| Error::Connect { address: address.to_string(), source: Arc::new(e) };
+    let err = |e: std::io::Error| Error::Connect {
+        address: address.to_string(),
+        source: Arc::new(e),
+    };
     match address {
         Address::Unix(p) => {
             let s = tokio::net::UnixStream::connect(p).await.map_err(err)?;
@@ -251,7 +287,9 @@ async fn open(address: &Address) -> Result<(Reader, Writer), Error> {
             Ok((Box::new(r), Box::new(w)))
         }
         Address::Tcp(t) => {
-            let s = tokio::net::TcpStream::connect(t.as_str()).await.map_err(err)?;
+            let s = tokio::net::TcpStream::connect(t.as_str())
+                .await
+                .map_err(err)?;
             // Requests are small and latency-bound.
             s.set_nodelay(true).map_err(err)?;
             let (r, w) = s.into_split();
@@ -276,7 +314,10 @@ impl Client {
             monitors: HashMap::new(),
         };
         tokio::spawn(actor.run(conn));
-        Ok(Self { tx, next_monitor: Arc::new(std::sync::atomic::AtomicU64::new(0)) })
+        Ok(Self {
+            tx,
+            next_monitor: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        })
     }
 
     /// Connects to `unix:`/`tcp:` `address` with default [`Config`].
@@ -289,7 +330,11 @@ impl Client {
     pub async fn call(&self, method: &str, params: Value) -> Result<Value, Error> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Command::Call { method: method.to_string(), params, reply })
+            .send(Command::Call {
+                method: method.to_string(),
+                params,
+                reply,
+            })
             .map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)?
     }
@@ -297,7 +342,11 @@ impl Client {
     /// `transact`: runs `ops` atomically in `db`. A failed operation is
     /// returned as [`Error::Transaction`] (or [`Error::GuardFailed`] for a
     /// `wait`) with the server's `error` and `details`.
-    pub async fn transact(&self, db: &str, ops: &[Operation]) -> Result<Vec<OperationResult>, Error> {
+    pub async fn transact(
+        &self,
+        db: &str,
+        ops: &[Operation],
+    ) -> Result<Vec<OperationResult>, Error> {
         let result = self.call("transact", transact_params(db, ops)).await?;
         parse_transact_result(ops, &result)
     }
@@ -310,7 +359,9 @@ impl Client {
     /// `list_dbs`.
     pub async fn list_dbs(&self) -> Result<Vec<String>, Error> {
         let v = self.call("list_dbs", json!([])).await?;
-        serde_json::from_value(v).map_err(|e| Error::UnexpectedReply { reason: format!("list_dbs: {e}") })
+        serde_json::from_value(v).map_err(|e| Error::UnexpectedReply {
+            reason: format!("list_dbs: {e}"),
+        })
     }
 
     /// `monitor` (RFC 7047 §4.1.5): the stream's first event is the current
@@ -322,7 +373,11 @@ impl Client {
     ) -> Result<MonitorStream<RowUpdate>, Error> {
         let (tx, rx) = mpsc::unbounded_channel();
         let key = self.start_monitor(db, tables, Sink::V1(tx)).await?;
-        Ok(MonitorStream { rx, key, client: self.clone() })
+        Ok(MonitorStream {
+            rx,
+            key,
+            client: self.clone(),
+        })
     }
 
     /// `monitor_cond` (ovsdb-server(7)): like [`Client::monitor`] with
@@ -334,7 +389,11 @@ impl Client {
     ) -> Result<MonitorStream<RowUpdate2>, Error> {
         let (tx, rx) = mpsc::unbounded_channel();
         let key = self.start_monitor(db, tables, Sink::V2(tx)).await?;
-        Ok(MonitorStream { rx, key, client: self.clone() })
+        Ok(MonitorStream {
+            rx,
+            key,
+            client: self.clone(),
+        })
     }
 
     async fn start_monitor(
@@ -343,10 +402,19 @@ impl Client {
         tables: BTreeMap<String, MonitorRequest>,
         sink: Sink,
     ) -> Result<u64, Error> {
-        let key = self.next_monitor.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = self
+            .next_monitor
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (started, rx) = oneshot::channel();
-        let entry = MonitorEntry { db: db.to_string(), tables, sink, started: Some(started) };
-        self.tx.send(Command::Monitor { key, entry }).map_err(|_| Error::Closed)?;
+        let entry = MonitorEntry {
+            db: db.to_string(),
+            tables,
+            sink,
+            started: Some(started),
+        };
+        self.tx
+            .send(Command::Monitor { key, entry })
+            .map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)??;
         Ok(key)
     }
@@ -404,7 +472,9 @@ impl Actor {
                 self.send_monitor(key, &mut out);
             }
             let ended = if !out.is_empty() && wr.write_all(&out).await.is_err() {
-                Ended::Broken(Error::ConnectionLost { reason: "write failed".into() })
+                Ended::Broken(Error::ConnectionLost {
+                    reason: "write failed".into(),
+                })
             } else {
                 self.serve(rd, wr).await
             };
@@ -488,7 +558,11 @@ impl Actor {
     fn request(&mut self, method: &str, params: Value, pending: Pending, out: &mut Vec<u8>) {
         let id = self.next_id;
         self.next_id += 1;
-        let msg = Message::Request { id: json!(id), method: method.to_string(), params };
+        let msg = Message::Request {
+            id: json!(id),
+            method: method.to_string(),
+            params,
+        };
         match msg.write_to(out) {
             Ok(()) => {
                 self.pending.insert(id, pending);
@@ -502,7 +576,9 @@ impl Actor {
     }
 
     fn send_monitor(&mut self, key: u64, out: &mut Vec<u8>) {
-        let Some(m) = self.monitors.get(&key) else { return };
+        let Some(m) = self.monitors.get(&key) else {
+            return;
+        };
         let method = m.sink.method();
         let params = monitor_params(&m.db, &monitor_id(key), &m.tables);
         self.request(method, params, Pending::MonitorStart { key }, out);
@@ -511,7 +587,11 @@ impl Actor {
     fn handle_command(&mut self, cmd: Command, out: &mut Vec<u8>) -> bool {
         match cmd {
             Command::Close => return false,
-            Command::Call { method, params, reply } => {
+            Command::Call {
+                method,
+                params,
+                reply,
+            } => {
                 let m = method.clone();
                 self.request(&m, params, Pending::Call { method, reply }, out);
             }
@@ -521,7 +601,12 @@ impl Actor {
             }
             Command::CancelMonitor { key } => {
                 if self.monitors.remove(&key).is_some() {
-                    self.request("monitor_cancel", json!([monitor_id(key)]), Pending::Ignore, out);
+                    self.request(
+                        "monitor_cancel",
+                        json!([monitor_id(key)]),
+                        Pending::Ignore,
+                        out,
+                    );
                 }
             }
         }
@@ -571,7 +656,9 @@ impl Actor {
             }
             if !out.is_empty() {
                 if let Err(e) = wr.write_all(&out).await {
-                    return Ended::Broken(Error::ConnectionLost { reason: e.to_string() });
+                    return Ended::Broken(Error::ConnectionLost {
+                        reason: e.to_string(),
+                    });
                 }
                 out.clear();
             }
@@ -584,14 +671,20 @@ impl Actor {
                 let reply = if method == "echo" {
                     Message::echo_reply(id, params)
                 } else {
-                    Message::Response { id, result: Value::Null, error: json!("unknown method") }
+                    Message::Response {
+                        id,
+                        result: Value::Null,
+                        error: json!("unknown method"),
+                    }
                 };
                 reply.write_to(out)
             }
             Message::Notification { method, params } => {
                 if method == "update" || method == "update2" {
                     let (Some(id), Some(updates)) = (params.get(0), params.get(1)) else {
-                        return Err(Error::Malformed { reason: format!("{method} without monitor id and updates") });
+                        return Err(Error::Malformed {
+                            reason: format!("{method} without monitor id and updates"),
+                        });
                     };
                     if let Some(key) = monitor_key(id)
                         && let Some(m) = self.monitors.get(&key)
@@ -612,7 +705,10 @@ impl Actor {
                         let r = if error.is_null() {
                             Ok(result)
                         } else {
-                            Err(Error::Rpc { method, error: error.to_string() })
+                            Err(Error::Rpc {
+                                method,
+                                error: error.to_string(),
+                            })
                         };
                         let _ = reply.send(r);
                     }
@@ -625,11 +721,16 @@ impl Actor {
     }
 
     fn monitor_started(&mut self, key: u64, result: Value, error: Value) {
-        let Some(m) = self.monitors.get_mut(&key) else { return };
+        let Some(m) = self.monitors.get_mut(&key) else {
+            return;
+        };
         let outcome = if error.is_null() {
             m.sink.deliver(true, &result).map(|_| ())
         } else {
-            Err(Error::Rpc { method: m.sink.method().to_string(), error: error.to_string() })
+            Err(Error::Rpc {
+                method: m.sink.method().to_string(),
+                error: error.to_string(),
+            })
         };
         match (outcome, m.started.take()) {
             (r, Some(started)) => {
@@ -666,8 +767,14 @@ mod tests {
     #[test]
     fn addresses_parse() {
         assert_eq!(Address::parse("unix:/a/b"), Address::Unix("/a/b".into()));
-        assert_eq!(Address::parse("tcp:127.0.0.1:6641"), Address::Tcp("127.0.0.1:6641".into()));
-        assert_eq!(Address::parse("tcp:127.0.0.1:6641").to_string(), "tcp:127.0.0.1:6641");
+        assert_eq!(
+            Address::parse("tcp:127.0.0.1:6641"),
+            Address::Tcp("127.0.0.1:6641".into())
+        );
+        assert_eq!(
+            Address::parse("tcp:127.0.0.1:6641").to_string(),
+            "tcp:127.0.0.1:6641"
+        );
     }
 
     #[test]

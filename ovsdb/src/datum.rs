@@ -137,17 +137,27 @@ impl Datum {
 
     /// A set of strings.
     pub fn string_set<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> Self {
-        Datum::Set(items.into_iter().map(|s| Atom::string(s.as_ref())).collect())
+        Datum::Set(
+            items
+                .into_iter()
+                .map(|s| Atom::string(s.as_ref()))
+                .collect(),
+        )
     }
 
     /// The JSON form.
     pub fn to_json(&self) -> Value {
         match self {
             Datum::Atom(a) => a.to_json(),
-            Datum::Set(items) => json!(["set", items.iter().map(Atom::to_json).collect::<Vec<_>>()]),
+            Datum::Set(items) => {
+                json!(["set", items.iter().map(Atom::to_json).collect::<Vec<_>>()])
+            }
             Datum::Map(pairs) => json!([
                 "map",
-                pairs.iter().map(|(k, v)| json!([k.to_json(), v.to_json()])).collect::<Vec<_>>()
+                pairs
+                    .iter()
+                    .map(|(k, v)| json!([k.to_json(), v.to_json()]))
+                    .collect::<Vec<_>>()
             ]),
         }
     }
@@ -157,7 +167,11 @@ impl Datum {
         if let Value::Array(a) = v {
             match (a.first().and_then(Value::as_str), a.get(1), a.len()) {
                 (Some("set"), Some(Value::Array(items)), 2) => {
-                    return items.iter().map(Atom::from_json).collect::<Result<_, _>>().map(Datum::Set);
+                    return items
+                        .iter()
+                        .map(Atom::from_json)
+                        .collect::<Result<_, _>>()
+                        .map(Datum::Set);
                 }
                 (Some("map"), Some(Value::Array(pairs)), 2) => {
                     return pairs
@@ -230,7 +244,9 @@ impl From<i64> for Datum {
 }
 
 fn bad(reason: &str) -> Error {
-    Error::UnexpectedReply { reason: reason.to_string() }
+    Error::UnexpectedReply {
+        reason: reason.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -253,7 +269,12 @@ mod tests {
             Datum::Map(vec![(Atom::Integer(1), Atom::Uuid(u))]),
         ];
         for d in data {
-            assert_eq!(Datum::from_json(&d.to_json()).unwrap(), d, "{}", d.to_json());
+            assert_eq!(
+                Datum::from_json(&d.to_json()).unwrap(),
+                d,
+                "{}",
+                d.to_json()
+            );
         }
     }
 
@@ -269,13 +290,25 @@ mod tests {
         assert_eq!(m["ca_cert"], "/k/1/ca.pem");
         let empty: Value = serde_json::from_str(r#"["set",[]]"#).unwrap();
         assert_eq!(Datum::from_json(&empty).unwrap().as_bool(), None);
-        assert_eq!(Datum::from_json(&json!(false)).unwrap().as_bool(), Some(false));
-        assert_eq!(Datum::from_json(&json!(["set", [true]])).unwrap().as_bool(), Some(true));
+        assert_eq!(
+            Datum::from_json(&json!(false)).unwrap().as_bool(),
+            Some(false)
+        );
+        assert_eq!(
+            Datum::from_json(&json!(["set", [true]])).unwrap().as_bool(),
+            Some(true)
+        );
     }
 
     #[test]
     fn rejects_bad_values() {
-        for v in [json!({"a": 1}), json!(["uuid", "nope"]), json!(["map", [[1]]]), json!([1, 2]), json!(null)] {
+        for v in [
+            json!({"a": 1}),
+            json!(["uuid", "nope"]),
+            json!(["map", [[1]]]),
+            json!([1, 2]),
+            json!(null),
+        ] {
             assert!(Datum::from_json(&v).is_err(), "{v}");
         }
     }

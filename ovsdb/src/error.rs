@@ -154,10 +154,27 @@ mod tests {
             error: "constraint violation".into(),
             details: Some("bad key".into()),
         };
-        assert_eq!(e.to_string(), "OVSDB transaction failed at operation 1 (mutate): constraint violation: bad key");
+        assert_eq!(
+            e.to_string(),
+            "OVSDB transaction failed at operation 1 (mutate): constraint violation: bad key"
+        );
         assert_eq!(e.metric_label(), "transaction");
-        assert_ne!(Error::NotConnected.metric_label(), Error::Closed.metric_label());
-        assert!(Error::ConnectionLost { reason: "eof".into() }.is_connection());
-        assert!(!Error::GuardFailed { table: "t".into(), columns: vec![] }.is_connection());
+        assert_ne!(
+            Error::NotConnected.metric_label(),
+            Error::Closed.metric_label()
+        );
+        assert!(
+            Error::ConnectionLost {
+                reason: "eof".into()
+            }
+            .is_connection()
+        );
+        assert!(
+            !Error::GuardFailed {
+                table: "t".into(),
+                columns: vec![]
+            }
+            .is_connection()
+        );
     }
 }

@@ -78,9 +78,7 @@ impl Framer {
                         self.depth = 1;
                     } else {
                         return Err(Error::Malformed {
-                            reason: format!(
-                                "unexpected byte 0x{b:02x} between JSON-RPC messages"
-                            ),
+                            reason: format!("unexpected byte 0x{b:02x} between JSON-RPC messages"),
                         });
                     }
                 }
@@ -118,9 +116,7 @@ impl Framer {
                     if let Some(start) = self.start
                         && i + 1 - start > self.max
                     {
-                        return Err(Error::Oversized {
-                            limit: self.max,
-                        });
+                        return Err(Error::Oversized { limit: self.max });
                     }
                 }
             }
@@ -174,16 +170,25 @@ mod tests {
     #[test]
     fn garbage_is_malformed() {
         let mut f = Framer::default();
-        assert!(matches!(f.feed(b"HTTP/1.1 200 OK\r\n"), Err(Error::Malformed { .. })));
+        assert!(matches!(
+            f.feed(b"HTTP/1.1 200 OK\r\n"),
+            Err(Error::Malformed { .. })
+        ));
         let mut f = Framer::default();
-        assert!(matches!(f.feed(b"{\"a\":tru}"), Err(Error::Malformed { .. })));
+        assert!(matches!(
+            f.feed(b"{\"a\":tru}"),
+            Err(Error::Malformed { .. })
+        ));
     }
 
     #[test]
     fn oversized_is_rejected_before_completion() {
         let mut f = Framer::new(16);
         assert!(f.feed(b"{\"a\":\"0123").unwrap().is_empty());
-        assert!(matches!(f.feed(b"456789abcdef"), Err(Error::Oversized { limit: 16 })));
+        assert!(matches!(
+            f.feed(b"456789abcdef"),
+            Err(Error::Oversized { limit: 16 })
+        ));
     }
 
     #[test]

@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use crate::Error;
 use crate::client::{Client, MonitorEvent};
 use crate::datum::Datum;
 use crate::protocol::{Condition, MonitorRequest, Mutation, Operation, Row, RowUpdate2};
-use crate::Error;
 
 /// Database (and table) name of the OVS configuration database.
 pub const OPEN_VSWITCH: &str = "Open_vSwitch";
@@ -45,7 +45,11 @@ pub struct MapColumn {
 impl MapColumn {
     /// Any single-row table's string map column.
     pub fn new(db: impl Into<String>, table: impl Into<String>, column: impl Into<String>) -> Self {
-        Self { db: db.into(), table: table.into(), column: column.into() }
+        Self {
+            db: db.into(),
+            table: table.into(),
+            column: column.into(),
+        }
     }
 
     /// `Open_vSwitch . other_config` (identity paths).
@@ -81,23 +85,37 @@ impl MapSnapshot {
                 None => entries.remove(k),
             };
         }
-        MapSnapshot { row: self.row, entries }
+        MapSnapshot {
+            row: self.row,
+            entries,
+        }
     }
 
     /// True when applying `changes` would change nothing.
     pub fn satisfies(&self, changes: &MapChanges) -> bool {
-        changes.iter().all(|(k, v)| self.entries.get(k) == v.as_ref())
+        changes
+            .iter()
+            .all(|(k, v)| self.entries.get(k) == v.as_ref())
     }
 }
 
 /// The operations of a guarded map write: `wait` on the whole map as read,
 /// then one `mutate` that deletes the target keys and inserts their new
 /// values. Pure, so the exact transaction is unit-tested.
-pub fn guarded_map_ops(col: &MapColumn, snapshot: &MapSnapshot, changes: &MapChanges) -> Vec<Operation> {
+pub fn guarded_map_ops(
+    col: &MapColumn,
+    snapshot: &MapSnapshot,
+    changes: &MapChanges,
+) -> Vec<Operation> {
     let row = || vec![Condition::uuid(snapshot.row)];
-    let mut mutations = vec![Mutation::delete(&col.column, Datum::string_set(changes.keys()))];
-    let inserts: Vec<(&String, &String)> =
-        changes.iter().filter_map(|(k, v)| v.as_ref().map(|v| (k, v))).collect();
+    let mut mutations = vec![Mutation::delete(
+        &col.column,
+        Datum::string_set(changes.keys()),
+    )];
+    let inserts: Vec<(&String, &String)> = changes
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+        .collect();
     if !inserts.is_empty() {
         mutations.push(Mutation::insert(&col.column, Datum::string_map(inserts)));
     }
@@ -108,33 +126,57 @@ pub fn guarded_map_ops(col: &MapColumn, snapshot: &MapSnapshot, changes: &MapCha
             conditions: row(),
             columns: vec![col.column.clone()],
             until: "==".into(),
-            rows: vec![Row::from([(col.column.clone(), Datum::string_map(&snapshot.entries))])],
+            rows: vec![Row::from([(
+                col.column.clone(),
+                Datum::string_map(&snapshot.entries),
+            )])],
         },
-        Operation::Mutate { table: col.table.clone(), conditions: row(), mutations },
+        Operation::Mutate {
+            table: col.table.clone(),
+            conditions: row(),
+            mutations,
+        },
     ]
 }
 
 impl Client {
     /// Selects `columns` of the only row of `table`; [`Error::RowCount`] when
     /// there is not exactly one.
-    pub async fn select_single(&self, db: &str, table: &str, columns: &[&str]) -> Result<(Uuid, Row), Error> {
+    pub async fn select_single(
+        &self,
+        db: &str,
+        table: &str,
+        columns: &[&str],
+    ) -> Result<(Uuid, Row), Error> {
         let mut cols: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
         cols.push("_uuid".into());
-        let op = Operation::Select { table: table.into(), conditions: vec![], columns: Some(cols) };
+        let op = Operation::Select {
+            table: table.into(),
+            conditions: vec![],
+            columns: Some(cols),
+        };
         let mut res = self.transact(db, std::slice::from_ref(&op)).await?;
         let rows = res.pop().and_then(|r| r.rows).unwrap_or_default();
-        let [mut row] = <[Row; 1]>::try_from(rows)
-            .map_err(|rows| Error::RowCount { table: table.into(), found: rows.len() })?;
+        let [mut row] = <[Row; 1]>::try_from(rows).map_err(|rows| Error::RowCount {
+            table: table.into(),
+            found: rows.len(),
+        })?;
         let uuid = match row.remove("_uuid") {
             Some(Datum::Atom(crate::datum::Atom::Uuid(u))) => u,
-            _ => return Err(Error::UnexpectedReply { reason: format!("{table} row without _uuid") }),
+            _ => {
+                return Err(Error::UnexpectedReply {
+                    reason: format!("{table} row without _uuid"),
+                });
+            }
         };
         Ok((uuid, row))
     }
 
     /// Reads a map column.
     pub async fn read_map(&self, col: &MapColumn) -> Result<MapSnapshot, Error> {
-        let (row, mut values) = self.select_single(&col.db, &col.table, &[&col.column]).await?;
+        let (row, mut values) = self
+            .select_single(&col.db, &col.table, &[&col.column])
+            .await?;
         let entries = values
             .remove(&col.column)
             .and_then(|d| d.as_string_map())
@@ -201,7 +243,9 @@ impl Client {
                 other => return other,
             }
         }
-        Err(Error::RetriesExhausted { attempts: max_attempts })
+        Err(Error::RetriesExhausted {
+            attempts: max_attempts,
+        })
     }
 
     /// Sets `NB_Global.ipsec` (connect this client to the NB database).
@@ -211,10 +255,15 @@ impl Client {
             conditions: vec![],
             row: Row::from([("ipsec".to_string(), Datum::from(enabled))]),
         };
-        let res = self.transact(OVN_NORTHBOUND, std::slice::from_ref(&op)).await?;
+        let res = self
+            .transact(OVN_NORTHBOUND, std::slice::from_ref(&op))
+            .await?;
         match res.first().and_then(|r| r.count) {
             Some(1) => Ok(()),
-            n => Err(Error::RowCount { table: "NB_Global".into(), found: n.unwrap_or(0) as usize }),
+            n => Err(Error::RowCount {
+                table: "NB_Global".into(),
+                found: n.unwrap_or(0) as usize,
+            }),
         }
     }
 
@@ -230,16 +279,19 @@ impl Client {
 
     async fn read_bool(&self, db: &str, table: &str, column: &str) -> Result<bool, Error> {
         let (_, row) = self.select_single(db, table, &[column]).await?;
-        row.get(column).and_then(Datum::as_bool).ok_or_else(|| Error::UnexpectedReply {
-            reason: format!("{table}.{column} is not a boolean"),
-        })
+        row.get(column)
+            .and_then(Datum::as_bool)
+            .ok_or_else(|| Error::UnexpectedReply {
+                reason: format!("{table}.{column} is not a boolean"),
+            })
     }
 
     /// Waits until the `SB_Global` row exists and its `ipsec` equals
     /// `expected`, following a `monitor_cond` (no polling); survives
     /// reconnects. [`Error::Timeout`] after `timeout`.
     pub async fn wait_sb_ipsec(&self, expected: bool, timeout: Duration) -> Result<(), Error> {
-        let tables = BTreeMap::from([("SB_Global".to_string(), MonitorRequest::columns(["ipsec"]))]);
+        let tables =
+            BTreeMap::from([("SB_Global".to_string(), MonitorRequest::columns(["ipsec"]))]);
         let wait = async {
             let mut stream = self.monitor_cond(OVN_SOUTHBOUND, tables).await?;
             let mut rows: HashMap<Uuid, Option<bool>> = HashMap::new();
@@ -255,10 +307,13 @@ impl Client {
                         continue;
                     }
                 };
-                for (uuid, change) in updates.into_iter().flat_map(|(_, t)| t) {
+                for (uuid, change) in updates.into_values().flatten() {
                     match change {
                         RowUpdate2::Initial(r) | RowUpdate2::Insert(r) => {
-                            rows.insert(uuid, r.get("ipsec").and_then(Datum::as_bool));
+                            // update2 omits columns that hold their default,
+                            // and a boolean's default is false.
+                            let v = r.get("ipsec").map_or(Some(false), Datum::as_bool);
+                            rows.insert(uuid, v);
                         }
                         RowUpdate2::Modify(r) => {
                             if let Some(v) = r.get("ipsec") {
@@ -276,9 +331,14 @@ impl Client {
             }
             Err(Error::Closed)
         };
-        tokio::time::timeout(timeout, wait).await.unwrap_or_else(|_| {
-            Err(Error::Timeout { what: format!("SB_Global.ipsec == {expected}"), millis: timeout.as_millis() })
-        })
+        tokio::time::timeout(timeout, wait)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    what: format!("SB_Global.ipsec == {expected}"),
+                    millis: timeout.as_millis(),
+                })
+            })
     }
 }
 
@@ -296,7 +356,11 @@ mod tests {
         let changes = MapChanges::from([("a".into(), Some("new".into())), ("gone".into(), None)]);
         let ops = guarded_map_ops(&MapColumn::ovs_other_config(), &snap, &changes);
         let got = crate::protocol::transact_params("Open_vSwitch", &ops);
-        let u = json!(["_uuid", "==", ["uuid", "00000000-0000-0000-0000-000000000000"]]);
+        let u = json!([
+            "_uuid",
+            "==",
+            ["uuid", "00000000-0000-0000-0000-000000000000"]
+        ]);
         assert_eq!(
             got,
             json!(["Open_vSwitch",

@@ -97,12 +97,18 @@ impl Message {
 
     /// The reply to a server's `echo` request: the same params, same id.
     pub fn echo_reply(id: Value, params: Value) -> Self {
-        Message::Response { id, result: params, error: Value::Null }
+        Message::Response {
+            id,
+            result: params,
+            error: Value::Null,
+        }
     }
 }
 
 fn malformed(reason: &str) -> Error {
-    Error::Malformed { reason: reason.to_string() }
+    Error::Malformed {
+        reason: reason.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -124,7 +130,9 @@ mod tests {
             .map(|v| Message::from_value(v).unwrap())
             .collect();
         assert_eq!(msgs.len(), 4);
-        assert!(matches!(&msgs[0], Message::Response { id, error, .. } if *id == json!(0) && error.is_null()));
+        assert!(
+            matches!(&msgs[0], Message::Response { id, error, .. } if *id == json!(0) && error.is_null())
+        );
         assert!(matches!(&msgs[1], Message::Request { method, .. } if method == "echo"));
         assert!(matches!(&msgs[2], Message::Notification { method, .. } if method == "update2"));
         assert!(matches!(&msgs[3], Message::Response { error, .. } if !error.is_null()));
@@ -133,9 +141,20 @@ mod tests {
     #[test]
     fn round_trips() {
         let msgs = [
-            Message::Request { id: json!(7), method: "transact".into(), params: json!(["db"]) },
-            Message::Notification { method: "update".into(), params: json!([null, {}]) },
-            Message::Response { id: json!("echo"), result: json!([]), error: Value::Null },
+            Message::Request {
+                id: json!(7),
+                method: "transact".into(),
+                params: json!(["db"]),
+            },
+            Message::Notification {
+                method: "update".into(),
+                params: json!([null, {}]),
+            },
+            Message::Response {
+                id: json!("echo"),
+                result: json!([]),
+                error: Value::Null,
+            },
         ];
         for m in msgs {
             let mut bytes = Vec::new();
@@ -147,14 +166,25 @@ mod tests {
 
     #[test]
     fn rejects_wrong_shapes() {
-        for v in [json!([1]), json!({"id": 1}), json!({"method": 3}), json!({"method": "x", "params": 1})] {
-            assert!(matches!(Message::from_value(v), Err(Error::Malformed { .. })));
+        for v in [
+            json!([1]),
+            json!({"id": 1}),
+            json!({"method": 3}),
+            json!({"method": "x", "params": 1}),
+        ] {
+            assert!(matches!(
+                Message::from_value(v),
+                Err(Error::Malformed { .. })
+            ));
         }
     }
 
     #[test]
     fn echo_reply_mirrors_params() {
         let r = Message::echo_reply(json!("echo"), json!(["x"]));
-        assert_eq!(r.to_value(), json!({"id":"echo","result":["x"],"error":null}));
+        assert_eq!(
+            r.to_value(),
+            json!({"id":"echo","result":["x"],"error":null})
+        );
     }
 }

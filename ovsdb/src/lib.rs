@@ -33,7 +33,9 @@ pub mod protocol;
 pub use client::{Address, Backoff, Client, Config, MonitorEvent, MonitorStream};
 pub use datum::{Atom, Datum};
 pub use error::Error;
-pub use helpers::{MapChanges, MapColumn, MapSnapshot, OPEN_VSWITCH, OVN_NORTHBOUND, OVN_SOUTHBOUND};
+pub use helpers::{
+    MapChanges, MapColumn, MapSnapshot, OPEN_VSWITCH, OVN_NORTHBOUND, OVN_SOUTHBOUND,
+};
 pub use protocol::{
     Condition, MonitorRequest, Mutation, Operation, OperationResult, Row, RowUpdate, RowUpdate2,
     TableUpdates,

@@ -29,7 +29,11 @@ pub struct Condition {
 impl Condition {
     /// `column == value`.
     pub fn eq(column: impl Into<String>, value: impl Into<Datum>) -> Self {
-        Self { column: column.into(), function: "==".into(), value: value.into() }
+        Self {
+            column: column.into(),
+            function: "==".into(),
+            value: value.into(),
+        }
     }
 
     /// `_uuid == uuid`: selects exactly one row.
@@ -56,13 +60,21 @@ pub struct Mutation {
 impl Mutation {
     /// `insert` into a set or map column (map keys already present are kept).
     pub fn insert(column: impl Into<String>, value: Datum) -> Self {
-        Self { column: column.into(), mutator: "insert".into(), value }
+        Self {
+            column: column.into(),
+            mutator: "insert".into(),
+            value,
+        }
     }
 
     /// `delete` from a set or map column; for a map, a set operand deletes
     /// keys whatever their value, a map operand deletes matching pairs only.
     pub fn delete(column: impl Into<String>, value: Datum) -> Self {
-        Self { column: column.into(), mutator: "delete".into(), value }
+        Self {
+            column: column.into(),
+            mutator: "delete".into(),
+            value,
+        }
     }
 
     fn to_json(&self) -> Value {
@@ -168,26 +180,42 @@ impl Operation {
         let mut m = Map::new();
         m.insert("op".into(), json!(self.name()));
         match self {
-            Operation::Select { table, conditions, columns } => {
+            Operation::Select {
+                table,
+                conditions,
+                columns,
+            } => {
                 m.insert("table".into(), json!(table));
                 m.insert("where".into(), conditions_json(conditions));
                 if let Some(cols) = columns {
                     m.insert("columns".into(), json!(cols));
                 }
             }
-            Operation::Insert { table, row, uuid_name } => {
+            Operation::Insert {
+                table,
+                row,
+                uuid_name,
+            } => {
                 m.insert("table".into(), json!(table));
                 m.insert("row".into(), row_json(row));
                 if let Some(name) = uuid_name {
                     m.insert("uuid-name".into(), json!(name));
                 }
             }
-            Operation::Update { table, conditions, row } => {
+            Operation::Update {
+                table,
+                conditions,
+                row,
+            } => {
                 m.insert("table".into(), json!(table));
                 m.insert("where".into(), conditions_json(conditions));
                 m.insert("row".into(), row_json(row));
             }
-            Operation::Mutate { table, conditions, mutations } => {
+            Operation::Mutate {
+                table,
+                conditions,
+                mutations,
+            } => {
                 m.insert("table".into(), json!(table));
                 m.insert("where".into(), conditions_json(conditions));
                 m.insert(
@@ -199,7 +227,14 @@ impl Operation {
                 m.insert("table".into(), json!(table));
                 m.insert("where".into(), conditions_json(conditions));
             }
-            Operation::Wait { table, timeout_ms, conditions, columns, until, rows } => {
+            Operation::Wait {
+                table,
+                timeout_ms,
+                conditions,
+                columns,
+                until,
+                rows,
+            } => {
                 m.insert("table".into(), json!(table));
                 if let Some(t) = timeout_ms {
                     m.insert("timeout".into(), json!(t));
@@ -207,7 +242,10 @@ impl Operation {
                 m.insert("where".into(), conditions_json(conditions));
                 m.insert("columns".into(), json!(columns));
                 m.insert("until".into(), json!(until));
-                m.insert("rows".into(), Value::Array(rows.iter().map(row_json).collect()));
+                m.insert(
+                    "rows".into(),
+                    Value::Array(rows.iter().map(row_json).collect()),
+                );
             }
             Operation::Comment { comment } => {
                 m.insert("comment".into(), json!(comment));
@@ -242,7 +280,10 @@ pub struct OperationResult {
 /// after it are `null`, and a commit failure is reported as one extra element
 /// past the operations. Each becomes a typed error; a `wait` that failed is
 /// [`Error::GuardFailed`] so callers can retry an optimistic update.
-pub fn parse_transact_result(ops: &[Operation], result: &Value) -> Result<Vec<OperationResult>, Error> {
+pub fn parse_transact_result(
+    ops: &[Operation],
+    result: &Value,
+) -> Result<Vec<OperationResult>, Error> {
     let Value::Array(items) = result else {
         return Err(unexpected("transact result is not an array"));
     };
@@ -250,13 +291,29 @@ pub fn parse_transact_result(ops: &[Operation], result: &Value) -> Result<Vec<Op
     for (index, item) in items.iter().enumerate() {
         if let Some(err) = item.get("error").filter(|e| !e.is_null()) {
             let error = err.as_str().unwrap_or_default().to_string();
-            let details = item.get("details").and_then(Value::as_str).map(str::to_string);
+            let details = item
+                .get("details")
+                .and_then(Value::as_str)
+                .map(str::to_string);
             return Err(match ops.get(index) {
                 Some(Operation::Wait { table, columns, .. }) if error == "timed out" => {
-                    Error::GuardFailed { table: table.clone(), columns: columns.clone() }
+                    Error::GuardFailed {
+                        table: table.clone(),
+                        columns: columns.clone(),
+                    }
                 }
-                Some(op) => Error::Transaction { index, op: op.name().to_string(), error, details },
-                None => Error::Transaction { index, op: "commit".to_string(), error, details },
+                Some(op) => Error::Transaction {
+                    index,
+                    op: op.name().to_string(),
+                    error,
+                    details,
+                },
+                None => Error::Transaction {
+                    index,
+                    op: "commit".to_string(),
+                    error,
+                    details,
+                },
             });
         }
         if index >= ops.len() {
@@ -295,7 +352,9 @@ pub fn parse_row(v: &Value) -> Result<Row, Error> {
     let Value::Object(obj) = v else {
         return Err(unexpected("row is not an object"));
     };
-    obj.iter().map(|(k, v)| Ok((k.clone(), Datum::from_json(v)?))).collect()
+    obj.iter()
+        .map(|(k, v)| Ok((k.clone(), Datum::from_json(v)?)))
+        .collect()
 }
 
 /// What to monitor in one table (`<monitor-request>`, plus the `where` of
@@ -311,7 +370,10 @@ pub struct MonitorRequest {
 impl MonitorRequest {
     /// Monitors `columns` of every row.
     pub fn columns<S: Into<String>>(columns: impl IntoIterator<Item = S>) -> Self {
-        Self { columns: columns.into_iter().map(Into::into).collect(), conditions: None }
+        Self {
+            columns: columns.into_iter().map(Into::into).collect(),
+            conditions: None,
+        }
     }
 
     fn to_json(&self) -> Value {
@@ -327,8 +389,15 @@ impl MonitorRequest {
 }
 
 /// The `params` of a `monitor`/`monitor_cond` request.
-pub fn monitor_params(db: &str, monitor_id: &Value, tables: &BTreeMap<String, MonitorRequest>) -> Value {
-    let reqs: Map<String, Value> = tables.iter().map(|(t, r)| (t.clone(), r.to_json())).collect();
+pub fn monitor_params(
+    db: &str,
+    monitor_id: &Value,
+    tables: &BTreeMap<String, MonitorRequest>,
+) -> Value {
+    let reqs: Map<String, Value> = tables
+        .iter()
+        .map(|(t, r)| (t.clone(), r.to_json()))
+        .collect();
     json!([db, monitor_id, reqs])
 }
 
@@ -358,7 +427,10 @@ pub enum RowUpdate2 {
 /// `table → row uuid → change`.
 pub type TableUpdates<U> = BTreeMap<String, BTreeMap<Uuid, U>>;
 
-fn parse_table_updates<U>(v: &Value, row: impl Fn(&Value) -> Result<U, Error>) -> Result<TableUpdates<U>, Error> {
+fn parse_table_updates<U>(
+    v: &Value,
+    row: impl Fn(&Value) -> Result<U, Error>,
+) -> Result<TableUpdates<U>, Error> {
     let Value::Object(tables) = v else {
         return Err(unexpected("table-updates is not an object"));
     };
@@ -369,7 +441,8 @@ fn parse_table_updates<U>(v: &Value, row: impl Fn(&Value) -> Result<U, Error>) -
         };
         let mut t = BTreeMap::new();
         for (uuid, u) in rows {
-            let uuid = Uuid::parse_str(uuid).map_err(|e| unexpected(&format!("row uuid {uuid:?}: {e}")))?;
+            let uuid = Uuid::parse_str(uuid)
+                .map_err(|e| unexpected(&format!("row uuid {uuid:?}: {e}")))?;
             t.insert(uuid, row(u)?);
         }
         out.insert(table.clone(), t);
@@ -381,7 +454,10 @@ fn parse_table_updates<U>(v: &Value, row: impl Fn(&Value) -> Result<U, Error>) -
 pub fn parse_table_updates1(v: &Value) -> Result<TableUpdates<RowUpdate>, Error> {
     parse_table_updates(v, |u| {
         let get = |k| u.get(k).map(parse_row).transpose();
-        Ok(RowUpdate { old: get("old")?, new: get("new")? })
+        Ok(RowUpdate {
+            old: get("old")?,
+            new: get("new")?,
+        })
     })
 }
 
@@ -406,7 +482,9 @@ pub fn parse_table_updates2(v: &Value) -> Result<TableUpdates<RowUpdate2>, Error
 }
 
 fn unexpected(reason: &str) -> Error {
-    Error::UnexpectedReply { reason: reason.to_string() }
+    Error::UnexpectedReply {
+        reason: reason.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -417,28 +495,44 @@ mod tests {
     fn operations_serialize_as_rfc7047() {
         let u = Uuid::nil();
         let ops = vec![
-            Operation::Select { table: "T".into(), conditions: vec![], columns: Some(vec!["c".into()]) },
+            Operation::Select {
+                table: "T".into(),
+                conditions: vec![],
+                columns: Some(vec!["c".into()]),
+            },
             Operation::Insert {
                 table: "T".into(),
                 row: Row::from([("name".to_string(), Datum::from("x"))]),
                 uuid_name: Some("r".into()),
             },
-            Operation::Update { table: "T".into(), conditions: vec![Condition::uuid(u)], row: Row::new() },
+            Operation::Update {
+                table: "T".into(),
+                conditions: vec![Condition::uuid(u)],
+                row: Row::new(),
+            },
             Operation::Mutate {
                 table: "T".into(),
                 conditions: vec![],
                 mutations: vec![Mutation::delete("m", Datum::string_set(["k"]))],
             },
-            Operation::Delete { table: "T".into(), conditions: vec![Condition::eq("n", 1i64)] },
+            Operation::Delete {
+                table: "T".into(),
+                conditions: vec![Condition::eq("n", 1i64)],
+            },
             Operation::Wait {
                 table: "T".into(),
                 timeout_ms: Some(0),
                 conditions: vec![],
                 columns: vec!["m".into()],
                 until: "==".into(),
-                rows: vec![Row::from([("m".to_string(), Datum::string_map([("a", "b")]))])],
+                rows: vec![Row::from([(
+                    "m".to_string(),
+                    Datum::string_map([("a", "b")]),
+                )])],
             },
-            Operation::Comment { comment: "hi".into() },
+            Operation::Comment {
+                comment: "hi".into(),
+            },
         ];
         let got = transact_params("DB", &ops);
         let want = json!(["DB",
@@ -462,7 +556,11 @@ mod tests {
                 until: "==".into(),
                 rows: vec![],
             },
-            Operation::Select { table: "T".into(), conditions: vec![], columns: None },
+            Operation::Select {
+                table: "T".into(),
+                conditions: vec![],
+                columns: None,
+            },
         ]
     }
 
@@ -471,13 +569,27 @@ mod tests {
         let ops = two_ops();
         let r = parse_transact_result(&ops, &json!([{"error":"timed out"}, null]));
         assert!(matches!(r, Err(Error::GuardFailed { ref table, .. }) if table == "T"));
-        let r = parse_transact_result(&ops, &json!([{}, {"error":"constraint violation","details":"d"}]));
-        assert!(matches!(r, Err(Error::Transaction { index: 1, ref op, ref details, .. })
-            if op == "select" && details.as_deref() == Some("d")));
-        let r = parse_transact_result(&ops, &json!([{}, {"rows":[]}, {"error":"referential integrity violation"}]));
+        let r = parse_transact_result(
+            &ops,
+            &json!([{}, {"error":"constraint violation","details":"d"}]),
+        );
+        assert!(
+            matches!(r, Err(Error::Transaction { index: 1, ref op, ref details, .. })
+            if op == "select" && details.as_deref() == Some("d"))
+        );
+        let r = parse_transact_result(
+            &ops,
+            &json!([{}, {"rows":[]}, {"error":"referential integrity violation"}]),
+        );
         assert!(matches!(r, Err(Error::Transaction { index: 2, ref op, .. }) if op == "commit"));
-        assert!(matches!(parse_transact_result(&ops, &json!([{}])), Err(Error::UnexpectedReply { .. })));
-        assert!(matches!(parse_transact_result(&ops, &json!({})), Err(Error::UnexpectedReply { .. })));
+        assert!(matches!(
+            parse_transact_result(&ops, &json!([{}])),
+            Err(Error::UnexpectedReply { .. })
+        ));
+        assert!(matches!(
+            parse_transact_result(&ops, &json!({})),
+            Err(Error::UnexpectedReply { .. })
+        ));
     }
 
     #[test]

@@ -109,7 +109,10 @@ pub fn run(program: &str, args: &[&str]) -> Result<String, Error> {
     let out = Command::new(&path)
         .args(args)
         .output()
-        .map_err(|source| Error::Io { what: format!("spawn `{command}`"), source })?;
+        .map_err(|source| Error::Io {
+            what: format!("spawn `{command}`"),
+            source,
+        })?;
     if !out.status.success() {
         return Err(Error::Command {
             command,
@@ -130,7 +133,11 @@ struct Daemon {
 
 impl Daemon {
     fn new(name: &str, pidfile: PathBuf) -> Self {
-        Self { name: name.to_string(), pidfile, pid: None }
+        Self {
+            name: name.to_string(),
+            pidfile,
+            pid: None,
+        }
     }
 
     /// Reads the pidfile the daemon wrote before `--detach` returned.
@@ -144,7 +151,9 @@ impl Daemon {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(Error::Timeout { what: format!("{} pidfile {}", self.name, self.pidfile.display()) });
+                return Err(Error::Timeout {
+                    what: format!("{} pidfile {}", self.name, self.pidfile.display()),
+                });
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -165,7 +174,9 @@ impl Daemon {
         while alive(pid) {
             if Instant::now() > deadline {
                 if signal == Signal::SIGKILL {
-                    return Err(Error::Timeout { what: format!("{} (pid {pid}) to exit", self.name) });
+                    return Err(Error::Timeout {
+                        what: format!("{} (pid {pid}) to exit", self.name),
+                    });
                 }
                 return self.signal(Signal::SIGKILL);
             }
@@ -201,7 +212,10 @@ fn remove_if_exists(path: &Path) -> Result<(), Error> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(Error::Io { what: format!("remove {}", path.display()), source }),
+        Err(source) => Err(Error::Io {
+            what: format!("remove {}", path.display()),
+            source,
+        }),
     }
 }
 
@@ -227,10 +241,16 @@ impl OvsdbServer {
             socket: dir.join(format!("{stem}.sock")),
             ctl: dir.join(format!("{stem}.ctl")),
             log: dir.join(format!("{stem}.log")),
-            daemon: Daemon::new(&format!("ovsdb-server ({})", kind.db_name()), dir.join(format!("{stem}.pid"))),
+            daemon: Daemon::new(
+                &format!("ovsdb-server ({})", kind.db_name()),
+                dir.join(format!("{stem}.pid")),
+            ),
             db,
         };
-        run("ovsdb-tool", &["create", &path_str(&server.db), kind.schema()])?;
+        run(
+            "ovsdb-tool",
+            &["create", &path_str(&server.db), kind.schema()],
+        )?;
         let mut server = server;
         server.launch()?;
         Ok(server)
@@ -467,12 +487,15 @@ mod tests {
         {
             let mut s = OvsdbServer::start_vswitch(dir.path()).unwrap();
             pid = s.pid().unwrap();
-            s.vsctl(&["set", "Open_vSwitch", ".", "other_config:x=1"]).unwrap();
+            s.vsctl(&["set", "Open_vSwitch", ".", "other_config:x=1"])
+                .unwrap();
             s.kill().unwrap();
             assert!(!s.is_running());
             s.restart().unwrap();
             assert_ne!(s.pid().unwrap(), pid);
-            let v = s.vsctl(&["get", "Open_vSwitch", ".", "other_config:x"]).unwrap();
+            let v = s
+                .vsctl(&["get", "Open_vSwitch", ".", "other_config:x"])
+                .unwrap();
             assert_eq!(v.trim(), "\"1\"");
         }
         assert!(!alive(Pid::from_raw(pid)));
@@ -482,10 +505,13 @@ mod tests {
     fn central_mirrors_ipsec() {
         let dir = tempfile::tempdir().unwrap();
         let c = OvnCentral::start(dir.path()).unwrap();
-        c.nb.nbctl(&["set", "NB_Global", ".", "ipsec=true"]).unwrap();
+        c.nb.nbctl(&["set", "NB_Global", ".", "ipsec=true"])
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let v = c.sb.sbctl(&["--if-exists", "get", "SB_Global", ".", "ipsec"]).unwrap_or_default();
+            let v =
+                c.sb.sbctl(&["--if-exists", "get", "SB_Global", ".", "ipsec"])
+                    .unwrap_or_default();
             if v.trim() == "true" {
                 break;
             }
