@@ -311,7 +311,12 @@ pub fn parse_ike_sas(status: &str) -> Vec<IkeSa> {
             }
             continue;
         }
-        let state = rest.split_whitespace().next().unwrap_or_default();
+        // "ESTABLISHED 2 seconds ago, ..." but "CONNECTING, a...b".
+        let state = rest
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .trim_end_matches(',');
         if !state.is_empty() && state.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
             if sas
                 .iter()

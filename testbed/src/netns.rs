@@ -407,3 +407,77 @@ pub fn wait_for<T>(
         std::thread::sleep(interval);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn require() {
+        for p in ["ip", "nsenter", "sh", "mount", "sleep"] {
+            crate::require_program(p).unwrap();
+        }
+    }
+
+    #[test]
+    fn holder_binds_run_and_nsenter_sees_it() {
+        require();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("marker"), "node-run").unwrap();
+        let ns = Netns::create_with_mounts(
+            "koi-unit",
+            &Mounts {
+                run: Some(dir.path().to_path_buf()),
+                binds: vec![],
+            },
+        )
+        .unwrap();
+        let out = ns.run("cat", ["/run/marker"]).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "node-run");
+        // The holder created /run/openvswitch inside the node's /run.
+        assert!(dir.path().join("openvswitch").is_dir());
+        // The host's /run is untouched.
+        assert!(!Path::new("/run/marker").exists());
+        let name = ns.name().to_string();
+        drop(ns);
+        assert!(
+            !Path::new("/run/netns").join(&name).exists(),
+            "{name} not deleted"
+        );
+    }
+
+    #[test]
+    fn veth_pair_connects_two_namespaces() {
+        require();
+        let (a, b) = (
+            Netns::create("koi-unit").unwrap(),
+            Netns::create("koi-unit").unwrap(),
+        );
+        veth_pair(
+            VethEnd {
+                netns: &a,
+                ifname: "v0",
+                cidr: "10.99.0.1/24",
+            },
+            VethEnd {
+                netns: &b,
+                ifname: "v0",
+                cidr: "10.99.0.2/24",
+            },
+        )
+        .unwrap();
+        let route = a.ip(["route", "get", "10.99.0.2"]).unwrap();
+        assert!(route.contains("dev v0"), "{route}");
+    }
+
+    #[test]
+    fn stale_namespace_of_dead_process_is_removed() {
+        require();
+        // PID 0x7fff_fff0 is above pid_max: no live process has it.
+        let stale = "koi-stale-2147483632-0";
+        run(Command::new("ip").args(["netns", "add", stale])).unwrap();
+        let live = Netns::create("koi-stale").unwrap();
+        // create() cleaned up first: the stale one is gone, ours is there.
+        assert!(!Path::new("/run/netns").join(stale).exists());
+        assert!(Path::new("/run/netns").join(live.name()).exists());
+    }
+}
