@@ -8,6 +8,9 @@ PACKAGES=(
   openvswitch-switch openvswitch-ipsec ovn-central ovn-host
   strongswan strongswan-swanctl charon-systemd libcharon-extra-plugins
   libstrongswan-extra-plugins iproute2
+  # ovs-monitor-ipsec proposes only AES-GCM; its plugin is in this package
+  # (without it IKE fails with "AES_GCM_16 not supported").
+  libstrongswan-standard-plugins
   # Build and test tooling used by scripts/test.sh.
   build-essential pkg-config python3 python3-venv openssl patch util-linux procps psmisc
 )
