@@ -203,9 +203,9 @@ impl FromStr for Challenge {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
         // Same spelling rules as a digest: 64 lowercase hex.
-        let d: Sha256Digest = s
-            .parse()
-            .map_err(|_| Error::invalid_value("challenge", "must be 64 lowercase hex characters"))?;
+        let d: Sha256Digest = s.parse().map_err(|_| {
+            Error::invalid_value("challenge", "must be 64 lowercase hex characters")
+        })?;
         Ok(Challenge(*d.as_bytes()))
     }
 }
@@ -440,7 +440,11 @@ impl CoordinationRecord {
 
 /// Fails unless `observed` is not after `now` and, when `max_age_secs` is
 /// given, not older than that.
-pub fn check_freshness(observed: Timestamp, now: Timestamp, max_age_secs: Option<i64>) -> Result<()> {
+pub fn check_freshness(
+    observed: Timestamp,
+    now: Timestamp,
+    max_age_secs: Option<i64>,
+) -> Result<()> {
     let age = now.secs_since(observed);
     if age < 0 {
         return Err(Error::ReceiptNotFresh {

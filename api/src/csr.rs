@@ -114,7 +114,13 @@ mod tests {
         assert_ne!(base, csr_name(&uid("a"), &uid("b"), 61, &t, b"r"));
         assert_ne!(
             base,
-            csr_name(&uid("a"), &uid("b"), 60, &Sha256Digest::from_bytes([2; 32]), b"r")
+            csr_name(
+                &uid("a"),
+                &uid("b"),
+                60,
+                &Sha256Digest::from_bytes([2; 32]),
+                b"r"
+            )
         );
         assert_ne!(base, csr_name(&uid("a"), &uid("b"), 60, &t, b"s"));
         // Framing: moving a byte between adjacent fields changes the name.

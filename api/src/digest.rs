@@ -101,7 +101,12 @@ mod tests {
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert_eq!(d.to_string().parse::<Sha256Digest>().unwrap(), d);
-        assert!(d.to_string().to_uppercase().parse::<Sha256Digest>().is_err());
+        assert!(
+            d.to_string()
+                .to_uppercase()
+                .parse::<Sha256Digest>()
+                .is_err()
+        );
         assert!("ab".parse::<Sha256Digest>().is_err());
         assert_eq!(
             serde_json::to_string(&d).unwrap(),

@@ -138,7 +138,15 @@ mod tests {
 
     #[test]
     fn chassis_rejects_pem_and_edges() {
-        for bad in ["", "-a", "a-", "a b", "-----BEGIN CERTIFICATE-----", "a_b", "a\nb"] {
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "a b",
+            "-----BEGIN CERTIFICATE-----",
+            "a_b",
+            "a\nb",
+        ] {
             assert!(Chassis::new(bad).is_err(), "{bad:?}");
         }
         assert!(Chassis::new("a".repeat(254)).is_err());

@@ -194,7 +194,7 @@ impl Certificate {
     /// Parses one DER certificate. Rejects trailing bytes and keys other
     /// than RSA >= 2048, P-256 and P-384.
     pub fn from_der(der: &[u8]) -> Result<Self> {
-        let (rest, x) = X509Certificate::from_der(der).map_err(|e| bad_cert(e))?;
+        let (rest, x) = X509Certificate::from_der(der).map_err(bad_cert)?;
         if !rest.is_empty() {
             return Err(bad_cert("trailing bytes after the certificate"));
         }
@@ -411,7 +411,10 @@ impl Certificate {
             }
             _ => {
                 return Err(Error::UnsupportedKey {
-                    reason: format!("signature algorithm {sig_oid} with issuer key {}", issuer.key),
+                    reason: format!(
+                        "signature algorithm {sig_oid} with issuer key {}",
+                        issuer.key
+                    ),
                 });
             }
         };
@@ -513,7 +516,11 @@ impl TrustBundle {
             .certificates
             .iter()
             .any(|ca| ca.check_valid_at(now).is_ok() && leaf.verify_issued_by(ca).is_ok());
-        if issued { Ok(()) } else { Err(Error::Untrusted) }
+        if issued {
+            Ok(())
+        } else {
+            Err(Error::Untrusted)
+        }
     }
 }
 
@@ -527,3 +534,6 @@ pub fn trust_digest<'a>(ders: impl IntoIterator<Item = &'a [u8]>) -> Sha256Diges
 pub fn certificate_digest(der: &[u8]) -> Sha256Digest {
     Sha256Digest::of(der)
 }
+
+#[cfg(test)]
+mod tests;

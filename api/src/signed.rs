@@ -35,8 +35,7 @@ use std::fmt;
 
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{
-    self, ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair as _, RsaKeyPair,
-    UnparsedPublicKey,
+    self, ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair as _, RsaKeyPair, UnparsedPublicKey,
 };
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -249,7 +248,8 @@ pub fn decode<T: SignedPayload>(annotation: &str) -> Result<Unverified<T>> {
         reason: reason.into(),
     };
     let mut parts = annotation.split('.');
-    let (Some(p), Some(a), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(p), Some(a), Some(s), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(malformed("expected payload.algorithm.signature"));
     };
@@ -291,13 +291,12 @@ impl<T: SignedPayload> Unverified<T> {
     /// that is [`crate::pki::TrustBundle::verify_leaf`] and
     /// [`Certificate::check_chassis_identity`].
     pub fn verify(self, cert: &Certificate) -> Result<T> {
-        let expected =
-            SignatureAlgorithm::for_key(cert.key_algorithm()).ok_or_else(|| {
-                Error::AlgorithmMismatch {
-                    declared: self.algorithm.to_string(),
-                    certificate: cert.key_algorithm().to_string(),
-                }
-            })?;
+        let expected = SignatureAlgorithm::for_key(cert.key_algorithm()).ok_or_else(|| {
+            Error::AlgorithmMismatch {
+                declared: self.algorithm.to_string(),
+                certificate: cert.key_algorithm().to_string(),
+            }
+        })?;
         if expected != self.algorithm {
             return Err(Error::AlgorithmMismatch {
                 declared: self.algorithm.to_string(),
@@ -319,3 +318,6 @@ impl<T: SignedPayload> Unverified<T> {
 pub fn verify<T: SignedPayload>(annotation: &str, cert: &Certificate) -> Result<T> {
     decode::<T>(annotation)?.verify(cert)
 }
+
+#[cfg(test)]
+mod tests;

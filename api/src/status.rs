@@ -184,7 +184,9 @@ impl Reason {
             ActivationFailed => {
                 "writing the identity to OVSDB failed; check ovsdb-server on this node"
             }
-            OvsdbUnavailable => "cannot reach the local OVSDB server; check openvswitch on this node",
+            OvsdbUnavailable => {
+                "cannot reach the local OVSDB server; check openvswitch on this node"
+            }
             MonitorNotAcknowledged => {
                 "ovs-monitor-ipsec has not loaded the active certificate and trust bundle; see \
                  'ovs-appctl ipsec/show' and the monitor log"

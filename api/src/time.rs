@@ -27,7 +27,10 @@ impl Timestamp {
         const MIN: i64 = -62_167_219_200;
         const MAX: i64 = 253_402_300_799;
         if !(MIN..=MAX).contains(&secs) {
-            return Err(Error::invalid_value("timestamp", "outside years 0000..=9999"));
+            return Err(Error::invalid_value(
+                "timestamp",
+                "outside years 0000..=9999",
+            ));
         }
         Ok(Timestamp(secs))
     }
@@ -45,7 +48,9 @@ impl Timestamp {
     /// As a chrono instant.
     pub fn to_datetime(self) -> DateTime<Utc> {
         // from_unix bounds the value to a range chrono represents.
-        Utc.timestamp_opt(self.0, 0).single().unwrap_or(DateTime::<Utc>::MIN_UTC)
+        Utc.timestamp_opt(self.0, 0)
+            .single()
+            .unwrap_or(DateTime::<Utc>::MIN_UTC)
     }
 
     /// This instant plus `secs` seconds (saturating at the representable
@@ -93,7 +98,11 @@ impl From<Timestamp> for String {
 
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_datetime().to_rfc3339_opts(SecondsFormat::Secs, true))
+        f.write_str(
+            &self
+                .to_datetime()
+                .to_rfc3339_opts(SecondsFormat::Secs, true),
+        )
     }
 }
 
