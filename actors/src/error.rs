@@ -1,0 +1,146 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the agent's actors and their ports.
+///
+/// Variants carry paths, names and short reasons, never key material or PEM.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key directory (or a file in it) cannot be written: a read-only
+    /// `/etc` (Talos) or missing permissions.
+    #[error(
+        "key directory {path} is not writable ({source}); set OVN_IPSEC_KEY_DIR \
+         (e.g. /var/lib/ovs_ipsec_keys on hosts with a read-only /etc)"
+    )]
+    KeyDirReadOnly {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Another process holds the key directory's owner lock.
+    #[error("key directory {path} is locked by another process")]
+    KeyDirLocked {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// Other I/O on the key directory failed.
+    #[error("key directory I/O on {path}: {source}")]
+    KeyDirIo {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A generation's files are missing or do not match the state record.
+    #[error("generation {generation} in the key directory is inconsistent: {reason}")]
+    GenerationInconsistent {
+        /// The generation.
+        generation: u64,
+        /// What does not match.
+        reason: String,
+    },
+    /// Key generation or CSR encoding failed.
+    #[error("key or CSR generation failed: {0}")]
+    KeyGeneration(String),
+    /// The issued certificate was rejected.
+    #[error("issued certificate rejected: {0}")]
+    CertificateRejected(String),
+    /// The trust bundle is unusable.
+    #[error("trust bundle rejected: {0}")]
+    TrustBundleInvalid(String),
+    /// No trust bundle has been received yet.
+    #[error("no trust bundle yet")]
+    TrustBundleMissing,
+    /// The CSR was denied by the controller.
+    #[error("CSR {name} denied: {reason}")]
+    CsrDenied {
+        /// CSR name.
+        name: String,
+        /// The Denied condition's reason.
+        reason: String,
+    },
+    /// The signer reported a failure on the CSR.
+    #[error("CSR {name} failed: {reason}")]
+    CsrFailed {
+        /// CSR name.
+        name: String,
+        /// The Failed condition's reason.
+        reason: String,
+    },
+    /// The CSR was not issued within the request timeout.
+    #[error("CSR {name} not issued within the request timeout")]
+    CsrTimeout {
+        /// CSR name.
+        name: String,
+    },
+    /// The Kubernetes API call failed.
+    #[error("CSR API: {0}")]
+    CsrApi(String),
+    /// The OVSDB transaction failed or OVSDB is unreachable.
+    #[error("OVSDB: {0}")]
+    Ovsdb(String),
+    /// The guarded OVSDB transaction found other values than expected.
+    #[error("OVSDB identity changed concurrently; re-reading")]
+    ActivationConflict,
+    /// An actor could not be spawned.
+    #[error("spawning actor {actor}: {reason}")]
+    Spawn {
+        /// The child's name.
+        actor: String,
+        /// Why.
+        reason: String,
+    },
+    /// A message could not be delivered or an RPC timed out.
+    #[error("actor messaging: {0}")]
+    Messaging(String),
+}
+
+impl Error {
+    /// A stable, low-cardinality label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::KeyDirReadOnly { .. } => "key_dir_read_only",
+            Error::KeyDirLocked { .. } => "key_dir_locked",
+            Error::KeyDirIo { .. } => "key_dir_io",
+            Error::GenerationInconsistent { .. } => "generation_inconsistent",
+            Error::KeyGeneration(_) => "key_generation",
+            Error::CertificateRejected(_) => "certificate_rejected",
+            Error::TrustBundleInvalid(_) => "trust_bundle_invalid",
+            Error::TrustBundleMissing => "trust_bundle_missing",
+            Error::CsrDenied { .. } => "csr_denied",
+            Error::CsrFailed { .. } => "csr_failed",
+            Error::CsrTimeout { .. } => "csr_timeout",
+            Error::CsrApi(_) => "csr_api",
+            Error::Ovsdb(_) => "ovsdb",
+            Error::ActivationConflict => "activation_conflict",
+            Error::Spawn { .. } => "spawn",
+            Error::Messaging(_) => "messaging",
+        }
+    }
+
+    /// The status reason this error maps to.
+    pub fn status_reason(&self) -> kube_ovn_ipsec_api::status::Reason {
+        use kube_ovn_ipsec_api::status::Reason;
+        match self {
+            Error::KeyDirReadOnly { .. } => Reason::KeyDirReadOnly,
+            Error::KeyDirLocked { .. } => Reason::KeyDirLocked,
+            Error::CertificateRejected(_) | Error::GenerationInconsistent { .. } => {
+                Reason::CertificateMismatch
+            }
+            Error::TrustBundleInvalid(_) => Reason::TrustBundleInvalid,
+            Error::TrustBundleMissing => Reason::TrustBundleMissing,
+            Error::CsrDenied { .. } => Reason::CsrDenied,
+            Error::CsrFailed { .. } | Error::KeyGeneration(_) => Reason::CsrFailed,
+            Error::CsrTimeout { .. } | Error::CsrApi(_) => Reason::CsrTimeout,
+            Error::Ovsdb(_) | Error::ActivationConflict => Reason::ActivationFailed,
+            Error::KeyDirIo { .. } => Reason::KeyDirReadOnly,
+            Error::Spawn { .. } | Error::Messaging(_) => Reason::Unknown,
+        }
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

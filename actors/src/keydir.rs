@@ -1,0 +1,442 @@
+//! The key directory (SPEC §2): one folder per identity generation plus a
+//! state file naming the active and the pending generation.
+//!
+//! ```text
+//! <dir>/                      0700
+//!   .lock                     owner lock (flock, held for the process lifetime)
+//!   state.json                {version, lastGeneration, active, pending, retired}
+//!   gen-000001/               0700
+//!     private.key             0600, PKCS#8 PEM
+//!     request.csr             the CSR exactly as submitted (its bytes name it)
+//!     cert.pem                the verified leaf (after issuance)
+//!     ca.pem                  the trust bundle it was verified against
+//!   state.json.corrupt-<unix> a state file that could not be read, moved aside
+//! ```
+//!
+//! Active and pending live in *one* state file so that a single rename
+//! switches both: a crash can never leave "pending promoted" without
+//! "active replaced". Every write is write-temp, fsync, rename, fsync-dir.
+//! The state holds digests and names only; key material lives in the
+//! generation folders.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The state file's format version this build reads and writes.
+pub const STATE_VERSION: u32 = 1;
+/// Name of the state file.
+pub const STATE_FILE: &str = "state.json";
+/// Name of the owner lock file.
+pub const LOCK_FILE: &str = ".lock";
+/// File names inside a generation folder.
+pub mod files {
+    /// The private key (PKCS#8 PEM, 0600).
+    pub const PRIVATE_KEY: &str = "private.key";
+    /// The CSR as submitted (PEM).
+    pub const REQUEST: &str = "request.csr";
+    /// The issued leaf certificate (PEM).
+    pub const CERTIFICATE: &str = "cert.pem";
+    /// The trust bundle (PEM).
+    pub const CA: &str = "ca.pem";
+}
+
+/// Where a pending request stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PendingStage {
+    /// Key and request persisted; the CSR may or may not exist yet.
+    Prepared,
+    /// The CSR object exists (its UID is recorded).
+    Submitted,
+    /// The certificate was issued, verified and stored; awaiting activation.
+    Issued,
+}
+
+/// The binding of a pending key to its CSR.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingRecord {
+    /// The generation this request will become.
+    pub generation: u64,
+    /// SHA-256 (hex) of the private key's PKCS#8 DER.
+    pub key_digest: String,
+    /// The derived CSR name.
+    pub csr_name: String,
+    /// The CSR object's UID once created.
+    pub csr_uid: Option<String>,
+    /// The trust digest (hex) the request was made under.
+    pub trust_digest: String,
+    /// Progress of the request.
+    pub stage: PendingStage,
+    /// Whether this generation reuses the active key and certificate with a
+    /// new trust bundle only (no CSR).
+    #[serde(default)]
+    pub trust_refresh: bool,
+}
+
+/// The generation OVSDB was last confirmed to point at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActiveRecord {
+    /// The generation.
+    pub generation: u64,
+    /// SHA-256 (hex) of its certificate's DER.
+    pub certificate_digest: String,
+}
+
+/// A generation that is no longer active, kept for a grace period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetiredRecord {
+    /// The generation.
+    pub generation: u64,
+    /// When it was retired (Unix seconds).
+    pub retired_at: i64,
+}
+
+/// The content of `state.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyDirState {
+    /// Format version ([`STATE_VERSION`]).
+    pub version: u32,
+    /// Highest generation number ever allocated.
+    pub last_generation: u64,
+    /// The active generation.
+    pub active: Option<ActiveRecord>,
+    /// The pending generation.
+    pub pending: Option<PendingRecord>,
+    /// Retired generations awaiting garbage collection.
+    #[serde(default)]
+    pub retired: Vec<RetiredRecord>,
+}
+
+/// The three files OVSDB's `other_config` points at for one generation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdentityPaths {
+    /// `other_config:private_key`.
+    pub private_key: PathBuf,
+    /// `other_config:certificate`.
+    pub certificate: PathBuf,
+    /// `other_config:ca_cert`.
+    pub ca_cert: PathBuf,
+}
+
+/// A state file that could not be used and was moved aside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MovedAside {
+    /// Where it now is.
+    pub moved_to: PathBuf,
+    /// Why (parse error or unknown version).
+    pub reason: String,
+}
+
+/// An open, locked key directory.
+#[derive(Debug)]
+pub struct KeyDir {
+    dir: PathBuf,
+    // Held for the lifetime of the value: dropping it releases the flock.
+    _lock: Flock<File>,
+}
+
+fn io_err(path: &Path, source: std::io::Error) -> Error {
+    if is_read_only(&source) {
+        Error::KeyDirReadOnly {
+            path: path.to_path_buf(),
+            source,
+        }
+    } else {
+        Error::KeyDirIo {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+fn is_read_only(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem)
+        || e.raw_os_error() == Some(nix::libc::EROFS)
+        || e.raw_os_error() == Some(nix::libc::EACCES)
+        || e.raw_os_error() == Some(nix::libc::EPERM)
+}
+
+/// The folder name of a generation.
+pub fn generation_dir_name(generation: u64) -> String {
+    format!("gen-{generation:06}")
+}
+
+fn parse_generation_dir(name: &str) -> Option<u64> {
+    name.strip_prefix("gen-")?.parse().ok()
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err(dir, e))
+}
+
+/// Writes `data` to `path` atomically: temp file with `mode`, fsync,
+/// rename over `path`, fsync of the parent directory.
+pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    let parent = path.parent().unwrap_or(Path::new("."));
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = parent.join(format!(".{file_name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)
+            .map_err(|e| io_err(&tmp, e))?;
+        // The mode given to open() is filtered by the umask; set it exactly.
+        f.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(|e| io_err(&tmp, e))?;
+        f.write_all(data).map_err(|e| io_err(&tmp, e))?;
+        f.sync_all().map_err(|e| io_err(&tmp, e))?;
+        fs::rename(&tmp, path).map_err(|e| io_err(path, e))?;
+        fsync_dir(parent)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn create_private_dir(path: &Path) -> Result<()> {
+    match fs::DirBuilder::new().recursive(true).mode(0o700).create(path) {
+        Ok(()) => {}
+        Err(e) => return Err(io_err(path, e)),
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(|e| io_err(path, e))
+}
+
+impl KeyDir {
+    /// Opens (creating if needed) and locks the key directory.
+    ///
+    /// A directory that cannot be created or written is
+    /// [`Error::KeyDirReadOnly`]; one locked by another process is
+    /// [`Error::KeyDirLocked`].
+    pub fn open(dir: impl Into<PathBuf>) -> Result<KeyDir> {
+        let dir = dir.into();
+        create_private_dir(&dir).map_err(|e| match e {
+            Error::KeyDirIo { source, .. } if is_read_only(&source) => Error::KeyDirReadOnly {
+                path: dir.clone(),
+                source,
+            },
+            Error::KeyDirReadOnly { source, .. } => Error::KeyDirReadOnly {
+                path: dir.clone(),
+                source,
+            },
+            other => other,
+        })?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(|e| match io_err(&lock_path, e) {
+                Error::KeyDirReadOnly { source, .. } => Error::KeyDirReadOnly {
+                    path: dir.clone(),
+                    source,
+                },
+                other => other,
+            })?;
+        let lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(
+            |(_, errno)| {
+                if errno == nix::errno::Errno::EWOULDBLOCK {
+                    Error::KeyDirLocked { path: dir.clone() }
+                } else {
+                    io_err(&lock_path, std::io::Error::from(errno))
+                }
+            },
+        )?;
+        // Probe writability now: a directory that exists but is read-only
+        // (a read-only bind mount) must be reported before any key is made.
+        write_atomic(&dir.join(".probe"), b"", 0o600).map_err(|e| match e {
+            Error::KeyDirReadOnly { source, .. } | Error::KeyDirIo { source, .. } => {
+                Error::KeyDirReadOnly {
+                    path: dir.clone(),
+                    source,
+                }
+            }
+            other => other,
+        })?;
+        let _ = fs::remove_file(dir.join(".probe"));
+        Ok(KeyDir { dir, _lock: lock })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A generation's folder.
+    pub fn generation_dir(&self, generation: u64) -> PathBuf {
+        self.dir.join(generation_dir_name(generation))
+    }
+
+    /// The three OVSDB paths of a generation.
+    pub fn identity_paths(&self, generation: u64) -> IdentityPaths {
+        let g = self.generation_dir(generation);
+        IdentityPaths {
+            private_key: g.join(files::PRIVATE_KEY),
+            certificate: g.join(files::CERTIFICATE),
+            ca_cert: g.join(files::CA),
+        }
+    }
+
+    /// Generation folders present on disk.
+    pub fn generations_on_disk(&self) -> Result<Vec<u64>> {
+        let mut out = Vec::new();
+        let entries = fs::read_dir(&self.dir).map_err(|e| io_err(&self.dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| io_err(&self.dir, e))?;
+            if let Some(g) = entry.file_name().to_str().and_then(parse_generation_dir) {
+                out.push(g);
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Loads the state. A missing file is an empty state; an unreadable or
+    /// unknown-version file is moved aside (never deleted) and an empty
+    /// state returned with the [`MovedAside`] notice. Orphan generation
+    /// folders (from a crash before their state was written) are adopted as
+    /// retired at `now`, so they are collected after the grace period.
+    pub fn load(&self, now_unix: i64) -> Result<(KeyDirState, Option<MovedAside>)> {
+        let path = self.dir.join(STATE_FILE);
+        let mut moved = None;
+        let mut state = match fs::read(&path) {
+            Ok(bytes) => match serde_json::from_slice::<KeyDirState>(&bytes) {
+                Ok(s) if s.version == STATE_VERSION => s,
+                Ok(s) => {
+                    moved = Some(self.move_aside(&path, now_unix, format!("unknown version {}", s.version))?);
+                    KeyDirState::default()
+                }
+                Err(e) => {
+                    moved = Some(self.move_aside(&path, now_unix, format!("unparseable: {e}"))?);
+                    KeyDirState::default()
+                }
+            },
+            Err(e) if e.kind() == ErrorKind::NotFound => KeyDirState::default(),
+            Err(e) => return Err(io_err(&path, e)),
+        };
+        state.version = STATE_VERSION;
+        let on_disk = self.generations_on_disk()?;
+        if let Some(max) = on_disk.iter().copied().max() {
+            state.last_generation = state.last_generation.max(max);
+        }
+        for g in on_disk {
+            let known = state.active.as_ref().is_some_and(|a| a.generation == g)
+                || state.pending.as_ref().is_some_and(|p| p.generation == g)
+                || state.retired.iter().any(|r| r.generation == g);
+            if !known {
+                state.retired.push(RetiredRecord {
+                    generation: g,
+                    retired_at: now_unix,
+                });
+            }
+        }
+        Ok((state, moved))
+    }
+
+    fn move_aside(&self, path: &Path, now_unix: i64, reason: String) -> Result<MovedAside> {
+        let mut target = self.dir.join(format!("{STATE_FILE}.corrupt-{now_unix}"));
+        let mut n = 1;
+        while target.exists() {
+            target = self.dir.join(format!("{STATE_FILE}.corrupt-{now_unix}.{n}"));
+            n += 1;
+        }
+        fs::rename(path, &target).map_err(|e| io_err(path, e))?;
+        fsync_dir(&self.dir)?;
+        Ok(MovedAside {
+            moved_to: target,
+            reason,
+        })
+    }
+
+    /// Persists the state (atomically).
+    pub fn save(&self, state: &KeyDirState) -> Result<()> {
+        let json = serde_json::to_vec_pretty(state)
+            .map_err(|e| Error::KeyGeneration(format!("encoding key directory state: {e}")))?;
+        write_atomic(&self.dir.join(STATE_FILE), &json, 0o600)
+    }
+
+    /// Creates a generation folder (0700).
+    pub fn create_generation(&self, generation: u64) -> Result<PathBuf> {
+        let g = self.generation_dir(generation);
+        create_private_dir(&g)?;
+        fsync_dir(&self.dir)?;
+        Ok(g)
+    }
+
+    /// Writes a file in a generation folder atomically; `secret` files get
+    /// mode 0600, others 0644.
+    pub fn write_file(&self, generation: u64, name: &str, data: &[u8], secret: bool) -> Result<()> {
+        let mode = if secret { 0o600 } else { 0o644 };
+        write_atomic(&self.generation_dir(generation).join(name), data, mode)
+    }
+
+    /// Reads a file of a generation.
+    pub fn read_file(&self, generation: u64, name: &str) -> Result<Vec<u8>> {
+        let p = self.generation_dir(generation).join(name);
+        fs::read(&p).map_err(|e| io_err(&p, e))
+    }
+
+    /// Removes retired generations older than `grace_secs` that are neither
+    /// active, pending, nor referenced by any of `referenced` (the paths
+    /// OVSDB points at). Returns the removed generations; the caller saves
+    /// the updated state.
+    pub fn collect_garbage(
+        &self,
+        state: &mut KeyDirState,
+        now_unix: i64,
+        grace_secs: i64,
+        referenced: &[PathBuf],
+    ) -> Result<Vec<u64>> {
+        let mut removed = Vec::new();
+        let mut keep = Vec::new();
+        for r in std::mem::take(&mut state.retired) {
+            let dir = self.generation_dir(r.generation);
+            let in_use = state.active.as_ref().is_some_and(|a| a.generation == r.generation)
+                || state.pending.as_ref().is_some_and(|p| p.generation == r.generation)
+                || referenced.iter().any(|p| p.starts_with(&dir));
+            if in_use || now_unix - r.retired_at < grace_secs {
+                keep.push(r);
+                continue;
+            }
+            match fs::remove_dir_all(&dir) {
+                Ok(()) => removed.push(r.generation),
+                Err(e) if e.kind() == ErrorKind::NotFound => removed.push(r.generation),
+                Err(e) => {
+                    keep.push(r);
+                    state.retired = keep;
+                    return Err(io_err(&dir, e));
+                }
+            }
+        }
+        state.retired = keep;
+        if !removed.is_empty() {
+            fsync_dir(&self.dir)?;
+        }
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,46 @@
+//! The kube-ovn-ipsec agent's actor core (issue 4): a node supervisor that
+//! respawns its children with backoff, the identity actor (key, CSR, key
+//! directory), the renewal-jitter timer, the OVSDB writer and the status
+//! board. The runtime (`kube-ovn-ipsec run`) implements the [`ports`] traits
+//! with kube-rs and the `ovsdb` crate and wires the tree together.
+//!
+//! # Layout
+//!
+//! Pure pieces:
+//! - [`backoff`]: the 1 s … 30 s restart/retry schedule, reset after 60 s.
+//! - [`clock`]: the injected wall clock ([`clock::TokioClock`] follows
+//!   tokio's pausable time in tests).
+//! - [`keydir`]: the key directory — generations, state file, atomic
+//!   writes, owner lock, garbage collection.
+//! - [`pki`]: key generation, the CSR, verification of an issued leaf.
+//! - [`status`]: the board holding the `/status` document and `readyz`.
+//! - [`metrics`]: the metrics trait and its Prometheus implementation.
+//! - [`ports`]: the side-effect traits the runtime implements.
+//! - [`bus`]: the events actors publish on shared output ports.
+//!
+//! Actors, one per file:
+//! - [`supervisor`]: [`supervisor::NodeSupervisor`] and its child specs.
+//! - [`identity`]: [`identity::IdentityActor`].
+//! - [`renewal_timer`]: [`renewal_timer::RenewalTimer`].
+//! - [`ovsdb_writer`]: [`ovsdb_writer::OvsdbWriter`].
+//!
+//! Test support: [`testing`] (feature `test-util`, and this crate's tests):
+//! a fake CSR API with a test CA and a fake OVSDB.
+
+pub mod backoff;
+pub mod bus;
+pub mod clock;
+mod error;
+pub mod identity;
+pub mod keydir;
+pub mod metrics;
+pub mod ovsdb_writer;
+pub mod pki;
+pub mod ports;
+pub mod renewal_timer;
+pub mod status;
+pub mod supervisor;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
+
+pub use error::{Error, Result};

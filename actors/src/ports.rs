@@ -1,0 +1,130 @@
+//! The side effects the actors need, as small traits the runtime implements:
+//! the Kubernetes CSR API (kube-rs) and the OVSDB identity keys (`ovsdb`
+//! crate). Fakes for tests live in [`crate::testing`].
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::keydir::IdentityPaths;
+
+/// A `certificates.k8s.io/v1` CertificateSigningRequest to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsrSubmission {
+    /// `metadata.name` (derived, see `kube_ovn_ipsec_api::csr::csr_name`).
+    pub name: String,
+    /// `metadata.annotations`.
+    pub annotations: BTreeMap<String, String>,
+    /// `spec.request`: the PEM CSR (public data only).
+    pub request_pem: Vec<u8>,
+    /// `spec.signerName`.
+    pub signer_name: String,
+    /// `spec.usages`.
+    pub usages: Vec<String>,
+    /// `spec.expirationSeconds`.
+    pub expiration_seconds: u32,
+}
+
+/// A created (or already existing) CSR object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsrRef {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
+}
+
+/// What a CSR came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CsrOutcome {
+    /// Not decided within the wait.
+    Pending,
+    /// `status.certificate` is set (PEM, leaf first).
+    Issued {
+        /// The PEM chain.
+        certificate_pem: Vec<u8>,
+    },
+    /// Condition `Denied`.
+    Denied {
+        /// The condition's reason.
+        reason: String,
+        /// The condition's message.
+        message: String,
+    },
+    /// Condition `Failed`.
+    Failed {
+        /// The condition's reason.
+        reason: String,
+        /// The condition's message.
+        message: String,
+    },
+    /// The object is gone (deleted or garbage-collected).
+    NotFound,
+}
+
+/// The Kubernetes CSR API, as the identity actor uses it.
+///
+/// The runtime implements it with kube-rs: `submit` is `Api::create`, and on
+/// `409 AlreadyExists` a `get` of the same name (the name is derived from the
+/// request bytes, so an existing object with it is this agent's own);
+/// `wait` watches the object by name (`kube::runtime::wait::await_condition`
+/// under a timeout) until `status.certificate` or a `Denied`/`Failed`
+/// condition appears.
+#[async_trait]
+pub trait CsrApi: Send + Sync + Debug + 'static {
+    /// Creates the CSR, or returns the existing one with this name.
+    async fn submit(&self, csr: &CsrSubmission) -> Result<CsrRef>;
+    /// Waits up to `timeout` for an outcome; [`CsrOutcome::Pending`] when
+    /// none arrived in time.
+    async fn wait(&self, name: &str, timeout: Duration) -> Result<CsrOutcome>;
+}
+
+/// The identity keys of `Open_vSwitch . other_config` as read from OVSDB.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OvsdbIdentityKeys {
+    /// `other_config:private_key`.
+    pub private_key: Option<String>,
+    /// `other_config:certificate`.
+    pub certificate: Option<String>,
+    /// `other_config:ca_cert`.
+    pub ca_cert: Option<String>,
+}
+
+impl OvsdbIdentityKeys {
+    /// The keys pointing at `paths`.
+    pub fn from_paths(paths: &IdentityPaths) -> Self {
+        let s = |p: &std::path::Path| Some(p.display().to_string());
+        OvsdbIdentityKeys {
+            private_key: s(&paths.private_key),
+            certificate: s(&paths.certificate),
+            ca_cert: s(&paths.ca_cert),
+        }
+    }
+
+    /// The paths set, in key order.
+    pub fn paths(&self) -> Vec<std::path::PathBuf> {
+        [&self.private_key, &self.certificate, &self.ca_cert]
+            .into_iter()
+            .flatten()
+            .map(std::path::PathBuf::from)
+            .collect()
+    }
+}
+
+/// OVSDB's identity keys, as the OVSDB writer uses them.
+///
+/// The runtime implements it with the `ovsdb` crate's guarded `other_config`
+/// helper: one transaction with a `wait` on the three keys' `expected`
+/// values, then a mutate that sets all three to `new`, other keys untouched.
+#[async_trait]
+pub trait OvsdbIdentity: Send + Sync + Debug + 'static {
+    /// Reads the three keys.
+    async fn read(&self) -> Result<OvsdbIdentityKeys>;
+    /// Sets the three keys to `new` in one transaction guarded by
+    /// `expected`. Returns after the commit is confirmed;
+    /// [`crate::Error::ActivationConflict`] when the guard did not hold.
+    async fn activate(&self, expected: &OvsdbIdentityKeys, new: &OvsdbIdentityKeys) -> Result<()>;
+}
