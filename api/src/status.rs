@@ -43,6 +43,9 @@ pub enum Phase {
     /// A configuration or host problem the agent cannot fix itself
     /// (`reason` says which); it will not proceed until it is fixed.
     Failed,
+    /// A phase from a newer agent that this build does not know.
+    #[serde(other)]
+    Unknown,
 }
 
 /// Why the agent is not simply `Active`: machine-readable, with an
@@ -386,6 +389,102 @@ impl From<StatusWire> for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    const PHASES: [Phase; 10] = [
+        Phase::Starting,
+        Phase::Disabled,
+        Phase::Pending,
+        Phase::Prepare,
+        Phase::Arming,
+        Phase::Active,
+        Phase::Degraded,
+        Phase::Expired,
+        Phase::CapabilityMissing,
+        Phase::Failed,
+    ];
+
+    const REASONS: [Reason; 29] = [
+        Reason::KeyDirReadOnly,
+        Reason::KeyDirLocked,
+        Reason::CapabilityMissing,
+        Reason::CapabilityMismatch,
+        Reason::ChassisUnknown,
+        Reason::NodeUidMismatch,
+        Reason::CsrPending,
+        Reason::CsrDenied,
+        Reason::CsrFailed,
+        Reason::CsrTimeout,
+        Reason::CertificateMismatch,
+        Reason::TrustBundleMissing,
+        Reason::TrustBundleInvalid,
+        Reason::IdentityUntrusted,
+        Reason::Expired,
+        Reason::RenewalFailing,
+        Reason::ActivationFailed,
+        Reason::OvsdbUnavailable,
+        Reason::MonitorNotAcknowledged,
+        Reason::IkeDaemonUnhealthy,
+        Reason::MonitorUnhealthy,
+        Reason::BypassPolicyPresent,
+        Reason::LeaseAllocationFailed,
+        Reason::GuardMissing,
+        Reason::GuardConflict,
+        Reason::InboundMissing,
+        Reason::MtuTooSmall,
+        Reason::WaitingForCoordination,
+        Reason::CoordinationInvalid,
+    ];
+
+    fn opt<T: std::fmt::Debug>(s: impl Strategy<Value = T>) -> impl Strategy<Value = Option<T>> {
+        prop::option::of(s)
+    }
+
+    prop_compose! {
+        fn arb_status()(
+            phase in prop::sample::select(PHASES.to_vec()),
+            reason in opt(prop::sample::select(REASONS.to_vec())),
+            flags in any::<[bool; 3]>(),
+            expires in opt((0i64..4_000_000_000).prop_map(|s| Timestamp::from_unix(s).unwrap())),
+            node_uid in opt("[a-z0-9-]{1,36}".prop_map(|s| Uid::new(s).unwrap())),
+            chassis in opt("[a-z0-9]([a-z0-9.-]{0,30}[a-z0-9])?".prop_map(|s| Chassis::new(s).unwrap())),
+            generation in opt(0u64..1_000_000),
+            cert in opt(any::<[u8; 32]>().prop_map(Sha256Digest::from_bytes)),
+            trust in opt(any::<[u8; 32]>().prop_map(Sha256Digest::from_bytes)),
+            datapath_healthy in opt(any::<bool>()),
+        ) -> Status {
+            Status {
+                phase, reason,
+                configuration_applied: flags[0], runtime_healthy: flags[1],
+                protection_armed: flags[2], expires, node_uid, chassis, generation,
+                certificate_digest: cert, trust_digest: trust, datapath_healthy,
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn status_round_trip(s in arb_status()) {
+            let text = serde_json::to_string(&s).unwrap();
+            prop_assert!(!text.contains("BEGIN"));
+            prop_assert_eq!(serde_json::from_str::<Status>(&text).unwrap(), s);
+        }
+
+        #[test]
+        fn status_decode_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = serde_json::from_slice::<Status>(&bytes);
+        }
+    }
+
+    #[test]
+    fn every_reason_has_a_message() {
+        for r in REASONS {
+            assert!(r.message().len() > 20, "{r}");
+            assert_ne!(r.to_string(), "Unknown");
+        }
+    }
 
     #[test]
     fn field_names_are_the_contract() {
