@@ -262,6 +262,11 @@ enum Pending {
 pub struct Client {
     tx: mpsc::UnboundedSender<Command>,
     next_monitor: Arc<std::sync::atomic::AtomicU64>,
+    /// Last known value of each map column written through
+    /// [`Client::update_map`]: the next guarded write starts from it (one
+    /// round trip); the guard makes a stale entry harmless.
+    pub(crate) snapshots:
+        Arc<std::sync::Mutex<HashMap<crate::helpers::MapColumn, crate::helpers::MapSnapshot>>>,
 }
 
 impl fmt::Debug for Client {
@@ -317,6 +322,7 @@ impl Client {
         Ok(Self {
             tx,
             next_monitor: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            snapshots: Arc::default(),
         })
     }
 

@@ -32,7 +32,7 @@ pub const OVN_NORTHBOUND: &str = "OVN_Northbound";
 pub const OVN_SOUTHBOUND: &str = "OVN_Southbound";
 
 /// A string→string map column of a table that has exactly one row.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct MapColumn {
     /// Database name.
     pub db: String,
@@ -203,23 +203,38 @@ impl Client {
         Ok(snapshot.with(changes))
     }
 
-    /// Read, then guarded write, retried on [`Error::GuardFailed`] up to
-    /// `max_attempts` times in total; then [`Error::RetriesExhausted`]. A map
-    /// that already holds the values is not written. Returns the map as
-    /// written (or found).
+    /// Sets `changes` with a guarded write, retried on [`Error::GuardFailed`]
+    /// after a fresh read, up to `max_attempts` guarded writes in total; then
+    /// [`Error::RetriesExhausted`]. Returns the map as written.
+    ///
+    /// The first attempt starts from the map this client last read or wrote
+    /// through this method (one round trip); without one it reads first. A
+    /// stale starting point is safe: it only fails the guard, which triggers
+    /// the re-read.
     pub async fn update_map(
         &self,
         col: &MapColumn,
         changes: &MapChanges,
         max_attempts: u32,
     ) -> Result<MapSnapshot, Error> {
-        self.update_map_from(col, None, changes, max_attempts).await
+        let cached = self.snapshots.lock().ok().and_then(|c| c.get(col).cloned());
+        let result = self
+            .update_map_from(col, cached.as_ref(), changes, max_attempts)
+            .await;
+        if let Ok(mut cache) = self.snapshots.lock() {
+            match &result {
+                Ok(s) => cache.insert(col.clone(), s.clone()),
+                // After any failure, trust nothing: the next call re-reads.
+                Err(_) => cache.remove(col),
+            };
+        }
+        result
     }
 
     /// Like [`Client::update_map`], but starts from `hint` (e.g. the
-    /// snapshot the previous write returned) instead of reading first: one
-    /// round trip when nobody else wrote in between, and exactly as safe,
-    /// because a stale hint only fails the guard and triggers a re-read.
+    /// snapshot the previous write returned), or reads first when `hint` is
+    /// `None`. A map that already holds the values after a fresh read is not
+    /// written. No client-side cache is used or updated.
     pub async fn update_map_from(
         &self,
         col: &MapColumn,

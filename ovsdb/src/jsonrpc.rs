@@ -91,7 +91,44 @@ impl Message {
     /// Serializes into `out` (appending), avoiding an intermediate `Value`
     /// for the hot request path.
     pub fn write_to(&self, out: &mut Vec<u8>) -> Result<(), Error> {
-        serde_json::to_writer(&mut *out, &self.to_value())
+        #[derive(serde::Serialize)]
+        struct Wire<'a> {
+            id: &'a Value,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            method: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            params: Option<&'a Value>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            result: Option<&'a Value>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            error: Option<&'a Value>,
+        }
+        const NULL: Value = Value::Null;
+        // Borrowing, so a request's params are never cloned on the way out.
+        let wire = match self {
+            Message::Request { id, method, params } => Wire {
+                id,
+                method: Some(method),
+                params: Some(params),
+                result: None,
+                error: None,
+            },
+            Message::Notification { method, params } => Wire {
+                id: &NULL,
+                method: Some(method),
+                params: Some(params),
+                result: None,
+                error: None,
+            },
+            Message::Response { id, result, error } => Wire {
+                id,
+                method: None,
+                params: None,
+                result: Some(result),
+                error: Some(error),
+            },
+        };
+        serde_json::to_writer(&mut *out, &wire)
             .map_err(|e| malformed(&format!("cannot serialize JSON-RPC message: {e}")))
     }
 

@@ -105,6 +105,24 @@ async fn concurrent_writer_fails_the_guard_and_retry_keeps_its_key() {
         "\"/k/1/key.pem\""
     );
 
+    // update_map starts from the map it last wrote; another writer makes
+    // that stale, the guard catches it and the retry keeps the other key.
+    c.update_map(&col, &changes(&[("certificate", Some("/k/2/cert.pem"))]), 3)
+        .await
+        .unwrap();
+    s.vsctl(&["set", "Open_vSwitch", ".", "other_config:unrelated=z"])
+        .unwrap();
+    let done = c
+        .update_map(&col, &changes(&[("certificate", Some("/k/3/cert.pem"))]), 3)
+        .await
+        .unwrap();
+    assert_eq!(done.entries["unrelated"], "z");
+    assert_eq!(vsctl_get(&s, "other_config:unrelated"), "z");
+    assert_eq!(
+        vsctl_get(&s, "other_config:certificate"),
+        "\"/k/3/cert.pem\""
+    );
+
     // A writer that always wins exhausts the retries with a distinct error.
     let stale = c.read_map(&col).await.unwrap();
     s.vsctl(&["set", "Open_vSwitch", ".", "other_config:unrelated=y"])
