@@ -6,9 +6,18 @@
 //! - [`monitor_patch`]: does the `ovs-monitor-ipsec` script the agent would
 //!   run carry the project's patch (`image/patches/ovs-monitor-ipsec-3.1.patch`)?
 //!   Decides whether the agent keeps its CA workaround.
+//! - [`xfrm`]: netlink XFRM — pure model and codec, and [`xfrm::XfrmHandle`].
+//! - [`lease`]: the output-protection lease — allocation, persistence,
+//!   OVSDB publication.
+//! - [`guards`]: arming, read-back and re-adding of the XFRM guards.
+//! - [`fsutil`]: crash-safe writes, the boot ID.
 //! - [`Error`]: the crate's one error type.
 
+pub mod fsutil;
+pub mod guards;
+pub mod lease;
 pub mod monitor_patch;
+pub mod xfrm;
 
 use std::path::PathBuf;
 
@@ -32,6 +41,61 @@ pub enum Error {
         /// The path that was read.
         path: PathBuf,
     },
+    /// A file or directory operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The operating system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A persisted file cannot be read as what it should be.
+    #[error("{path} is corrupt: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A netlink XFRM request failed.
+    #[error("netlink XFRM {what}: {source}")]
+    Netlink {
+        /// The request.
+        what: &'static str,
+        /// The kernel's (or socket's) error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel sent a netlink message that cannot be parsed.
+    #[error(transparent)]
+    Codec(#[from] xfrm::codec::CodecError),
+    /// Lease allocation refused: a policy would let marked tunnel traffic
+    /// out in plaintext ahead of the guards (SPEC §4).
+    #[error("lease allocation refused: bypass present: {reason}")]
+    BypassPresent {
+        /// The bypass policy, described.
+        reason: String,
+    },
+    /// Every lease candidate was rejected.
+    #[error("no usable lease after {attempts} candidates (last rejection: {last})")]
+    LeaseExhausted {
+        /// Candidates tried.
+        attempts: u32,
+        /// The last rejection.
+        last: String,
+    },
+    /// A guard was deleted but still reads back (cleanup path).
+    #[error("guard {family} index {index} still present after deletion")]
+    GuardStillPresent {
+        /// Its family.
+        family: xfrm::model::Family,
+        /// Its index.
+        index: u32,
+    },
+    /// An OVSDB operation failed.
+    #[error("OVSDB: {0}")]
+    Ovsdb(#[source] ovsdb::Error),
 }
 
 impl Error {
@@ -40,6 +104,14 @@ impl Error {
         match self {
             Error::ReadMonitorScript { .. } => "read_monitor_script",
             Error::NotAMonitorScript { .. } => "not_a_monitor_script",
+            Error::Io { .. } => "io",
+            Error::Corrupt { .. } => "corrupt",
+            Error::Netlink { .. } => "netlink",
+            Error::Codec(_) => "netlink_codec",
+            Error::BypassPresent { .. } => "bypass_present",
+            Error::LeaseExhausted { .. } => "lease_exhausted",
+            Error::GuardStillPresent { .. } => "guard_still_present",
+            Error::Ovsdb(_) => "ovsdb",
         }
     }
 }

@@ -1,0 +1,269 @@
+//! [`XfrmHandle`]: a blocking `NETLINK_XFRM` socket and the few requests
+//! the agent makes through it, behind the [`Xfrm`] trait.
+//!
+//! Blocking on purpose: every request is one round trip of microseconds
+//! (a 10,000-policy dump a few milliseconds), and a plain socket can be
+//! opened in another network namespace from a short-lived thread (a netlink
+//! socket belongs to the namespace it was created in, for its whole life).
+//! An actor calls it from `spawn_blocking` or holds it in a dedicated task.
+
+use std::fs::File;
+use std::io;
+
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_XFRM};
+
+use super::codec::{self, NLMSG_DONE, NLMSG_ERROR, XFRM_MSG_NEWPOLICY, XFRM_MSG_NEWSA};
+use super::model::{Policy, State};
+use crate::Error;
+
+/// Outcome of adding a policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AddOutcome {
+    /// Added; the kernel's policy as read back by selector (with its index).
+    Added(Policy),
+    /// A policy with the same key (selector, direction, mark, if_id)
+    /// exists; nothing was changed.
+    Exists,
+}
+
+/// The XFRM operations output protection needs. Implemented by
+/// [`XfrmHandle`]; a fake can implement it for actor tests.
+pub trait Xfrm: Send {
+    /// Every policy of the namespace.
+    fn dump_policies(&mut self) -> Result<Vec<Policy>, Error>;
+    /// Every state (SA) of the namespace, without keys.
+    fn dump_states(&mut self) -> Result<Vec<State>, Error>;
+    /// The policy with `probe.index` (family, direction, mark and if_id from
+    /// `probe`), or `None` when the kernel has none.
+    fn get_policy_by_index(&mut self, probe: &Policy) -> Result<Option<Policy>, Error>;
+    /// The policy with `probe`'s selector, direction, mark and if_id.
+    fn get_policy_by_selector(&mut self, probe: &Policy) -> Result<Option<Policy>, Error>;
+    /// Adds `policy` without ever replacing an existing one.
+    fn add_policy(&mut self, policy: &Policy) -> Result<AddOutcome, Error>;
+    /// Deletes the policy with `policy.index` (and its mark, direction);
+    /// false when it was already gone.
+    fn delete_policy(&mut self, policy: &Policy) -> Result<bool, Error>;
+}
+
+/// A `NETLINK_XFRM` socket of one network namespace.
+pub struct XfrmHandle {
+    socket: Socket,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for XfrmHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XfrmHandle").field("seq", &self.seq).finish()
+    }
+}
+
+fn netlink_err(what: &'static str) -> impl FnOnce(io::Error) -> Error {
+    move |source| Error::Netlink { what, source }
+}
+
+impl XfrmHandle {
+    /// Opens a socket in the calling thread's network namespace.
+    pub fn open() -> Result<Self, Error> {
+        let mut socket = Socket::new(NETLINK_XFRM).map_err(netlink_err("open NETLINK_XFRM"))?;
+        socket
+            .bind_auto()
+            .map_err(netlink_err("bind NETLINK_XFRM"))?;
+        socket
+            .connect(&SocketAddr::new(0, 0))
+            .map_err(netlink_err("connect NETLINK_XFRM"))?;
+        // Dumps of many policies arrive in many datagrams; a larger receive
+        // buffer avoids ENOBUFS when the reader is briefly descheduled.
+        let _ = socket.set_rx_buf_sz(4 * 1024 * 1024);
+        Ok(Self {
+            socket,
+            seq: 1,
+            buf: vec![0u8; 64 * 1024],
+        })
+    }
+
+    /// Opens a socket in the named network namespace (`/run/netns/<name>`,
+    /// as `ip netns add` creates them): a helper thread enters the namespace,
+    /// opens the socket and exits; the socket stays in that namespace.
+    pub fn in_netns(name: &str) -> Result<Self, Error> {
+        let path = std::path::Path::new("/run/netns").join(name);
+        let file = File::open(&path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        std::thread::spawn(move || {
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| Error::Netlink {
+                    what: "setns into the network namespace",
+                    source: e.into(),
+                })?;
+            XfrmHandle::open()
+        })
+        .join()
+        .map_err(|_| Error::Netlink {
+            what: "namespace helper thread",
+            source: io::Error::other("panicked"),
+        })?
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1).max(1);
+        self.seq
+    }
+
+    fn send(&self, what: &'static str, req: &[u8]) -> Result<(), Error> {
+        self.socket.send(req, 0).map_err(netlink_err(what))?;
+        Ok(())
+    }
+
+    /// Receives replies to `seq` until `done` says stop; `on_msg` sees each
+    /// non-control message (type, body).
+    fn receive(
+        &mut self,
+        what: &'static str,
+        seq: u32,
+        dump: bool,
+        mut on_msg: impl FnMut(u16, &[u8]) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        loop {
+            let n = self
+                .socket
+                .recv(&mut &mut self.buf[..], 0)
+                .map_err(netlink_err(what))?;
+            let mut finished = false;
+            let result = (|| {
+                for m in codec::split_messages(&self.buf[..n]).map_err(Error::Codec)? {
+                    if m.seq != seq {
+                        continue; // a late reply to an earlier request
+                    }
+                    match m.message_type {
+                        NLMSG_DONE => finished = true,
+                        NLMSG_ERROR => {
+                            let code = codec::error_code(m.body).map_err(Error::Codec)?;
+                            finished = true;
+                            if code != 0 {
+                                return Err(Error::Netlink {
+                                    what,
+                                    source: io::Error::from_raw_os_error(code),
+                                });
+                            }
+                        }
+                        t => {
+                            on_msg(t, m.body)?;
+                            if !dump {
+                                finished = true;
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            })();
+            // SA dumps carry keys: never leave them in the buffer.
+            self.buf[..n].fill(0);
+            result?;
+            if finished {
+                return Ok(());
+            }
+        }
+    }
+
+    fn get_policy(&mut self, probe: &Policy, by_index: bool) -> Result<Option<Policy>, Error> {
+        let seq = self.next_seq();
+        self.send(
+            "get policy",
+            &codec::get_policy_request(probe, by_index, seq),
+        )?;
+        let mut found = None;
+        match self.receive("get policy", seq, false, |t, body| {
+            if t == XFRM_MSG_NEWPOLICY {
+                found = Some(codec::parse_policy(body).map_err(Error::Codec)?);
+            }
+            Ok(())
+        }) {
+            Ok(()) => Ok(found),
+            Err(Error::Netlink { source, .. }) if source.raw_os_error() == Some(libc_enoent()) => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn libc_enoent() -> i32 {
+    nix::errno::Errno::ENOENT as i32
+}
+
+impl Xfrm for XfrmHandle {
+    fn dump_policies(&mut self) -> Result<Vec<Policy>, Error> {
+        let seq = self.next_seq();
+        self.send(
+            "dump policies",
+            &codec::dump_request(codec::XFRM_MSG_GETPOLICY, seq),
+        )?;
+        let mut out = Vec::new();
+        self.receive("dump policies", seq, true, |t, body| {
+            if t == XFRM_MSG_NEWPOLICY {
+                out.push(codec::parse_policy(body).map_err(Error::Codec)?);
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn dump_states(&mut self) -> Result<Vec<State>, Error> {
+        let seq = self.next_seq();
+        self.send(
+            "dump states",
+            &codec::dump_request(codec::XFRM_MSG_GETSA, seq),
+        )?;
+        let mut out = Vec::new();
+        self.receive("dump states", seq, true, |t, body| {
+            if t == XFRM_MSG_NEWSA {
+                out.push(codec::parse_state(body).map_err(Error::Codec)?);
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn get_policy_by_index(&mut self, probe: &Policy) -> Result<Option<Policy>, Error> {
+        self.get_policy(probe, true)
+    }
+
+    fn get_policy_by_selector(&mut self, probe: &Policy) -> Result<Option<Policy>, Error> {
+        self.get_policy(probe, false)
+    }
+
+    fn add_policy(&mut self, policy: &Policy) -> Result<AddOutcome, Error> {
+        let seq = self.next_seq();
+        self.send("add policy", &codec::add_policy_request(policy, seq))?;
+        match self.receive("add policy", seq, false, |_, _| Ok(())) {
+            Ok(()) => {}
+            Err(Error::Netlink { source, .. })
+                if source.raw_os_error() == Some(nix::errno::Errno::EEXIST as i32) =>
+            {
+                return Ok(AddOutcome::Exists);
+            }
+            Err(e) => return Err(e),
+        }
+        // The ACK carries no index: read the policy back by its key.
+        self.get_policy(policy, false)?
+            .map(AddOutcome::Added)
+            .ok_or(Error::Netlink {
+                what: "read back added policy",
+                source: io::Error::from_raw_os_error(libc_enoent()),
+            })
+    }
+
+    fn delete_policy(&mut self, policy: &Policy) -> Result<bool, Error> {
+        let seq = self.next_seq();
+        self.send("delete policy", &codec::delete_policy_request(policy, seq))?;
+        match self.receive("delete policy", seq, false, |_, _| Ok(())) {
+            Ok(()) => Ok(true),
+            Err(Error::Netlink { source, .. }) if source.raw_os_error() == Some(libc_enoent()) => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
