@@ -353,6 +353,41 @@ impl OvsdbServer {
         self.launch()
     }
 
+    /// Makes the running server also listen on TCP at 127.0.0.1 on a free
+    /// port (`ovsdb-server/add-remote`); returns `tcp:127.0.0.1:<port>`.
+    /// Not persisted across [`OvsdbServer::restart`].
+    pub fn listen_tcp(&self) -> Result<String, Error> {
+        // Ask the kernel for a free port, then hand it to the server. The
+        // tiny window in between is acceptable for a test harness.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|source| Error::Io {
+                what: "pick a free TCP port".into(),
+                source,
+            })?
+            .port();
+        run(
+            "ovs-appctl",
+            &[
+                "-t",
+                &path_str(&self.ctl),
+                "ovsdb-server/add-remote",
+                &format!("ptcp:{port}:127.0.0.1"),
+            ],
+        )?;
+        let address = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::net::TcpStream::connect(&address).is_err() {
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!("ovsdb-server listening on {address}"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(format!("tcp:{address}"))
+    }
+
     /// Runs `ovs-vsctl --db=<this> --no-wait args` (`--no-wait` because no
     /// ovs-vswitchd runs here to acknowledge changes).
     pub fn vsctl(&self, args: &[&str]) -> Result<String, Error> {
