@@ -1,0 +1,256 @@
+//! The built-in CA's Kubernetes objects: Secret `ovn-ipsec-ca` and the trust
+//! bundle ConfigMap `ovn-ipsec-trust`, and the two rotation operations.
+//!
+//! Invariant: the active CA (the one in the Secret) is always in the bundle.
+//! Rotation therefore adds the new CA to the bundle *before* it becomes the
+//! active signer, and an old CA leaves the bundle only through the explicit
+//! [`retire_old_cas`] step, which refuses unless the operator names the
+//! bundle digest every node has acknowledged (docs/controller.md).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::names;
+use crate::signer::{CaKeyAlgorithm, CertificateAuthority};
+use crate::trust::TrustBundle;
+
+/// Which CA the controller signs with, and where its objects live.
+#[derive(Clone, Debug)]
+pub struct CaSettings {
+    /// The controller's namespace.
+    pub namespace: String,
+    /// Key algorithm for a newly generated CA.
+    pub algorithm: CaKeyAlgorithm,
+    /// Lifetime of a newly generated CA.
+    pub lifetime: Duration,
+}
+
+/// Loads the CA from its Secret, generating and storing one if absent, and
+/// makes sure the trust bundle holds it. Safe to run from several replicas:
+/// a lost create race re-reads the winner's CA.
+pub async fn ensure_ca(
+    client: &Client,
+    settings: &CaSettings,
+    clock: &dyn Clock,
+) -> Result<(CertificateAuthority, TrustBundle)> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
+    let ca = match secrets.get_opt(names::CA_SECRET).await? {
+        Some(secret) => ca_from_secret(&secret)?,
+        None => {
+            let ca =
+                CertificateAuthority::generate(settings.algorithm, settings.lifetime, clock.now())?;
+            match secrets
+                .create(&PostParams::default(), &ca_secret(&settings.namespace, &ca))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(namespace = %settings.namespace, "generated the IPsec CA");
+                    ca
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    ca_from_secret(&secrets.get(names::CA_SECRET).await?)?
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    let bundle = ensure_in_bundle(client, &settings.namespace, ca.cert_der()).await?;
+    Ok((ca, bundle))
+}
+
+/// Generates a new CA, adds it to the bundle, then makes it the active signer.
+/// Returns the new bundle (old and new CA). Leaves issued from now on chain to
+/// the new CA; nodes renew onto it on their normal schedule (or sooner, see
+/// docs/controller.md).
+pub async fn rotate_ca(
+    client: &Client,
+    settings: &CaSettings,
+    clock: &dyn Clock,
+) -> Result<TrustBundle> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
+    let mut current = secrets.get(names::CA_SECRET).await?;
+    let new = CertificateAuthority::generate(settings.algorithm, settings.lifetime, clock.now())?;
+    // Bundle first: a leaf from the new CA must never reach a node whose
+    // bundle cannot verify it.
+    let bundle = ensure_in_bundle(client, &settings.namespace, new.cert_der()).await?;
+    current.data = ca_secret(&settings.namespace, &new).data;
+    // resourceVersion from the read: a concurrent rotation fails instead of
+    // silently replacing the other's CA.
+    secrets
+        .replace(names::CA_SECRET, &PostParams::default(), &current)
+        .await?;
+    tracing::info!(trust_digest = %bundle.digest(), "rotated the IPsec CA");
+    Ok(bundle)
+}
+
+/// Removes every CA but the active one from the bundle, only if the bundle's
+/// current digest is `acknowledged_digest` (what every node reports as its
+/// acknowledged trust digest).
+pub async fn retire_old_cas(
+    client: &Client,
+    namespace: &str,
+    acknowledged_digest: &str,
+) -> Result<TrustBundle> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let active = ca_from_secret(&secrets.get(names::CA_SECRET).await?)?;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let mut cm = maps.get(names::TRUST_CONFIGMAP).await?;
+    let bundle = bundle_from_configmap(&cm)?;
+    let retired = plan_retire(&bundle, active.cert_der(), acknowledged_digest)?;
+    write_bundle(&mut cm, &retired);
+    maps.replace(names::TRUST_CONFIGMAP, &PostParams::default(), &cm)
+        .await?;
+    tracing::info!(trust_digest = %retired.digest(), "retired old IPsec CAs");
+    Ok(retired)
+}
+
+/// The pure decision behind [`retire_old_cas`].
+pub fn plan_retire(
+    bundle: &TrustBundle,
+    active_der: &[u8],
+    acknowledged_digest: &str,
+) -> Result<TrustBundle> {
+    let digest = bundle.digest();
+    if !digest.eq_ignore_ascii_case(acknowledged_digest.trim()) {
+        return Err(Error::RotationRefused(format!(
+            "the bundle's digest is {digest}, not the acknowledged {acknowledged_digest}: \
+             nodes have not acknowledged the current bundle"
+        )));
+    }
+    if !bundle.contains(active_der) {
+        return Err(Error::RotationRefused(
+            "the active CA is not in the bundle".into(),
+        ));
+    }
+    if bundle.certs().len() < 2 {
+        return Err(Error::RotationRefused(
+            "the bundle holds only the active CA".into(),
+        ));
+    }
+    let mut out = bundle.clone();
+    out.retain_only(active_der);
+    Ok(out)
+}
+
+/// Reads the trust bundle ConfigMap (cert-manager mode: provided by the operator).
+pub async fn read_bundle(client: &Client, namespace: &str) -> Result<TrustBundle> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    match maps.get_opt(names::TRUST_CONFIGMAP).await? {
+        Some(cm) => bundle_from_configmap(&cm),
+        None => Err(Error::TrustBundleInvalid(format!(
+            "ConfigMap {namespace}/{} does not exist",
+            names::TRUST_CONFIGMAP
+        ))),
+    }
+}
+
+async fn ensure_in_bundle(client: &Client, namespace: &str, ca_der: &[u8]) -> Result<TrustBundle> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    // Bounded retry on write conflicts with another replica or an operator edit.
+    for _ in 0..5 {
+        match maps.get_opt(names::TRUST_CONFIGMAP).await? {
+            None => {
+                let bundle = TrustBundle::new(vec![ca_der.to_vec()]);
+                let mut cm = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(names::TRUST_CONFIGMAP.into()),
+                        namespace: Some(namespace.into()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                write_bundle(&mut cm, &bundle);
+                match maps.create(&PostParams::default(), &cm).await {
+                    Ok(_) => return Ok(bundle),
+                    Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Some(mut cm) => {
+                let mut bundle = bundle_from_configmap(&cm)?;
+                if !bundle.add(ca_der.to_vec()) {
+                    return Ok(bundle);
+                }
+                write_bundle(&mut cm, &bundle);
+                match maps
+                    .replace(names::TRUST_CONFIGMAP, &PostParams::default(), &cm)
+                    .await
+                {
+                    Ok(_) => return Ok(bundle),
+                    Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Err(Error::TrustBundleInvalid(
+        "trust bundle kept changing under concurrent writes".into(),
+    ))
+}
+
+fn bundle_from_configmap(cm: &ConfigMap) -> Result<TrustBundle> {
+    let pem = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(names::TRUST_CONFIGMAP_KEY))
+        .ok_or_else(|| {
+            Error::TrustBundleInvalid(format!("key {} missing", names::TRUST_CONFIGMAP_KEY))
+        })?;
+    TrustBundle::from_pem(pem)
+}
+
+fn write_bundle(cm: &mut ConfigMap, bundle: &TrustBundle) {
+    cm.data
+        .get_or_insert_with(BTreeMap::new)
+        .insert(names::TRUST_CONFIGMAP_KEY.into(), bundle.to_pem());
+    cm.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(names::TRUST_DIGEST_ANNOTATION.into(), bundle.digest());
+}
+
+fn ca_secret(namespace: &str, ca: &CertificateAuthority) -> Secret {
+    let data = BTreeMap::from([
+        (
+            names::CA_SECRET_CERT_KEY.to_owned(),
+            ByteString(ca.cert_pem().into_bytes()),
+        ),
+        (
+            names::CA_SECRET_KEY_KEY.to_owned(),
+            ByteString(ca.key_pem().into_bytes()),
+        ),
+    ]);
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(names::CA_SECRET.into()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+fn ca_from_secret(secret: &Secret) -> Result<CertificateAuthority> {
+    let get = |key: &str| -> Result<String> {
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .ok_or_else(|| Error::CaSecretInvalid(format!("key {key} missing")))?;
+        String::from_utf8(bytes.0.clone())
+            .map_err(|_| Error::CaSecretInvalid(format!("key {key} is not UTF-8")))
+    };
+    CertificateAuthority::from_pem(
+        &get(names::CA_SECRET_CERT_KEY)?,
+        &get(names::CA_SECRET_KEY_KEY)?,
+    )
+}

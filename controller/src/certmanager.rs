@@ -1,0 +1,557 @@
+//! cert-manager mode: forward a validated CSR to the one dedicated ClusterIssuer.
+//!
+//! Only the controller creates `cert-manager.io/v1` CertificateRequests, in
+//! its own namespace, after [`crate::validate::validate`] has passed. What
+//! comes back is checked by the pure [`check_issued`] before anything is
+//! copied into the CSR status: the request is the controller's own (the UID
+//! its create call returned, its namespace, its ServiceAccount as requester,
+//! the exact CSR bytes), it names the configured ClusterIssuer, the usages
+//! are `[ipsec tunnel]`, the certificate carries the CSR's key, chassis and
+//! no CA bit, its lifetime is within what was asked, and its chain verifies
+//! to the trust bundle. A CertificateRequest someone else created under the
+//! same name is deleted and replaced, never read; one someone else approved
+//! gains nothing, because approval is not what this path trusts.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use x509_parser::extensions::GeneralName;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use crate::error::{Error, Result};
+use crate::names;
+use crate::signer::BACKDATE;
+use crate::trust::{TrustBundle, der_to_pem, parse_cert_pems, unix_seconds};
+use crate::validate::ValidatedCsr;
+
+/// cert-manager's API group.
+pub const GROUP: &str = "cert-manager.io";
+/// Label on each CertificateRequest naming the CSR UID it serves.
+pub const CSR_UID_LABEL: &str = "kube-ovn.io/ipsec-csr-uid";
+/// Slack allowed on a returned lifetime beyond the request (issuer clocks and rounding).
+const LIFETIME_SLACK: Duration = Duration::from_secs(60);
+
+/// The configured cert-manager target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertManagerConfig {
+    /// The controller's namespace: the only place it creates CertificateRequests.
+    pub namespace: String,
+    /// The dedicated ClusterIssuer.
+    pub issuer_name: String,
+    /// The controller's own `spec.username` as cert-manager's webhook stamps it
+    /// (`system:serviceaccount:<ns>:<controller sa>`).
+    pub requester: String,
+}
+
+/// A CertificateRequest as read back from the API (the fields checked).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CertificateRequestView {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// The [`CSR_UID_LABEL`] label.
+    pub csr_uid_label: Option<String>,
+    /// `spec.issuerRef.name`.
+    pub issuer_name: String,
+    /// `spec.issuerRef.kind`.
+    pub issuer_kind: String,
+    /// `spec.issuerRef.group`.
+    pub issuer_group: String,
+    /// `spec.username` (stamped by cert-manager's webhook).
+    pub username: String,
+    /// `spec.usages`.
+    pub usages: Vec<String>,
+    /// `spec.request`, decoded (PEM bytes).
+    pub request: Vec<u8>,
+    /// `status.certificate`, decoded (PEM chain), once issued.
+    pub certificate: Option<Vec<u8>>,
+    /// `Ready` condition: `Some(true)` issued, `Some(false)` failed or pending.
+    pub ready: Option<bool>,
+    /// `Ready` condition reason, when present.
+    pub ready_reason: Option<String>,
+}
+
+/// A new CertificateRequest to create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewCertificateRequest {
+    /// Name (the CSR's name).
+    pub name: String,
+    /// Namespace (the controller's).
+    pub namespace: String,
+    /// The CSR UID it serves (label).
+    pub csr_uid: String,
+    /// The ClusterIssuer.
+    pub issuer_name: String,
+    /// The PEM CSR, verbatim.
+    pub request: Vec<u8>,
+    /// Requested duration.
+    pub duration: Duration,
+}
+
+impl NewCertificateRequest {
+    /// The object as JSON for the API.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "CertificateRequest",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": { CSR_UID_LABEL: self.csr_uid },
+            },
+            "spec": {
+                "request": base64::engine::general_purpose::STANDARD.encode(&self.request),
+                "issuerRef": { "name": self.issuer_name, "kind": "ClusterIssuer", "group": GROUP },
+                "duration": format!("{}s", self.duration.as_secs()),
+                "usages": [names::USAGE_IPSEC_TUNNEL],
+                "isCA": false,
+            }
+        })
+    }
+}
+
+/// Why a cert-manager result is not copied into the CSR.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The CertificateRequest is not in the controller's namespace.
+    #[error("namespace check failed: CertificateRequest is in {0:?}")]
+    Namespace(String),
+    /// The CertificateRequest is not the one the controller created.
+    #[error(
+        "ownership check failed: CertificateRequest was not created by this controller for this CSR"
+    )]
+    NotOurs,
+    /// The CertificateRequest names another issuer.
+    #[error("issuer check failed: {0} is not the configured ClusterIssuer")]
+    Issuer(String),
+    /// The CertificateRequest's requester is not the controller's ServiceAccount.
+    #[error("requester check failed: {0:?} is not the controller's ServiceAccount")]
+    Requester(String),
+    /// The usages differ from `[ipsec tunnel]`.
+    #[error("usages check failed: {0:?}")]
+    Usages(Vec<String>),
+    /// The certificate is missing or does not parse.
+    #[error("certificate check failed: {0}")]
+    Malformed(&'static str),
+    /// The certificate's key is not the CSR's key.
+    #[error("key check failed: the certificate carries another public key")]
+    KeyMismatch,
+    /// The certificate's subject or SANs do not name the chassis exactly.
+    #[error("name check failed: {0}")]
+    Names(String),
+    /// The certificate is a CA.
+    #[error("CA check failed: the certificate has CA:true")]
+    IsCa,
+    /// The certificate's lifetime exceeds what was requested, or it is not valid now.
+    #[error("lifetime check failed: {0}")]
+    Lifetime(String),
+    /// The chain does not verify to the trust bundle.
+    #[error("chain check failed: the certificate does not verify to the trust bundle")]
+    Chain,
+}
+
+impl Rejection {
+    /// CamelCase reason for the CSR `Failed` condition and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Rejection::Namespace(_) => "CertManagerNamespace",
+            Rejection::NotOurs => "CertManagerRequestNotOurs",
+            Rejection::Issuer(_) => "CertManagerIssuer",
+            Rejection::Requester(_) => "CertManagerRequester",
+            Rejection::Usages(_) => "CertManagerUsages",
+            Rejection::Malformed(_) => "CertManagerMalformedCertificate",
+            Rejection::KeyMismatch => "CertManagerKeyMismatch",
+            Rejection::Names(_) => "CertManagerNames",
+            Rejection::IsCa => "CertManagerIsCA",
+            Rejection::Lifetime(_) => "CertManagerLifetime",
+            Rejection::Chain => "CertManagerChainUntrusted",
+        }
+    }
+}
+
+/// What a returned CertificateRequest must match.
+#[derive(Clone, Copy, Debug)]
+pub struct Expected<'a> {
+    /// The configured target.
+    pub config: &'a CertManagerConfig,
+    /// The UID the controller's create call returned.
+    pub created_uid: &'a str,
+    /// The CSR UID served.
+    pub csr_uid: &'a str,
+    /// The forwarded PEM CSR.
+    pub request: &'a [u8],
+    /// The validated CSR.
+    pub csr: &'a ValidatedCsr,
+}
+
+/// Checks a returned, issued CertificateRequest. Pure. On success returns
+/// the PEM to copy into the CSR status (leaf, then intermediates).
+pub fn check_issued(
+    cr: &CertificateRequestView,
+    expected: Expected<'_>,
+    trust: &TrustBundle,
+    now: SystemTime,
+) -> Result<String, Rejection> {
+    check_ownership(cr, expected)?;
+    let pem_bytes = cr
+        .certificate
+        .as_deref()
+        .ok_or(Rejection::Malformed("no certificate"))?;
+    let text = std::str::from_utf8(pem_bytes).map_err(|_| Rejection::Malformed("not UTF-8"))?;
+    let chain = parse_cert_pems(text).map_err(|_| Rejection::Malformed("not PEM certificates"))?;
+    let (leaf_der, intermediates) = chain
+        .split_first()
+        .ok_or(Rejection::Malformed("empty chain"))?;
+    let (rest, leaf) = X509Certificate::from_der(leaf_der)
+        .map_err(|_| Rejection::Malformed("leaf does not parse"))?;
+    if !rest.is_empty() {
+        return Err(Rejection::Malformed("trailing bytes after the leaf"));
+    }
+    if leaf.public_key().raw != expected.csr.spki_der.as_slice() {
+        return Err(Rejection::KeyMismatch);
+    }
+    check_names(&leaf, &expected.csr.chassis)?;
+    if leaf.is_ca() {
+        return Err(Rejection::IsCa);
+    }
+    let now_s = unix_seconds(now);
+    let v = leaf.validity();
+    let (nb, na) = (v.not_before.timestamp(), v.not_after.timestamp());
+    let allowed = (expected.csr.lifetime + BACKDATE + LIFETIME_SLACK).as_secs();
+    let allowed = i64::try_from(allowed).unwrap_or(i64::MAX);
+    if na <= now_s || nb > now_s + LIFETIME_SLACK.as_secs() as i64 {
+        return Err(Rejection::Lifetime("certificate is not valid now".into()));
+    }
+    if na.saturating_sub(nb) > allowed || na.saturating_sub(now_s) > allowed {
+        return Err(Rejection::Lifetime(format!(
+            "validity {}s exceeds the requested {}s",
+            na.saturating_sub(nb),
+            expected.csr.lifetime.as_secs()
+        )));
+    }
+    // A self-signed root in the returned chain is not evidence of anything:
+    // only the bundle anchors trust.
+    let intermediates: Vec<Vec<u8>> = intermediates
+        .iter()
+        .filter(|d| !trust.contains(d))
+        .cloned()
+        .collect();
+    if !trust.verifies(leaf_der, &intermediates, now) {
+        return Err(Rejection::Chain);
+    }
+    let mut out = der_to_pem(leaf_der);
+    for d in &intermediates {
+        out.push_str(&der_to_pem(d));
+    }
+    Ok(out)
+}
+
+/// Checks that a CertificateRequest is the one the controller created for this CSR.
+pub fn check_ownership(
+    cr: &CertificateRequestView,
+    expected: Expected<'_>,
+) -> Result<(), Rejection> {
+    let cfg = expected.config;
+    if cr.namespace != cfg.namespace {
+        return Err(Rejection::Namespace(cr.namespace.clone()));
+    }
+    if cr.uid != expected.created_uid
+        || cr.csr_uid_label.as_deref() != Some(expected.csr_uid)
+        || cr.request != expected.request
+    {
+        return Err(Rejection::NotOurs);
+    }
+    if cr.issuer_name != cfg.issuer_name
+        || cr.issuer_kind != "ClusterIssuer"
+        || cr.issuer_group != GROUP
+    {
+        return Err(Rejection::Issuer(format!(
+            "{}/{} {:?}",
+            cr.issuer_group, cr.issuer_kind, cr.issuer_name
+        )));
+    }
+    if cr.username != cfg.requester {
+        return Err(Rejection::Requester(cr.username.clone()));
+    }
+    if cr.usages.len() != 1 || cr.usages[0] != names::USAGE_IPSEC_TUNNEL {
+        return Err(Rejection::Usages(cr.usages.clone()));
+    }
+    Ok(())
+}
+
+fn check_names(leaf: &X509Certificate<'_>, chassis: &str) -> Result<(), Rejection> {
+    let cns: Vec<_> = leaf
+        .subject()
+        .iter_common_name()
+        .filter_map(|a| a.as_str().ok())
+        .collect();
+    if cns != [chassis] {
+        return Err(Rejection::Names(format!("CN {cns:?}")));
+    }
+    let san = leaf
+        .subject_alternative_name()
+        .map_err(|_| Rejection::Malformed("SAN extension does not parse"))?
+        .ok_or_else(|| Rejection::Names("no SAN".into()))?;
+    match san.value.general_names.as_slice() {
+        [GeneralName::DNSName(d)] if *d == chassis => Ok(()),
+        other => Err(Rejection::Names(format!(
+            "{} SANs, not exactly DNS:{chassis}",
+            other.len()
+        ))),
+    }
+}
+
+/// The CertificateRequest operations the controller needs; the kube
+/// implementation is [`KubeCertificateRequests`], tests use a stand-in.
+pub trait CertificateRequestApi: Send + Sync + 'static {
+    /// Creates the request; returns it as stored (with UID and webhook-stamped username).
+    fn create(
+        &self,
+        cr: &NewCertificateRequest,
+    ) -> impl Future<Output = Result<CertificateRequestView>> + Send;
+    /// Reads a request by name in the controller's namespace.
+    fn get(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<CertificateRequestView>>> + Send;
+    /// Deletes a request by name (used for foreign or stale requests).
+    fn delete(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Sets the `Approved` condition on the controller's own request: it
+    /// has validated the CSR, which is the approval cert-manager waits for.
+    fn approve(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// Forwards validated CSRs and collects results; remembers the UIDs of the
+/// requests it created (a restart forgets them, and the next reconcile then
+/// replaces the request instead of trusting it).
+#[derive(Debug)]
+pub struct CertManagerForwarder<A> {
+    api: A,
+    config: CertManagerConfig,
+    created: Mutex<HashMap<String, String>>,
+}
+
+/// What [`CertManagerForwarder::forward`] achieved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Forwarded {
+    /// Issued and every check passed: the PEM to copy into the CSR.
+    Issued(String),
+    /// Waiting for cert-manager; try again later.
+    Pending(String),
+}
+
+impl<A: CertificateRequestApi> CertManagerForwarder<A> {
+    /// A forwarder over `api` for `config`.
+    pub fn new(api: A, config: CertManagerConfig) -> Self {
+        Self {
+            api,
+            config,
+            created: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CertManagerConfig {
+        &self.config
+    }
+
+    /// Creates (or continues) the CertificateRequest for a validated CSR and
+    /// returns the checked result once cert-manager has issued.
+    pub async fn forward(
+        &self,
+        csr_name: &str,
+        csr_uid: &str,
+        request: &[u8],
+        csr: &ValidatedCsr,
+        trust: &TrustBundle,
+        now: SystemTime,
+    ) -> Result<Forwarded> {
+        let known = self.created_uid(csr_uid);
+        let existing = self.api.get(csr_name).await?;
+        let cr = match (existing, known) {
+            (Some(cr), Some(uid)) if cr.uid == uid => cr,
+            (existing, _) => {
+                if existing.is_some() {
+                    // Not created by this process for this CSR: never read it.
+                    tracing::warn!(
+                        csr = csr_name,
+                        "replacing a CertificateRequest this controller did not create"
+                    );
+                    self.api.delete(csr_name).await?;
+                }
+                let new = NewCertificateRequest {
+                    name: csr_name.to_owned(),
+                    namespace: self.config.namespace.clone(),
+                    csr_uid: csr_uid.to_owned(),
+                    issuer_name: self.config.issuer_name.clone(),
+                    request: request.to_vec(),
+                    duration: csr.lifetime,
+                };
+                let created = self.api.create(&new).await?;
+                self.remember(csr_uid, &created.uid);
+                self.api.approve(csr_name).await?;
+                match self.api.get(csr_name).await? {
+                    Some(cr) => cr,
+                    None => return Ok(Forwarded::Pending("created".into())),
+                }
+            }
+        };
+        let uid = self.created_uid(csr_uid).unwrap_or_default();
+        let expected = Expected {
+            config: &self.config,
+            created_uid: &uid,
+            csr_uid,
+            request,
+            csr,
+        };
+        check_ownership(&cr, expected).map_err(Error::CertManagerRejected)?;
+        match cr.ready {
+            Some(true) if cr.certificate.is_some() => {
+                let pem =
+                    check_issued(&cr, expected, trust, now).map_err(Error::CertManagerRejected)?;
+                self.forget(csr_uid);
+                Ok(Forwarded::Issued(pem))
+            }
+            _ => Ok(Forwarded::Pending(
+                cr.ready_reason
+                    .clone()
+                    .unwrap_or_else(|| "not issued yet".into()),
+            )),
+        }
+    }
+
+    fn created_uid(&self, csr_uid: &str) -> Option<String> {
+        self.created
+            .lock()
+            .ok()
+            .and_then(|m| m.get(csr_uid).cloned())
+    }
+
+    fn remember(&self, csr_uid: &str, cr_uid: &str) {
+        if let Ok(mut m) = self.created.lock() {
+            m.insert(csr_uid.to_owned(), cr_uid.to_owned());
+        }
+    }
+
+    fn forget(&self, csr_uid: &str) {
+        if let Ok(mut m) = self.created.lock() {
+            m.remove(csr_uid);
+        }
+    }
+}
+
+/// [`CertificateRequestApi`] over the Kubernetes API (dynamic objects: no
+/// cert-manager CRD crate is needed for the handful of fields read).
+#[derive(Clone)]
+pub struct KubeCertificateRequests {
+    api: kube::Api<kube::api::DynamicObject>,
+}
+
+impl KubeCertificateRequests {
+    /// Requests in `namespace` through `client`.
+    pub fn new(client: kube::Client, namespace: &str) -> Self {
+        let gvk = kube::api::GroupVersionKind::gvk(GROUP, "v1", "CertificateRequest");
+        let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, "certificaterequests");
+        Self {
+            api: kube::Api::namespaced_with(client, namespace, &ar),
+        }
+    }
+}
+
+impl CertificateRequestApi for KubeCertificateRequests {
+    async fn create(&self, cr: &NewCertificateRequest) -> Result<CertificateRequestView> {
+        let obj: kube::api::DynamicObject = serde_json::from_value(cr.to_json())
+            .map_err(|_| Error::MissingField("CertificateRequest JSON"))?;
+        let created = self
+            .api
+            .create(&kube::api::PostParams::default(), &obj)
+            .await?;
+        Ok(view_from_dynamic(&created))
+    }
+
+    async fn get(&self, name: &str) -> Result<Option<CertificateRequestView>> {
+        Ok(self
+            .api
+            .get_opt(name)
+            .await?
+            .as_ref()
+            .map(view_from_dynamic))
+    }
+
+    async fn delete(&self, name: &str) -> Result<()> {
+        match self
+            .api
+            .delete(name, &kube::api::DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn approve(&self, name: &str) -> Result<()> {
+        let patch = serde_json::json!({
+            "status": { "conditions": [{
+                "type": "Approved",
+                "status": "True",
+                "reason": "KubeOvnIpsecController",
+                "message": "CSR validated by kube-ovn-ipsec-controller",
+                "lastTransitionTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            }]}
+        });
+        self.api
+            .patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// Reads the checked fields out of a dynamic CertificateRequest.
+pub fn view_from_dynamic(obj: &kube::api::DynamicObject) -> CertificateRequestView {
+    let d = &obj.data;
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    let b64 = |v: &serde_json::Value| {
+        v.as_str()
+            .and_then(|t| base64::engine::general_purpose::STANDARD.decode(t).ok())
+    };
+    let ready = d["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .cloned();
+    CertificateRequestView {
+        name: obj.metadata.name.clone().unwrap_or_default(),
+        namespace: obj.metadata.namespace.clone().unwrap_or_default(),
+        uid: obj.metadata.uid.clone().unwrap_or_default(),
+        csr_uid_label: obj
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(CSR_UID_LABEL).cloned()),
+        issuer_name: s(&d["spec"]["issuerRef"]["name"]),
+        issuer_kind: s(&d["spec"]["issuerRef"]["kind"]),
+        issuer_group: s(&d["spec"]["issuerRef"]["group"]),
+        username: s(&d["spec"]["username"]),
+        usages: d["spec"]["usages"]
+            .as_array()
+            .map(|a| a.iter().map(s).collect())
+            .unwrap_or_default(),
+        request: b64(&d["spec"]["request"]).unwrap_or_default(),
+        certificate: b64(&d["status"]["certificate"]).filter(|c| !c.is_empty()),
+        ready: ready.as_ref().map(|c| c["status"] == "True"),
+        ready_reason: ready
+            .as_ref()
+            .and_then(|c| c["reason"].as_str().map(str::to_owned)),
+    }
+}

@@ -1,0 +1,118 @@
+//! Command-line flags (each with an environment fallback).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::signer::CaKeyAlgorithm;
+use crate::validate::Policy;
+
+/// Parses `90d`, `12h`, `30m`, `45s` or plain seconds.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'd')) => (&s[..i], 86_400),
+        Some((i, 'h')) => (&s[..i], 3_600),
+        Some((i, 'm')) => (&s[..i], 60),
+        Some((i, 's')) => (&s[..i], 1),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 90d, 12h or 3600"))?;
+    n.checked_mul(mult)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{s:?} is too long"))
+}
+
+/// How the controller runs.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Config {
+    /// The controller's namespace: CA Secret, trust ConfigMap, CertificateRequests.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    pub namespace: String,
+    /// Namespace of the kube-ovn-cni DaemonSet and ServiceAccount.
+    #[arg(long, env = "KUBE_OVN_CNI_NAMESPACE", default_value = "kube-system")]
+    pub cni_namespace: String,
+    /// Name of the kube-ovn-cni DaemonSet.
+    #[arg(long, env = "KUBE_OVN_CNI_DAEMONSET", default_value = "kube-ovn-cni")]
+    pub cni_daemonset: String,
+    /// Name of the kube-ovn-cni ServiceAccount (the only allowed requester).
+    #[arg(
+        long,
+        env = "KUBE_OVN_CNI_SERVICE_ACCOUNT",
+        default_value = "kube-ovn-cni"
+    )]
+    pub cni_service_account: String,
+    /// The controller's own ServiceAccount (cert-manager requester check).
+    #[arg(
+        long,
+        env = "KUBE_OVN_CONTROLLER_SERVICE_ACCOUNT",
+        default_value = "ovn"
+    )]
+    pub controller_service_account: String,
+    /// Lifetime of a newly generated built-in CA.
+    #[arg(long, env = "OVN_IPSEC_CA_LIFETIME", default_value = "3650d", value_parser = parse_duration)]
+    pub ca_lifetime: Duration,
+    /// Key algorithm of a newly generated built-in CA.
+    #[arg(
+        long,
+        env = "OVN_IPSEC_CA_KEY_ALGORITHM",
+        value_enum,
+        default_value = "ecdsa-p256"
+    )]
+    pub ca_key_algorithm: CaKeyAlgorithm,
+    /// Shortest leaf lifetime (`expirationSeconds`) accepted.
+    #[arg(long, env = "OVN_IPSEC_MIN_CERT_LIFETIME", default_value = "1h", value_parser = parse_duration)]
+    pub min_cert_lifetime: Duration,
+    /// Longest leaf lifetime (`expirationSeconds`) accepted.
+    #[arg(long, env = "OVN_IPSEC_MAX_CERT_LIFETIME", default_value = "30d", value_parser = parse_duration)]
+    pub max_cert_lifetime: Duration,
+    /// Forward validated CSRs to cert-manager instead of the built-in CA.
+    #[arg(long = "cert-manager-ipsec-cert", env = "CERT_MANAGER_IPSEC_CERT", default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub cert_manager: bool,
+    /// The dedicated cert-manager ClusterIssuer.
+    #[arg(long, env = "CERT_MANAGER_ISSUER_NAME", default_value = "kube-ovn")]
+    pub cert_manager_issuer_name: String,
+    /// Address of the /metrics endpoint.
+    #[arg(long, env = "OVN_IPSEC_METRICS_ADDR", default_value = "0.0.0.0:10665")]
+    pub metrics_addr: SocketAddr,
+    /// How often the CA Secret and trust bundle are re-read (rotation pick-up).
+    #[arg(long, env = "OVN_IPSEC_CA_RELOAD", default_value = "30s", value_parser = parse_duration)]
+    pub ca_reload: Duration,
+    /// This replica's name in events.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+}
+
+impl Config {
+    /// The validation policy these flags describe.
+    pub fn policy(&self) -> Result<Policy> {
+        if self.min_cert_lifetime > self.max_cert_lifetime {
+            return Err(Error::Config(
+                "min certificate lifetime exceeds the maximum".into(),
+            ));
+        }
+        if self.min_cert_lifetime < Duration::from_secs(600) {
+            return Err(Error::Config(
+                "min certificate lifetime below Kubernetes' 600 s".into(),
+            ));
+        }
+        Ok(Policy {
+            cni_namespace: self.cni_namespace.clone(),
+            service_account: self.cni_service_account.clone(),
+            min_lifetime: self.min_cert_lifetime,
+            max_lifetime: self.max_cert_lifetime,
+            ..Policy::default()
+        })
+    }
+
+    /// The controller's own `spec.username`.
+    pub fn controller_username(&self) -> String {
+        format!(
+            "system:serviceaccount:{}:{}",
+            self.namespace, self.controller_service_account
+        )
+    }
+}

@@ -1,0 +1,182 @@
+//! `kube-ovn-ipsec-controller`: the IPsec part of kube-ovn-controller.
+//!
+//! It validates every CSR for `signerName: kubeovn.io/signer` against live
+//! cluster state (SPEC §6), approves and signs the ones that pass — with the
+//! built-in CA or through the one dedicated cert-manager ClusterIssuer — and
+//! denies the rest with a reason naming the failed check. It publishes the
+//! trust bundle and exports metrics.
+//!
+//! # Layout
+//!
+//! Pure core (no I/O; unit-tested and fuzzed):
+//! - [`validate`]: `validate(csr, live, policy) -> Result<ValidatedCsr, Denial>`
+//!   and the PKCS#10 parser [`validate::inspect_request`].
+//! - [`signer`]: the built-in CA and the leaf profile.
+//! - [`trust`]: the trust bundle (PEM, digest, chain verification).
+//! - [`certmanager`]: the checks on a cert-manager result ([`certmanager::check_issued`])
+//!   and the forwarding flow over a small [`certmanager::CertificateRequestApi`] trait.
+//! - [`ca::plan_retire`]: the CA retirement decision.
+//!
+//! Kube glue (thin):
+//! - [`live`]: API objects to views, live reads for one CSR.
+//! - [`ca`]: the CA Secret and trust ConfigMap, rotation and retirement.
+//! - [`reconcile`]: the kube-runtime controller over CSRs.
+//! - [`metrics`], [`config`], [`clock`], [`error`], [`names`].
+//! - [`run`]: wires it all together; `main.rs` only parses flags and calls it.
+
+pub mod ca;
+pub mod certmanager;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod live;
+pub mod metrics;
+pub mod names;
+pub mod reconcile;
+pub mod signer;
+pub mod trust;
+pub mod validate;
+
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+
+use crate::ca::CaSettings;
+use crate::certmanager::{CertManagerConfig, CertManagerForwarder, KubeCertificateRequests};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::error::Result;
+use crate::metrics::Metrics;
+use crate::reconcile::{Shared, SignerMode};
+
+pub use crate::error::Error;
+
+/// Sets up the CA (or cert-manager forwarding) and runs the CSR controller
+/// until `shutdown` resolves. Metrics are not served here (see
+/// [`serve_metrics`]) so in-process users pick their own listener.
+pub async fn run(
+    client: kube::Client,
+    config: &Config,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<()> {
+    let policy = config.policy()?;
+    let settings = CaSettings {
+        namespace: config.namespace.clone(),
+        algorithm: config.ca_key_algorithm,
+        lifetime: config.ca_lifetime,
+    };
+    let (signer, trust) = if config.cert_manager {
+        let trust = ca::read_bundle(&client, &config.namespace).await?;
+        let api = KubeCertificateRequests::new(client.clone(), &config.namespace);
+        let cm = CertManagerConfig {
+            namespace: config.namespace.clone(),
+            issuer_name: config.cert_manager_issuer_name.clone(),
+            requester: config.controller_username(),
+        };
+        (
+            SignerMode::CertManager(Box::new(CertManagerForwarder::new(api, cm))),
+            trust,
+        )
+    } else {
+        let (ca, trust) = ca::ensure_ca(&client, &settings, clock.as_ref()).await?;
+        (SignerMode::BuiltIn(RwLock::new(Arc::new(ca))), trust)
+    };
+    tracing::info!(
+        trust_digest = %trust.digest(),
+        cert_manager = config.cert_manager,
+        "kube-ovn-ipsec-controller starting"
+    );
+    let shared = Arc::new(Shared {
+        recorder: reconcile::recorder(client.clone(), config.pod_name.clone()),
+        client: client.clone(),
+        policy,
+        daemon_set: config.cni_daemonset.clone(),
+        signer,
+        trust: RwLock::new(trust),
+        metrics,
+        clock: clock.clone(),
+    });
+    let reload = tokio::spawn(reload_loop(
+        shared.clone(),
+        settings,
+        config.cert_manager,
+        config.ca_reload,
+        clock,
+    ));
+    reconcile::run_controller(shared, shutdown).await;
+    reload.abort();
+    Ok(())
+}
+
+/// Re-reads the CA Secret and the trust bundle so a rotation done with
+/// `kube-ovn-ipsec-controller ca rotate` is picked up without a restart.
+async fn reload_loop(
+    shared: Arc<Shared>,
+    settings: CaSettings,
+    cert_manager: bool,
+    every: std::time::Duration,
+    clock: Arc<dyn Clock>,
+) {
+    loop {
+        tokio::time::sleep(every).await;
+        let result = if cert_manager {
+            ca::read_bundle(&shared.client, &settings.namespace)
+                .await
+                .map(|t| (None, t))
+        } else {
+            ca::ensure_ca(&shared.client, &settings, clock.as_ref())
+                .await
+                .map(|(c, t)| (Some(c), t))
+        };
+        match result {
+            Ok((ca, trust)) => {
+                if let (Some(ca), SignerMode::BuiltIn(lock)) = (ca, &shared.signer)
+                    && let Ok(mut current) = lock.write()
+                    && current.cert_der() != ca.cert_der()
+                {
+                    tracing::info!("picked up a new IPsec CA");
+                    *current = Arc::new(ca);
+                }
+                if let Ok(mut t) = shared.trust.write() {
+                    *t = trust;
+                }
+            }
+            Err(e) => {
+                shared.metrics.error(&e);
+                tracing::warn!(error = %e, "could not reload the CA / trust bundle");
+            }
+        }
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move {
+                match metrics.encode() {
+                    Ok(body) => (
+                        axum::http::StatusCode::OK,
+                        [("content-type", "text/plain; version=0.0.4")],
+                        body,
+                    ),
+                    Err(_) => (
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        [("content-type", "text/plain")],
+                        String::new(),
+                    ),
+                }
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,108 @@
+//! `kube-ovn-ipsec-controller`: flags, logging, then [`controller::run`].
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use controller::ca::{self, CaSettings};
+use controller::clock::SystemClock;
+use controller::config::Config;
+use controller::metrics::Metrics;
+
+#[derive(Parser)]
+#[command(version, about = "Kube-OVN IPsec CSR controller")]
+struct Cli {
+    #[command(flatten)]
+    config: Config,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Built-in CA maintenance (see docs/controller.md, "CA rotation").
+    Ca {
+        #[command(subcommand)]
+        op: CaOp,
+    },
+}
+
+#[derive(Subcommand)]
+enum CaOp {
+    /// Generate a new CA, add it to the trust bundle, make it the signer.
+    Rotate,
+    /// Remove every CA but the active one from the trust bundle.
+    Retire {
+        /// The trust digest every node reports as acknowledged; must equal
+        /// the bundle's current digest.
+        #[arg(long)]
+        acknowledged_digest: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let client = kube::Client::try_default()
+        .await
+        .context("kubernetes client")?;
+    let config = cli.config;
+    match cli.command {
+        Some(Command::Ca { op: CaOp::Rotate }) => {
+            let settings = CaSettings {
+                namespace: config.namespace.clone(),
+                algorithm: config.ca_key_algorithm,
+                lifetime: config.ca_lifetime,
+            };
+            let bundle = ca::rotate_ca(&client, &settings, &SystemClock).await?;
+            println!("new trust digest: {}", bundle.digest());
+        }
+        Some(Command::Ca {
+            op: CaOp::Retire {
+                acknowledged_digest,
+            },
+        }) => {
+            let bundle =
+                ca::retire_old_cas(&client, &config.namespace, &acknowledged_digest).await?;
+            println!("new trust digest: {}", bundle.digest());
+        }
+        None => {
+            let metrics = Arc::new(Metrics::new());
+            let listener = tokio::net::TcpListener::bind(config.metrics_addr)
+                .await
+                .with_context(|| format!("bind metrics address {}", config.metrics_addr))?;
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            let mut rx2 = rx.clone();
+            tokio::spawn(controller::serve_metrics(
+                listener,
+                metrics.clone(),
+                async move {
+                    let _ = rx2.changed().await;
+                },
+            ));
+            tokio::spawn(async move {
+                let _ = tokio::signal::ctrl_c().await;
+                let _ = tx.send(true);
+            });
+            let mut rx3 = rx;
+            controller::run(
+                client,
+                &config,
+                metrics,
+                Arc::new(SystemClock),
+                async move {
+                    let _ = rx3.changed().await;
+                },
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}

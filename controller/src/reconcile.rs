@@ -1,0 +1,260 @@
+//! The CSR controller: a kube-runtime `Controller` over CSRs with
+//! `spec.signerName=kubeovn.io/signer`.
+//!
+//! Per CSR: read live state, [`validate`]; on a denial set `Denied` (or
+//! `Failed`, when someone else already approved it) with the check's reason
+//! and an event; on success approve, sign (built-in CA or cert-manager) and
+//! write `status.certificate`. A CSR that carries a certificate, `Denied` or
+//! `Failed` is final and never touched again. Someone else's approval never
+//! substitutes for validation: it runs on every CSR this signer signs.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use base64::Engine as _;
+use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+
+use crate::certmanager::{CertManagerForwarder, Forwarded, KubeCertificateRequests};
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::live::{csr_view, fetch_live};
+use crate::metrics::Metrics;
+use crate::names;
+use crate::signer::CertificateAuthority;
+use crate::trust::TrustBundle;
+use crate::validate::{Policy, validate};
+
+/// How a validated CSR gets its certificate.
+pub enum SignerMode {
+    /// The built-in CA (reloaded from its Secret by [`crate::run`]).
+    BuiltIn(RwLock<Arc<CertificateAuthority>>),
+    /// Forwarding to the dedicated cert-manager ClusterIssuer.
+    CertManager(Box<CertManagerForwarder<KubeCertificateRequests>>),
+}
+
+/// Everything a reconcile needs, shared by all of them.
+pub struct Shared {
+    /// API client.
+    pub client: Client,
+    /// Validation policy.
+    pub policy: Policy,
+    /// Name of the kube-ovn-cni DaemonSet (in `policy.cni_namespace`).
+    pub daemon_set: String,
+    /// Signer.
+    pub signer: SignerMode,
+    /// The trust bundle (cert-manager mode checks chains against it).
+    pub trust: RwLock<TrustBundle>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Clock.
+    pub clock: Arc<dyn Clock>,
+    /// Event recorder.
+    pub recorder: Recorder,
+}
+
+/// An event recorder reporting as this controller; `instance` names the replica.
+pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
+    Recorder::new(
+        client,
+        Reporter {
+            controller: "kube-ovn-ipsec-controller".into(),
+            instance,
+        },
+    )
+}
+
+impl Shared {
+    fn trust(&self) -> TrustBundle {
+        self.trust.read().map(|t| t.clone()).unwrap_or_default()
+    }
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run_controller(
+    shared: Arc<Shared>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let csrs: Api<CertificateSigningRequest> = Api::all(shared.client.clone());
+    let selector = format!("spec.signerName={}", names::SIGNER_NAME);
+    Controller::new(csrs, watcher::Config::default().fields(&selector))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, shared)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "reconcile did not complete");
+            }
+        })
+        .await;
+}
+
+fn error_policy(csr: Arc<CertificateSigningRequest>, e: &Error, shared: Arc<Shared>) -> Action {
+    shared.metrics.error(e);
+    tracing::warn!(csr = %csr.name_any(), error = %e, "CSR reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+fn has_condition(csr: &CertificateSigningRequest, ty: &str) -> bool {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == ty && c.status == "True"))
+}
+
+/// Whether a CSR needs no more work from this signer.
+pub fn is_final(csr: &CertificateSigningRequest) -> bool {
+    let issued = csr
+        .status
+        .as_ref()
+        .and_then(|s| s.certificate.as_ref())
+        .is_some_and(|c| !c.0.is_empty());
+    issued || has_condition(csr, "Denied") || has_condition(csr, "Failed")
+}
+
+/// Reconciles one CSR.
+pub async fn reconcile(csr: Arc<CertificateSigningRequest>, shared: Arc<Shared>) -> Result<Action> {
+    if csr.spec.signer_name != names::SIGNER_NAME || is_final(&csr) {
+        return Ok(Action::await_change());
+    }
+    let started = tokio::time::Instant::now();
+    let name = csr.name_any();
+    let view = csr_view(&csr);
+    let live = fetch_live(&shared.client, &view, &shared.policy, &shared.daemon_set).await?;
+    let approved = has_condition(&csr, "Approved");
+    let validated = match validate(&view, &live, &shared.policy) {
+        Ok(v) => v,
+        Err(denial) => {
+            let (reason, message) = (denial.reason(), denial.to_string());
+            tracing::info!(csr = %name, reason, "denying IPsec CSR: {message}");
+            if approved {
+                // Approved by someone else: a CSR cannot be both Approved
+                // and Denied, so the signer marks it Failed instead.
+                write_condition(&shared, &csr, "Failed", reason, &message).await?;
+            } else {
+                write_condition(&shared, &csr, "Denied", reason, &message).await?;
+            }
+            shared.metrics.csr("denied", reason);
+            publish(&shared, &csr, reason, &message).await;
+            return Ok(Action::await_change());
+        }
+    };
+
+    if !approved {
+        write_condition(
+            &shared,
+            &csr,
+            "Approved",
+            "KubeOvnIpsecValidated",
+            "requester, Pod binding, Node, chassis and request validated",
+        )
+        .await?;
+    }
+
+    let now = shared.clock.now();
+    let pem = match &shared.signer {
+        SignerMode::BuiltIn(ca) => {
+            let ca = ca
+                .read()
+                .map(|c| c.clone())
+                .map_err(|_| Error::CaSecretInvalid("CA lock poisoned".into()))?;
+            crate::trust::der_to_pem(&ca.sign(&validated, now)?)
+        }
+        SignerMode::CertManager(fwd) => {
+            let uid = csr.metadata.uid.clone().unwrap_or_default();
+            match fwd
+                .forward(&name, &uid, &view.request, &validated, &shared.trust(), now)
+                .await
+            {
+                Ok(Forwarded::Issued(pem)) => pem,
+                Ok(Forwarded::Pending(why)) => {
+                    tracing::debug!(csr = %name, why, "waiting for cert-manager");
+                    return Ok(Action::requeue(Duration::from_secs(2)));
+                }
+                Err(Error::CertManagerRejected(r)) => {
+                    let (reason, message) = (r.reason(), r.to_string());
+                    tracing::warn!(csr = %name, reason, "cert-manager result rejected: {message}");
+                    write_condition(&shared, &csr, "Failed", reason, &message).await?;
+                    shared.metrics.csr("failed", reason);
+                    publish(&shared, &csr, reason, &message).await;
+                    return Ok(Action::await_change());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+
+    let csrs: Api<CertificateSigningRequest> = Api::all(shared.client.clone());
+    let patch = serde_json::json!({
+        "status": { "certificate": base64::engine::general_purpose::STANDARD.encode(pem.as_bytes()) }
+    });
+    csrs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    shared.metrics.csr("signed", "Signed");
+    shared
+        .metrics
+        .signing_latency(started.elapsed().as_secs_f64());
+    tracing::info!(csr = %name, node = %validated.node_name, chassis = %validated.chassis, "signed IPsec CSR");
+    Ok(Action::await_change())
+}
+
+/// Adds a condition: `Approved`/`Denied` through the approval subresource,
+/// `Failed` through status. The existing conditions are kept (merge patch
+/// replaces lists whole).
+async fn write_condition(
+    shared: &Shared,
+    csr: &CertificateSigningRequest,
+    ty: &str,
+    reason: &str,
+    message: &str,
+) -> Result<()> {
+    let mut conditions: Vec<serde_json::Value> = csr
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|c| {
+            c.iter()
+                .filter_map(|c| serde_json::to_value(c).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    conditions.push(serde_json::json!({
+        "type": ty,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastUpdateTime": now,
+        "lastTransitionTime": now,
+    }));
+    let patch = serde_json::json!({ "status": { "conditions": conditions } });
+    let csrs: Api<CertificateSigningRequest> = Api::all(shared.client.clone());
+    let name = csr.name_any();
+    if ty == "Failed" {
+        csrs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    } else {
+        csrs.patch_approval(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Publishes a Warning event on the CSR. Best effort: an event that cannot
+/// be written must not change the outcome.
+async fn publish(shared: &Shared, csr: &CertificateSigningRequest, reason: &str, message: &str) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(message.chars().take(1000).collect()),
+        action: "ValidateIPsecCSR".into(),
+        secondary: None,
+    };
+    if let Err(e) = shared.recorder.publish(&event, &csr.object_ref(&())).await {
+        tracing::debug!(error = %e, "could not publish CSR event");
+    }
+}
