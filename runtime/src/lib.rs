@@ -10,13 +10,27 @@
 //! - [`lease`]: the output-protection lease — allocation, persistence,
 //!   OVSDB publication.
 //! - [`guards`]: arming, read-back and re-adding of the XFRM guards.
+//! - [`sa`]: SA attribution by reqid + mark + exact selector, and the
+//!   observation record.
+//! - [`capability`]: the capability gate (ovn-controller's output
+//!   protection marker, image and running).
+//! - [`process`]: foreground children in their own process group.
+//! - [`ike`]: strongSwan starter — start, probe, loaded certificates, stop,
+//!   the CA workaround.
+//! - [`monitor`]: ovs-monitor-ipsec — start, `tunnels/show`, the
+//!   acknowledgement of the active generation.
 //! - [`fsutil`]: crash-safe writes, the boot ID.
 //! - [`Error`]: the crate's one error type.
 
+pub mod capability;
 pub mod fsutil;
 pub mod guards;
+pub mod ike;
 pub mod lease;
+pub mod monitor;
 pub mod monitor_patch;
+pub mod process;
+pub mod sa;
 pub mod xfrm;
 
 use std::path::PathBuf;
@@ -93,6 +107,40 @@ pub enum Error {
         /// Its index.
         index: u32,
     },
+    /// A program could not be run.
+    #[error("could not run `{command}`: {source}")]
+    Spawn {
+        /// The program.
+        command: String,
+        /// The operating system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A control command did not finish in time.
+    #[error("`{command}` did not finish within {timeout:?}")]
+    CommandTimeout {
+        /// The program.
+        command: String,
+        /// The timeout.
+        timeout: std::time::Duration,
+    },
+    /// A supervised process failed its health probe or exited.
+    #[error("{process} unhealthy: {reason}")]
+    Unhealthy {
+        /// `ike` or `monitor`.
+        process: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The capability gate failed (SPEC §4): exit with
+    /// [`capability::CAPABILITY_MISSING_EXIT_CODE`].
+    #[error("CapabilityMissing: {which}: {detail}")]
+    CapabilityMissing {
+        /// Which ovn-controller lacks the marker.
+        which: capability::Which,
+        /// What it said instead.
+        detail: String,
+    },
     /// An OVSDB operation failed.
     #[error("OVSDB: {0}")]
     Ovsdb(#[source] ovsdb::Error),
@@ -112,6 +160,10 @@ impl Error {
             Error::LeaseExhausted { .. } => "lease_exhausted",
             Error::GuardStillPresent { .. } => "guard_still_present",
             Error::Ovsdb(_) => "ovsdb",
+            Error::Spawn { .. } => "spawn",
+            Error::CommandTimeout { .. } => "command_timeout",
+            Error::Unhealthy { .. } => "unhealthy",
+            Error::CapabilityMissing { .. } => "capability_missing",
         }
     }
 }

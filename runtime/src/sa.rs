@@ -1,0 +1,256 @@
+//! SA attribution (SPEC §3): which kernel SAs and policies are this
+//! node's, by reqid + mark + exact tunnel selector — a pure function over
+//! dumped states and policies — and the observation record written to the
+//! key directory with the boot ID. SA keys are never read (the dump parser
+//! skips them), so they cannot reach logs, status or the record.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+use crate::lease::Lease;
+use crate::xfrm::model::{DIR_OUT, Family, Policy, State, compare_guard};
+
+/// File name of the observation record in the key directory.
+pub const OBSERVATIONS_FILE: &str = "sa-observations.json";
+
+/// One tunnel of this node: the endpoints its IPsec traffic uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunnelEndpoints {
+    /// Local underlay address.
+    pub local: IpAddr,
+    /// Remote underlay address.
+    pub remote: IpAddr,
+}
+
+/// An SA attributed to this node (public fields only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedSa {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// SPI (hex).
+    pub spi: String,
+    /// Protocol number.
+    pub proto: u8,
+    /// reqid.
+    pub reqid: u32,
+}
+
+/// A policy attributed to this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedPolicy {
+    /// Kernel index.
+    pub index: u32,
+    /// Direction.
+    pub dir: u8,
+    /// Selector source.
+    pub src: IpAddr,
+    /// Selector destination.
+    pub dst: IpAddr,
+    /// Whether it is one of the lease's guards.
+    pub guard: bool,
+}
+
+/// What is this node's.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attribution {
+    /// SAs with the lease's reqid and mark between a tunnel's endpoints.
+    pub sas: Vec<ObservedSa>,
+    /// Policies with the lease's reqid (template) and mark on a tunnel's
+    /// exact selector, plus the guards.
+    pub policies: Vec<ObservedPolicy>,
+}
+
+fn host_prefix(a: IpAddr) -> u8 {
+    if a.is_ipv4() { 32 } else { 128 }
+}
+
+fn is_tunnel(src: IpAddr, dst: IpAddr, tunnels: &[TunnelEndpoints]) -> bool {
+    tunnels
+        .iter()
+        .any(|t| (t.local == src && t.remote == dst) || (t.local == dst && t.remote == src))
+}
+
+/// Attributes kernel SAs and policies to the lease. An SA is ours when its
+/// reqid is the lease's, its mark (if any) is exactly `<mark>/0xffffffff`
+/// (outbound) or absent (inbound: strongSwan marks only `out`), and its
+/// addresses are a tunnel's. A policy is ours when it is a guard, or when
+/// it has a template with the lease's reqid and its selector is exactly a
+/// tunnel's host pair.
+pub fn attribute(
+    lease: &Lease,
+    states: &[State],
+    policies: &[Policy],
+    tunnels: &[TunnelEndpoints],
+) -> Attribution {
+    let exact = crate::xfrm::model::Mark::exact(lease.mark);
+    let mut out = Attribution::default();
+    for s in states {
+        let mark_ok = s.mark.is_none_or(|m| m == exact);
+        if s.reqid == lease.reqid && mark_ok && is_tunnel(s.saddr, s.daddr, tunnels) {
+            out.sas.push(ObservedSa {
+                src: s.saddr,
+                dst: s.daddr,
+                spi: format!("{:08x}", s.spi),
+                proto: s.proto,
+                reqid: s.reqid,
+            });
+        }
+    }
+    for p in policies {
+        let guard = Family::ALL
+            .iter()
+            .any(|f| compare_guard(&Policy::guard(*f, lease.mark), p).is_empty());
+        let sel = &p.selector;
+        let tunnel_policy = p.templates.iter().any(|t| t.reqid == lease.reqid)
+            && sel.prefixlen_s == host_prefix(sel.saddr)
+            && sel.prefixlen_d == host_prefix(sel.daddr)
+            && is_tunnel(sel.saddr, sel.daddr, tunnels)
+            && (p.dir != DIR_OUT || p.mark == Some(exact));
+        if guard || tunnel_policy {
+            out.policies.push(ObservedPolicy {
+                index: p.index,
+                dir: p.dir,
+                src: sel.saddr,
+                dst: sel.daddr,
+                guard,
+            });
+        }
+    }
+    out
+}
+
+/// The observation record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Observations {
+    /// `/proc/sys/kernel/random/boot_id` when observed.
+    pub boot_id: String,
+    /// RFC 3339 time of the observation.
+    pub observed_at: String,
+    /// The lease's id.
+    pub lease_id: String,
+    /// What was attributed.
+    pub attribution: Attribution,
+}
+
+/// Writes the record (0600, atomically) into the key directory.
+pub fn record(dir: &Path, lease: &Lease, attribution: Attribution, now_rfc3339: String) -> Result<Observations, Error> {
+    let obs = Observations {
+        boot_id: crate::fsutil::boot_id()?,
+        observed_at: now_rfc3339,
+        lease_id: lease.lease_id.clone(),
+        attribution,
+    };
+    let path = dir.join(OBSERVATIONS_FILE);
+    let bytes = serde_json::to_vec_pretty(&obs).map_err(|e| Error::Corrupt {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    crate::fsutil::write_atomic(&path, &bytes, 0o600)?;
+    Ok(obs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xfrm::model::{Mark, PROTO_ESP, Selector, Template};
+
+    fn lease() -> Lease {
+        Lease {
+            version: 1,
+            lease_id: "l".into(),
+            node_uid: "u".into(),
+            mark: 0x77,
+            reqid: 9,
+            guards: vec![],
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn sa(src: &str, dst: &str, reqid: u32, mark: Option<Mark>) -> State {
+        State {
+            family: Some(Family::Ipv4),
+            saddr: ip(src),
+            daddr: ip(dst),
+            proto: PROTO_ESP,
+            spi: 0xabcd,
+            reqid,
+            mode: 0,
+            mark,
+            if_id: 0,
+            selector: Selector::wildcard(Family::Ipv4),
+        }
+    }
+
+    fn tunnel_policy(dir: u8, reqid: u32, mark: Option<Mark>, plen: u8) -> Policy {
+        Policy {
+            selector: Selector {
+                saddr: ip("10.0.0.1"),
+                daddr: ip("10.0.0.2"),
+                prefixlen_s: plen,
+                prefixlen_d: plen,
+                proto: 17,
+                ..Selector::wildcard(Family::Ipv4)
+            },
+            dir,
+            action: 0,
+            priority: 100,
+            index: 5,
+            mark,
+            if_id: 0,
+            ptype: 0,
+            flags: 0,
+            templates: vec![Template { proto: PROTO_ESP, reqid, mode: 0, family: 2, optional: false }],
+        }
+    }
+
+    #[test]
+    fn attribution_by_reqid_mark_and_exact_selector() {
+        let t = [TunnelEndpoints { local: ip("10.0.0.1"), remote: ip("10.0.0.2") }];
+        let m = Some(Mark::exact(0x77));
+        let states = [
+            sa("10.0.0.1", "10.0.0.2", 9, m),             // ours, outbound
+            sa("10.0.0.2", "10.0.0.1", 9, None),          // ours, inbound
+            sa("10.0.0.1", "10.0.0.2", 10, m),            // other reqid
+            sa("10.0.0.1", "10.0.0.2", 9, Some(Mark { value: 0x77, mask: 0xff })), // other mask
+            sa("10.0.0.1", "10.0.0.3", 9, m),             // not a tunnel
+        ];
+        let mut guard = Policy::guard(Family::Ipv6, 0x77);
+        guard.index = 99;
+        let policies = [
+            tunnel_policy(DIR_OUT, 9, m, 32),
+            tunnel_policy(0, 9, None, 32),
+            tunnel_policy(DIR_OUT, 9, None, 32),  // outbound without the mark
+            tunnel_policy(DIR_OUT, 9, m, 24),     // not the exact selector
+            tunnel_policy(DIR_OUT, 8, m, 32),     // other reqid
+            guard,
+        ];
+        let a = attribute(&lease(), &states, &policies, &t);
+        assert_eq!(a.sas.len(), 2, "{a:?}");
+        assert_eq!(a.policies.len(), 3, "{a:?}");
+        assert!(a.policies[2].guard);
+        let json = serde_json::to_string(&a).unwrap();
+        assert!(!json.contains("key"), "{json}");
+    }
+
+    #[test]
+    fn record_has_boot_id_and_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let obs = record(dir.path(), &lease(), Attribution::default(), "2025-01-01T00:00:00Z".into()).unwrap();
+        assert_eq!(obs.boot_id.len(), 36);
+        let p = dir.path().join(OBSERVATIONS_FILE);
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+}
