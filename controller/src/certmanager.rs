@@ -192,7 +192,7 @@ pub struct Expected<'a> {
 }
 
 /// Checks a returned, issued CertificateRequest. Pure. On success returns
-/// the PEM to copy into the CSR status (leaf, then intermediates).
+/// the PEM to copy into the CSR status (the leaf).
 pub fn check_issued(
     cr: &CertificateRequestView,
     expected: Expected<'_>,
@@ -206,7 +206,7 @@ pub fn check_issued(
         .ok_or(Rejection::Malformed("no certificate"))?;
     let text = std::str::from_utf8(pem_bytes).map_err(|_| Rejection::Malformed("not UTF-8"))?;
     let chain = parse_cert_pems(text).map_err(|_| Rejection::Malformed("not PEM certificates"))?;
-    let (leaf_der, intermediates) = chain
+    let (leaf_der, _rest_of_chain) = chain
         .split_first()
         .ok_or(Rejection::Malformed("empty chain"))?;
     let (rest, leaf) = X509Certificate::from_der(leaf_der)
@@ -236,21 +236,14 @@ pub fn check_issued(
             expected.csr.lifetime.as_secs()
         )));
     }
-    // A self-signed root in the returned chain is not evidence of anything:
-    // only the bundle anchors trust.
-    let intermediates: Vec<Vec<u8>> = intermediates
-        .iter()
-        .filter(|d| !trust.contains(d))
-        .cloned()
-        .collect();
-    if !trust.verifies(leaf_der, &intermediates, now) {
+    // The agent accepts only a leaf issued directly by a CA in the bundle
+    // (api's `TrustBundle::verify_leaf` follows no intermediates), so the
+    // check here is the same: whatever else cert-manager returned in the
+    // chain is neither needed nor copied.
+    if !trust.verifies(leaf_der, &[], now) {
         return Err(Rejection::Chain);
     }
-    let mut out = der_to_pem(leaf_der);
-    for d in &intermediates {
-        out.push_str(&der_to_pem(d));
-    }
-    Ok(out)
+    Ok(der_to_pem(leaf_der))
 }
 
 /// Checks that a CertificateRequest is the one the controller created for this CSR.

@@ -636,16 +636,11 @@ fn annotation<'a>(csr: &'a CsrView, key: &'static str) -> Result<&'a str, Denial
     }
 }
 
-/// A chassis is an OVS system-id: in practice a UUID or a hostname. It ends up
-/// in a certificate's CN and DNS SAN and in strongSwan's configuration, so
-/// only characters valid in a DNS label are accepted.
+/// A chassis ends up in a certificate's CN and DNS SAN and in strongSwan's
+/// configuration; the rule is `api`'s [`kube_ovn_ipsec_api::ident::Chassis`],
+/// shared with the agent.
 pub fn valid_chassis(chassis: &str) -> bool {
-    !chassis.is_empty()
-        && chassis.len() <= 253
-        && chassis
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-        && !chassis.starts_with(['-', '.'])
+    kube_ovn_ipsec_api::ident::Chassis::new(chassis).is_ok()
 }
 
 fn check_lifetime(requested: Option<i64>, policy: &Policy) -> Result<Duration, Denial> {
