@@ -67,6 +67,12 @@ pub struct Config {
     pub backoff_initial: Duration,
     /// Reconnect delay cap (default 30 s).
     pub backoff_max: Duration,
+    /// After this long without a byte from the server, send an `echo`; if
+    /// another such period passes in silence, the connection is declared
+    /// lost (a peer that vanished without closing the socket, e.g. a TCP
+    /// peer whose host died). `None` disables the probe. Default 5 s, the
+    /// same as ovsdb-server's own probe.
+    pub inactivity_probe: Option<Duration>,
 }
 
 impl Default for Config {
@@ -75,6 +81,7 @@ impl Default for Config {
             max_message: DEFAULT_MAX_MESSAGE,
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(30),
+            inactivity_probe: Some(Duration::from_secs(5)),
         }
     }
 }
@@ -305,7 +312,8 @@ async fn open(address: &Address) -> Result<(Reader, Writer), Error> {
 
 impl Client {
     /// Connects (failing fast if the first attempt fails) and starts the
-    /// background task. Later connection losses are retried with backoff.
+    /// background task on the current tokio runtime. Later connection losses
+    /// are retried with backoff.
     pub async fn connect(address: Address, config: Config) -> Result<Self, Error> {
         let conn = open(&address).await?;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -624,8 +632,25 @@ impl Actor {
         // One read buffer per connection, reused for every read.
         let mut buf = vec![0u8; 64 * 1024];
         let mut out = Vec::with_capacity(4096);
+        let probe = self.config.inactivity_probe;
+        let mut last_rx = tokio::time::Instant::now();
+        let mut probe_sent = false;
         loop {
+            let deadline = probe.map(|p| last_rx + if probe_sent { p * 2 } else { p });
+            let silence = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                _ = silence => {
+                    if probe_sent {
+                        return Ended::Broken(Error::ConnectionLost { reason: "no reply to inactivity probe".into() });
+                    }
+                    self.request("echo", json!(["probe"]), Pending::Ignore, &mut out);
+                    probe_sent = true;
+                }
                 cmd = self.rx.recv() => {
                     let Some(cmd) = cmd else { return Ended::Closed };
                     if !self.handle_command(cmd, &mut out) {
@@ -645,6 +670,8 @@ impl Actor {
                         Ok(n) => n,
                         Err(e) => return Ended::Broken(Error::ConnectionLost { reason: e.to_string() }),
                     };
+                    last_rx = tokio::time::Instant::now();
+                    probe_sent = false;
                     let values = match framer.feed(&buf[..n]) {
                         Ok(v) => v,
                         Err(e) => return Ended::Broken(e),

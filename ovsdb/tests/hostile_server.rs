@@ -172,3 +172,26 @@ async fn connect_to_nothing_is_a_connect_error() {
     .unwrap_err();
     assert!(matches!(err, Error::Connect { .. }), "{err:?}");
 }
+
+#[tokio::test]
+async fn silent_server_is_detected_by_the_inactivity_probe() {
+    let (_d, path) = fake(|mut s| async move {
+        // Reads everything (so writes never block) and never answers.
+        let mut buf = vec![0u8; 4096];
+        while s.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+    })
+    .await;
+    let config = Config {
+        inactivity_probe: Some(Duration::from_millis(100)),
+        ..cfg(1 << 20)
+    };
+    let c = Client::connect(Address::Unix(path), config).await.unwrap();
+    let err = timeout(Duration::from_secs(5), c.echo())
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::ConnectionLost { ref reason } if reason.contains("probe")),
+        "{err:?}"
+    );
+}
