@@ -1,6 +1,6 @@
 use super::*;
 
-/// Captured from ovs-monitor-ipsec (OVS 3.1, Debian) in the two-node test.
+/// Captured from Debian's ovs-monitor-ipsec (OVS 3.1) in `tests/ike_monitor.rs`.
 const SHOW: &str = include_str!("tunnels_show.txt");
 
 #[test]
@@ -13,7 +13,8 @@ fn parses_captured_tunnels_show() {
     assert_eq!(t.remote_name.as_deref(), Some("chass-b"));
     assert!(t.local_cert.as_ref().is_some_and(|p| p.ends_with("chass-a.pem")), "{t:?}");
     assert!(t.ca_cert.as_ref().is_some_and(|p| p.ends_with("ca.pem")), "{t:?}");
-    assert!(t.custom_options.contains("ipsec_reqid"), "{t:?}");
+    assert!(t.custom_options.contains("'reqid': '1955260584'"), "{t:?}");
+    assert_eq!(t.policies.len(), 4);
     assert!(!t.policies.is_empty(), "{t:?}");
 }
 

@@ -1,0 +1,277 @@
+//! Two simulated nodes: the runtime's IKE and monitor runners bring up
+//! strongSwan starter and ovs-monitor-ipsec over each node's own
+//! ovsdb-server, with the lease published and the guards armed; an IKEv2
+//! IKE_SA comes up; the monitor read-back acknowledges the identity; and
+//! the guards stay in every XFRM dump while the IKE daemon or the monitor
+//! is down.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kube_ovn_ipsec_api::Uid;
+use kube_ovn_ipsec_runtime::guards::GuardKeeper;
+use kube_ovn_ipsec_runtime::ike::{IkeConfig, IkeDaemon};
+use kube_ovn_ipsec_runtime::lease::{self, AllocationConfig, Lease, LeaseStore, OsRandom};
+use kube_ovn_ipsec_runtime::monitor::{self, ActiveIdentity, Monitor, MonitorConfig};
+use kube_ovn_ipsec_runtime::monitor_patch;
+use kube_ovn_ipsec_runtime::process::{Launcher, ProcessSpec, Supervised};
+use kube_ovn_ipsec_runtime::sa::{self, TunnelEndpoints};
+use kube_ovn_ipsec_runtime::xfrm::{Xfrm, XfrmHandle};
+use nix::sys::signal::Signal;
+use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode, NodeCert, TestCa, Tunnel};
+use testbed::netns::wait_for;
+
+struct Node {
+    // Field order is drop order: processes before the namespace.
+    monitor: Option<Monitor>,
+    ike: Option<IkeDaemon>,
+    _ovsdb: Supervised,
+    keeper: GuardKeeper<XfrmHandle>,
+    lease: Lease,
+    cert: NodeCert,
+    launcher: Launcher,
+    _keys: tempfile::TempDir,
+    node: IpsecNode,
+}
+
+async fn setup(node: IpsecNode, ca: &TestCa) -> Node {
+    let launcher = Launcher::nsenter(node.netns().holder_pid());
+    let cert = ca.issue(node.chassis()).unwrap();
+    let db = node.dir().join("conf.db");
+    testbed::netns::run(
+        std::process::Command::new("ovsdb-tool")
+            .arg("create")
+            .arg(&db)
+            .arg("/usr/share/openvswitch/vswitch.ovsschema"),
+    )
+    .unwrap();
+    let ovsdb = Supervised::start(
+        &ProcessSpec {
+            name: "ovsdb-server",
+            program: "ovsdb-server".into(),
+            args: vec![
+                db.into_os_string(),
+                "--remote=punix:/run/openvswitch/db.sock".into(),
+                "--unixctl=/run/openvswitch/ovsdb-server.ctl".into(),
+                "--no-chdir".into(),
+            ],
+            log_file: Some(node.dir().join("ovsdb-server.out")),
+        },
+        &launcher,
+    )
+    .unwrap();
+    let sock = node.run_path("openvswitch/db.sock");
+    wait_for(Duration::from_secs(10), Duration::from_millis(20), || sock.exists().then_some(()))
+        .expect("ovsdb-server socket");
+    node.vsctl(&["init"]).unwrap();
+    node.vsctl(&[
+        "set",
+        "Open_vSwitch",
+        ".",
+        &format!("other_config:certificate={}", cert.cert.display()),
+        &format!("other_config:private_key={}", cert.key.display()),
+        &format!("other_config:ca_cert={}", ca.cert.display()),
+        &format!("external_ids:system-id={}", node.chassis()),
+    ])
+    .unwrap();
+    node.vsctl(&["add-br", "br-int"]).unwrap();
+
+    // Lease, guards, publication — before IKE starts.
+    let keys = tempfile::tempdir().unwrap();
+    let store = LeaseStore::new(keys.path());
+    let mut keeper = GuardKeeper::new(XfrmHandle::in_netns(node.netns().name()).unwrap());
+    let uid = Uid::new(format!("uid-{}", node.chassis())).unwrap();
+    let (mut lease, _) = store
+        .obtain(&uid, keeper.xfrm(), &AllocationConfig::default(), &mut OsRandom)
+        .unwrap();
+    let eval = keeper.arm(&mut lease).unwrap();
+    assert!(eval.armed, "{eval:?}");
+    store.save(&lease).unwrap();
+    let client = ovsdb::Client::connect_str(&format!("unix:{}", sock.display())).await.unwrap();
+    lease::publish(&client, &lease).await.unwrap();
+    let ids = node.vsctl(&["get", "Open_vSwitch", ".", "external_ids"]).unwrap();
+    assert!(ids.contains(&format!("ovn-ipsec-protection-mark=\"{}\"", lease.mark)), "{ids}");
+    assert!(ids.contains("system-id=") && ids.contains("ovn-ipsec-protection-node-uid"), "{ids}");
+    client.close();
+
+    Node { monitor: None, ike: None, _ovsdb: ovsdb, keeper, lease, cert, launcher, _keys: keys, node }
+}
+
+fn ike_config(n: &IpsecNode) -> IkeConfig {
+    IkeConfig {
+        log_file: Some(n.dir().join("starter.out")),
+        stop_grace: Duration::from_secs(3),
+        cacerts_dir: n.etc_path("ipsec.d/cacerts"),
+        ..IkeConfig::default()
+    }
+}
+
+fn start_ike(n: &mut Node) {
+    let _ = std::fs::remove_file(n.node.run_path("charon.pid"));
+    n.ike = Some(IkeDaemon::start(ike_config(&n.node), n.launcher.clone()).unwrap());
+    let (pid, ctl) = (n.node.run_path("charon.pid"), n.node.run_path("charon.ctl"));
+    wait_for(Duration::from_secs(15), Duration::from_millis(20), || {
+        (pid.exists() && ctl.exists()).then_some(())
+    })
+    .unwrap_or_else(|| panic!("charon did not start:\n{}", n.node.diagnostics()));
+}
+
+async fn start_monitor(n: &mut Node) {
+    let config = MonitorConfig {
+        python: Some("/usr/bin/python3".into()),
+        script: DEBIAN_MONITOR_SCRIPT.into(),
+        log_file: Some("/run/ovs-monitor-ipsec.log".into()),
+        output_file: Some(n.node.dir().join("ovs-monitor-ipsec.out")),
+        stop_grace: Duration::from_secs(3),
+        ..MonitorConfig::default()
+    };
+    let mut m = Monitor::start(config, n.launcher.clone()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while m.probe().await.is_err() {
+        assert!(Instant::now() < deadline, "monitor not answering:\n{}", n.node.diagnostics());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    n.monitor = Some(m);
+}
+
+/// Both guards of `n` are in a fresh XFRM dump and read back by index.
+fn guards_present(n: &mut Node) {
+    let policies = n.keeper.xfrm().dump_policies().unwrap();
+    let guards = policies
+        .iter()
+        .filter(|p| {
+            kube_ovn_ipsec_runtime::xfrm::model::Family::ALL.iter().any(|f| {
+                kube_ovn_ipsec_runtime::xfrm::model::compare_guard(
+                    &kube_ovn_ipsec_runtime::xfrm::model::Policy::guard(*f, n.lease.mark),
+                    p,
+                )
+                .is_empty()
+            })
+        })
+        .count();
+    assert_eq!(guards, 2, "guards missing from a dump: {policies:#?}");
+    let mut lease = n.lease.clone();
+    let eval = n.keeper.evaluate(&mut lease).unwrap();
+    assert!(eval.armed && eval.events.is_empty(), "{eval:?}");
+}
+
+/// Takes XFRM dumps for `during` and checks the guards in each.
+async fn guards_through(n: &mut Node, during: Duration) -> usize {
+    let end = Instant::now() + during;
+    let mut dumps = 0;
+    while Instant::now() < end {
+        guards_present(n);
+        dumps += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    dumps
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages() {
+    for p in ["ipsec", "ovsdb-server", "ovsdb-tool", "ovs-vsctl", "ovs-appctl", "openssl", "nsenter", "ip"] {
+        testbed::require_program(p).unwrap();
+    }
+    assert!(Path::new(DEBIAN_MONITOR_SCRIPT).exists(), "ovs-monitor-ipsec missing: install openvswitch-ipsec");
+    let t0 = Instant::now();
+    let ca = TestCa::create("kube-ovn-ipsec runtime test CA").unwrap();
+    let (a, b) = IpsecNode::pair("koi-rt-ike", "chass-a", "chass-b").unwrap();
+    let mut a = setup(a, &ca).await;
+    let mut b = setup(b, &ca).await;
+    let patch = monitor_patch::inspect(Path::new(DEBIAN_MONITOR_SCRIPT)).unwrap();
+    for n in [&mut a, &mut b] {
+        start_ike(n);
+        start_monitor(n).await;
+        let applied = n.ike.as_ref().unwrap().apply_ca_workaround(patch, &ca.cert).await.unwrap();
+        assert!(applied, "Debian's monitor is unpatched: the CA workaround must be applied");
+    }
+    // Tunnels as the patched ovn-controller would set them from the lease.
+    let ta = Tunnel { mark: a.lease.mark, reqid: a.lease.reqid, ..Tunnel::to(&b.node, 0) };
+    let tb = Tunnel { mark: b.lease.mark, reqid: b.lease.reqid, ..Tunnel::to(&a.node, 0) };
+    a.node.add_tunnel(&ta).unwrap();
+    b.node.add_tunnel(&tb).unwrap();
+    for n in [&a, &b] {
+        wait_for(Duration::from_secs(15), Duration::from_millis(50), || {
+            (n.node.routed_conns().ok()?.len() >= 2).then_some(())
+        })
+        .unwrap_or_else(|| panic!("conns not routed:\n{}", n.node.diagnostics()));
+    }
+    println!("both nodes routed after {:?}", t0.elapsed());
+
+    // Marked geneve traffic triggers the IKE exchange.
+    let (b_ip, mark) = (b.node.ip(), a.lease.mark);
+    let established = wait_for(Duration::from_secs(20), Duration::from_millis(200), || {
+        a.node.send_marked_udp(b_ip, 6081, mark).ok()?;
+        let h = a.node.ipsec(&["statusall"]).ok()?;
+        let h = kube_ovn_ipsec_runtime::ike::parse_status(&h);
+        h.ike_sas.into_iter().find(|s| s.state == "ESTABLISHED")
+    })
+    .unwrap_or_else(|| panic!("no IKE_SA:\n{}\n{}", a.node.diagnostics(), b.node.diagnostics()));
+    println!("IKE_SA {established:?} after {:?}", t0.elapsed());
+    let health = a.ike.as_mut().unwrap().probe().await.unwrap();
+    assert!(health.ike_sas.iter().any(|s| s.state == "ESTABLISHED"), "{health:?}");
+    assert!(health.child_sas.iter().all(|c| c.reqid.is_none_or(|r| r == a.lease.reqid)), "{health:?}");
+
+    if testbed::netns::esp_available().unwrap() {
+        let ok = wait_for(Duration::from_secs(10), Duration::from_millis(200), || {
+            let states = a.keeper.xfrm().dump_states().ok()?;
+            let policies = a.keeper.xfrm().dump_policies().ok()?;
+            let t = [TunnelEndpoints { local: a.node.ip().into(), remote: b_ip.into() }];
+            let at = sa::attribute(&a.lease, &states, &policies, &t);
+            (at.sas.len() >= 2).then_some(at)
+        })
+        .expect("ESP SAs with the lease's reqid and mark");
+        println!("attributed: {ok:?}");
+    } else {
+        let why = wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+            let log = format!("{}{}", a.node.charon_log(), b.node.charon_log());
+            ["unable to add SAD entry", "NO_PROPOSAL_CHOSEN"]
+                .into_iter()
+                .find(|w| log.contains(w))
+        })
+        .unwrap_or_else(|| panic!("CHILD_SA did not fail for lack of ESP:\n{}", a.node.diagnostics()));
+        println!("CHILD_SA failed as expected without kernel ESP ({why})");
+        println!("SKIPPED: kernel ESP data path (SAs carrying the lease's reqid and mark): this kernel has no ESP");
+    }
+
+    // The monitor's and the daemon's read-back acknowledge the identity.
+    let raw = a.monitor.as_ref().unwrap().tunnels_show_raw().await.unwrap();
+    println!("--- captured tunnels/show ---\n{raw}--- end ---");
+    let active = ActiveIdentity::load(&a.cert.cert, &ca.cert).unwrap();
+    let tunnels = monitor::parse_tunnels_show(&raw);
+    let ike = a.ike.as_ref().unwrap();
+    let (certs, cacerts) = (ike.loaded_certs().await.unwrap(), ike.loaded_cacerts().await.unwrap());
+    let ack = monitor::acknowledge(&active, &tunnels, &certs, &cacerts, &monitor::digest_file);
+    assert!(ack.configuration_applied, "{ack:?}\n{certs:?}\n{cacerts:?}");
+    assert_eq!(ack.acknowledged_trust_digest, Some(active.trust_digest));
+
+    // Outage of the IKE daemon: killed (SIGKILL to its group), the guards
+    // are in every dump until it is back.
+    let ike = a.ike.as_mut().unwrap();
+    ike.process().signal(Signal::SIGKILL);
+    let status = ike.process().exited().await.unwrap();
+    println!("IKE daemon killed: {status}");
+    let dumps = guards_through(&mut a, Duration::from_millis(600)).await;
+    println!("guards present in {dumps} dumps during the IKE outage");
+    a.ike = None;
+    start_ike(&mut a);
+    guards_present(&mut a);
+
+    // Outage of the monitor.
+    let m = a.monitor.as_mut().unwrap();
+    m.process().signal(Signal::SIGKILL);
+    m.process().exited().await.unwrap();
+    let dumps = guards_through(&mut a, Duration::from_millis(600)).await;
+    println!("guards present in {dumps} dumps during the monitor outage");
+    a.monitor = None;
+    start_monitor(&mut a).await;
+    guards_present(&mut a);
+
+    // Orderly stop: SIGTERM to the groups; guards stay.
+    a.monitor.as_mut().unwrap().stop().await.unwrap();
+    a.ike.as_mut().unwrap().stop().await.unwrap();
+    guards_present(&mut a);
+    println!("total {:?}", t0.elapsed());
+}
