@@ -19,6 +19,20 @@
 //!   and waiting for `SB_Global.ipsec` through a monitor.
 //! - [`Error`]: the one error type, with [`Error::metric_label`].
 //!
+//! # Connection semantics
+//! - [`Client::connect`] fails fast if the first connection fails; after
+//!   that the client owns reconnection (1 s, 2 s, 4 s … capped at 30 s, reset
+//!   on success).
+//! - A request outstanding when the connection breaks fails with the cause
+//!   ([`Error::ConnectionLost`], or [`Error::Malformed`]/[`Error::Oversized`]
+//!   for a bad stream); a `transact` that fails this way may have committed.
+//!   Requests made while reconnecting fail at once with
+//!   [`Error::NotConnected`]; nothing is queued behind the caller's back.
+//! - Monitors report [`MonitorEvent::Disconnected`], are re-sent on the new
+//!   connection, and deliver a fresh [`MonitorEvent::Initial`].
+//! - The server's `echo` is answered; the client probes a silent server
+//!   itself ([`Config::inactivity_probe`]).
+//!
 //! Integration tests against real `ovsdb-server` and `ovn-northd` processes
 //! live in `tests/`.
 
