@@ -548,3 +548,6 @@ pub fn view_from_dynamic(obj: &kube::api::DynamicObject) -> CertificateRequestVi
             .and_then(|c| c["reason"].as_str().map(str::to_owned)),
     }
 }
+
+#[cfg(test)]
+mod tests;

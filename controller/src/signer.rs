@@ -218,3 +218,6 @@ fn from_unix(secs: i64) -> Result<time::OffsetDateTime> {
     time::OffsetDateTime::from_unix_timestamp(secs)
         .map_err(|_| Error::Config("time out of the representable range".into()))
 }
+
+#[cfg(test)]
+mod tests;

@@ -932,4 +932,4 @@ pub fn inspect_der(der: &[u8], policy: &Policy) -> Result<RequestFacts, Denial> 
 pub const IPSEC_TUNNEL_EKU: &str = "1.3.6.1.5.5.7.3.6";
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -12,26 +12,26 @@ use rcgen::{
 
 use super::*;
 
-const CHASSIS: &str = "chassis-1";
-const NODE: &str = "node-1";
-const NODE_UID: &str = "0b7c0c55-1111-4c3a-9d6e-000000000001";
+pub(crate) const CHASSIS: &str = "chassis-1";
+pub(crate) const NODE: &str = "node-1";
+pub(crate) const NODE_UID: &str = "0b7c0c55-1111-4c3a-9d6e-000000000001";
 const POD: &str = "kube-ovn-cni-abcde";
 const POD_UID: &str = "5f0e0c55-2222-4c3a-9d6e-000000000002";
 const DS_UID: &str = "7a0e0c55-3333-4c3a-9d6e-000000000003";
 const HASH: &str = "6d8f9c7b5";
 
-fn p256() -> &'static KeyPair {
+pub(crate) fn p256() -> &'static KeyPair {
     static K: OnceLock<KeyPair> = OnceLock::new();
     K.get_or_init(|| KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap())
 }
 
-fn rsa2048() -> &'static KeyPair {
+pub(crate) fn rsa2048() -> &'static KeyPair {
     static K: OnceLock<KeyPair> = OnceLock::new();
     K.get_or_init(|| KeyPair::generate_for(&PKCS_RSA_SHA256).unwrap())
 }
 
 /// A PEM request for `CHASSIS`, after `tweak` edits the parameters.
-fn request_with(key: &KeyPair, tweak: impl FnOnce(&mut CertificateParams)) -> Vec<u8> {
+pub(crate) fn request_with(key: &KeyPair, tweak: impl FnOnce(&mut CertificateParams)) -> Vec<u8> {
     let mut params = CertificateParams::new(vec![CHASSIS.to_owned()]).unwrap();
     params.distinguished_name = rcgen::DistinguishedName::new();
     params
@@ -47,23 +47,23 @@ fn request_with(key: &KeyPair, tweak: impl FnOnce(&mut CertificateParams)) -> Ve
         .into_bytes()
 }
 
-fn request(key: &KeyPair) -> Vec<u8> {
+pub(crate) fn request(key: &KeyPair) -> Vec<u8> {
     request_with(key, |_| {})
 }
 
 /// A CSR, live state and policy that pass; each test breaks one thing.
-struct Fx {
-    csr: CsrView,
-    live: LiveContext,
-    policy: Policy,
+pub(crate) struct Fx {
+    pub(crate) csr: CsrView,
+    pub(crate) live: LiveContext,
+    pub(crate) policy: Policy,
 }
 
 impl Fx {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::with_request(request(p256()))
     }
 
-    fn with_request(request: Vec<u8>) -> Self {
+    pub(crate) fn with_request(request: Vec<u8>) -> Self {
         let policy = Policy::default();
         let csr = CsrView {
             name: "ovn-ipsec-0123456789abcdef".into(),
@@ -122,7 +122,7 @@ impl Fx {
         self
     }
 
-    fn run(&self) -> Result<ValidatedCsr, Denial> {
+    pub(crate) fn run(&self) -> Result<ValidatedCsr, Denial> {
         validate(&self.csr, &self.live, &self.policy)
     }
 
