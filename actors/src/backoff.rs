@@ -59,7 +59,11 @@ impl Backoff {
     pub fn next_delay(&mut self) -> Duration {
         // 2^attempt saturates long before u32 overflows matter: cap the shift.
         let factor = 1u32 << self.attempt.min(20);
-        let delay = self.policy.initial.saturating_mul(factor).min(self.policy.max);
+        let delay = self
+            .policy
+            .initial
+            .saturating_mul(factor)
+            .min(self.policy.max);
         self.attempt = self.attempt.saturating_add(1);
         delay
     }

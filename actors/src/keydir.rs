@@ -161,8 +161,10 @@ fn io_err(path: &Path, source: std::io::Error) -> Error {
 }
 
 fn is_read_only(e: &std::io::Error) -> bool {
-    matches!(e.kind(), ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem)
-        || e.raw_os_error() == Some(nix::libc::EROFS)
+    matches!(
+        e.kind(),
+        ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem
+    ) || e.raw_os_error() == Some(nix::libc::EROFS)
         || e.raw_os_error() == Some(nix::libc::EACCES)
         || e.raw_os_error() == Some(nix::libc::EPERM)
 }
@@ -214,7 +216,11 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
 }
 
 fn create_private_dir(path: &Path) -> Result<()> {
-    match fs::DirBuilder::new().recursive(true).mode(0o700).create(path) {
+    match fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+    {
         Ok(()) => {}
         Err(e) => return Err(io_err(path, e)),
     }
@@ -255,15 +261,14 @@ impl KeyDir {
                 },
                 other => other,
             })?;
-        let lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(
-            |(_, errno)| {
+        let lock =
+            Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
                 if errno == nix::errno::Errno::EWOULDBLOCK {
                     Error::KeyDirLocked { path: dir.clone() }
                 } else {
                     io_err(&lock_path, std::io::Error::from(errno))
                 }
-            },
-        )?;
+            })?;
         // Probe writability now: a directory that exists but is read-only
         // (a read-only bind mount) must be reported before any key is made.
         write_atomic(&dir.join(".probe"), b"", 0o600).map_err(|e| match e {
@@ -325,7 +330,11 @@ impl KeyDir {
             Ok(bytes) => match serde_json::from_slice::<KeyDirState>(&bytes) {
                 Ok(s) if s.version == STATE_VERSION => s,
                 Ok(s) => {
-                    moved = Some(self.move_aside(&path, now_unix, format!("unknown version {}", s.version))?);
+                    moved = Some(self.move_aside(
+                        &path,
+                        now_unix,
+                        format!("unknown version {}", s.version),
+                    )?);
                     KeyDirState::default()
                 }
                 Err(e) => {
@@ -359,7 +368,9 @@ impl KeyDir {
         let mut target = self.dir.join(format!("{STATE_FILE}.corrupt-{now_unix}"));
         let mut n = 1;
         while target.exists() {
-            target = self.dir.join(format!("{STATE_FILE}.corrupt-{now_unix}.{n}"));
+            target = self
+                .dir
+                .join(format!("{STATE_FILE}.corrupt-{now_unix}.{n}"));
             n += 1;
         }
         fs::rename(path, &target).map_err(|e| io_err(path, e))?;
@@ -413,8 +424,14 @@ impl KeyDir {
         let mut keep = Vec::new();
         for r in std::mem::take(&mut state.retired) {
             let dir = self.generation_dir(r.generation);
-            let in_use = state.active.as_ref().is_some_and(|a| a.generation == r.generation)
-                || state.pending.as_ref().is_some_and(|p| p.generation == r.generation)
+            let in_use = state
+                .active
+                .as_ref()
+                .is_some_and(|a| a.generation == r.generation)
+                || state
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| p.generation == r.generation)
                 || referenced.iter().any(|p| p.starts_with(&dir));
             if in_use || now_unix - r.retired_at < grace_secs {
                 keep.push(r);
@@ -439,4 +456,4 @@ impl KeyDir {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -7,22 +7,22 @@
 //! # Layout
 //!
 //! Pure pieces:
-//! - [`backoff`]: the 1 s … 30 s restart/retry schedule, reset after 60 s.
-//! - [`clock`]: the injected wall clock ([`clock::TokioClock`] follows
+//! - [`backoff`] — the 1 s … 30 s restart/retry schedule, reset after 60 s.
+//! - [`clock`] — the injected wall clock ([`clock::TokioClock`] follows
 //!   tokio's pausable time in tests).
-//! - [`keydir`]: the key directory — generations, state file, atomic
+//! - [`keydir`] — the key directory — generations, state file, atomic
 //!   writes, owner lock, garbage collection.
-//! - [`pki`]: key generation, the CSR, verification of an issued leaf.
-//! - [`status`]: the board holding the `/status` document and `readyz`.
-//! - [`metrics`]: the metrics trait and its Prometheus implementation.
-//! - [`ports`]: the side-effect traits the runtime implements.
-//! - [`bus`]: the events actors publish on shared output ports.
+//! - [`pki`] — key generation, the CSR, verification of an issued leaf.
+//! - [`status`] — the board holding the `/status` document and `readyz`.
+//! - [`metrics`] — the metrics trait and its Prometheus implementation.
+//! - [`ports`] — the side-effect traits the runtime implements.
+//! - [`bus`] — the events actors publish on shared output ports.
 //!
 //! Actors, one per file:
-//! - [`supervisor`]: [`supervisor::NodeSupervisor`] and its child specs.
-//! - [`identity`]: [`identity::IdentityActor`].
-//! - [`renewal_timer`]: [`renewal_timer::RenewalTimer`].
-//! - [`ovsdb_writer`]: [`ovsdb_writer::OvsdbWriter`].
+//! - [`supervisor`] — [`supervisor::NodeSupervisor`] and its child specs.
+//! - [`identity`] — [`identity::IdentityActor`].
+//! - [`renewal_timer`] — [`renewal_timer::RenewalTimer`].
+//! - [`ovsdb_writer`] — [`ovsdb_writer::OvsdbWriter`].
 //!
 //! Test support: [`testing`] (feature `test-util`, and this crate's tests):
 //! a fake CSR API with a test CA and a fake OVSDB.

@@ -111,30 +111,26 @@ pub fn verify_issued(
     requested_lifetime_secs: u32,
 ) -> Result<Certificate> {
     // The CSR status may carry a chain: the leaf comes first.
-    let blocks = kube_ovn_ipsec_api::pki::parse_pem(
-        issued_pem,
-        kube_ovn_ipsec_api::pki::PEM_CERTIFICATE,
-    )
-    .map_err(|e| reject(format!("status.certificate: {e}")))?;
+    let blocks =
+        kube_ovn_ipsec_api::pki::parse_pem(issued_pem, kube_ovn_ipsec_api::pki::PEM_CERTIFICATE)
+            .map_err(|e| reject(format!("status.certificate: {e}")))?;
     let leaf_der = blocks
         .first()
         .ok_or_else(|| reject("status.certificate holds no certificate"))?;
-    let cert = Certificate::from_der(leaf_der).map_err(|e| reject(e))?;
+    let cert = Certificate::from_der(leaf_der).map_err(reject)?;
 
-    let (_, x) = X509Certificate::from_der(leaf_der).map_err(|e| reject(e))?;
+    let (_, x) = X509Certificate::from_der(leaf_der).map_err(reject)?;
     if x.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
         return Err(reject("certificate is not for the pending key"));
     }
-    cert.check_chassis_identity(chassis).map_err(|e| reject(e))?;
+    cert.check_chassis_identity(chassis).map_err(reject)?;
     trust
         .verify_leaf(&cert, now)
         .map_err(|e| reject(format!("does not verify against the trust bundle: {e}")))?;
     let lifetime = cert.not_after().secs_since(cert.not_before());
     let max = i64::from(requested_lifetime_secs) + 5 * 60 + 60;
     if lifetime <= 0 || lifetime > max {
-        return Err(reject(format!(
-            "lifetime {lifetime}s outside (0, {max}s]"
-        )));
+        return Err(reject(format!("lifetime {lifetime}s outside (0, {max}s]")));
     }
     Ok(cert)
 }

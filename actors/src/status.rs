@@ -23,7 +23,11 @@ use crate::clock::WallClock;
 #[allow(clippy::expect_used)] // the clamped value is inside the accepted range
 pub fn timestamp(t: SystemTime) -> Timestamp {
     const MAX: u64 = 253_402_300_799;
-    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0).min(MAX);
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+        .min(MAX);
     Timestamp::from_unix(secs as i64).expect("clamped into range")
 }
 
@@ -146,7 +150,12 @@ impl StatusBoard {
 
     /// The active identity: generation, certificate digest, expiry. The
     /// OVSDB activation is confirmed for it.
-    pub fn set_active(&self, generation: u64, certificate_digest: Sha256Digest, expires: Timestamp) {
+    pub fn set_active(
+        &self,
+        generation: u64,
+        certificate_digest: Sha256Digest,
+        expires: Timestamp,
+    ) {
         self.update(|b| {
             b.status.generation = Some(generation);
             b.status.certificate_digest = Some(certificate_digest);
@@ -241,14 +250,24 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn failing_child_degrades_and_blocked_wins() {
         let b = board();
-        b.set_active(1, Sha256Digest::of(b"c"), Timestamp::from_unix(1_900_000_000).unwrap());
+        b.set_active(
+            1,
+            Sha256Digest::of(b"c"),
+            Timestamp::from_unix(1_900_000_000).unwrap(),
+        );
         b.set_child_failing("ike", Reason::IkeDaemonUnhealthy);
         let s = b.snapshot();
-        assert_eq!((s.phase, s.reason), (Phase::Degraded, Some(Reason::IkeDaemonUnhealthy)));
+        assert_eq!(
+            (s.phase, s.reason),
+            (Phase::Degraded, Some(Reason::IkeDaemonUnhealthy))
+        );
         b.clear_child_failing("ike");
         assert_eq!(b.snapshot().phase, Phase::Active);
         b.set_identity_condition(IdentityCondition::Blocked(Reason::KeyDirReadOnly));
         let s = b.snapshot();
-        assert_eq!((s.phase, s.reason), (Phase::Failed, Some(Reason::KeyDirReadOnly)));
+        assert_eq!(
+            (s.phase, s.reason),
+            (Phase::Failed, Some(Reason::KeyDirReadOnly))
+        );
     }
 }

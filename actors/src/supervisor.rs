@@ -17,7 +17,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use kube_ovn_ipsec_api::status::Reason;
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
+use ractor::{
+    Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent,
+};
 use tokio::time::Instant;
 
 use crate::backoff::{Backoff, BackoffPolicy};
@@ -213,7 +215,12 @@ async fn spawn_child(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorSta
     }
 }
 
-fn child_failed(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState, i: usize, err: String) {
+fn child_failed(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState,
+    i: usize,
+    err: String,
+) {
     let degraded_after = state.config.degraded_after;
     let c = &mut state.children[i];
     c.cell = None;
@@ -294,12 +301,12 @@ impl Actor for NodeSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Respawn { child } => {
-                if let Some(i) = state.index_of_name(&child) {
-                    if state.children[i].cell.is_none() {
-                        state.children[i].restarts += 1;
-                        state.metrics.actor_restart(&child);
-                        spawn_child(&myself, state, i).await;
-                    }
+                if let Some(i) = state.index_of_name(&child)
+                    && state.children[i].cell.is_none()
+                {
+                    state.children[i].restarts += 1;
+                    state.metrics.actor_restart(&child);
+                    spawn_child(&myself, state, i).await;
                 }
             }
             SupervisorMsg::Healthy { child, incarnation } => {

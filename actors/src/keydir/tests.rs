@@ -116,21 +116,36 @@ fn gc_respects_grace_active_and_ovsdb_references() {
         }),
         pending: None,
         retired: vec![
-            RetiredRecord { generation: 1, retired_at: 0 },
-            RetiredRecord { generation: 2, retired_at: 0 },
-            RetiredRecord { generation: 3, retired_at: 90 },
+            RetiredRecord {
+                generation: 1,
+                retired_at: 0,
+            },
+            RetiredRecord {
+                generation: 2,
+                retired_at: 0,
+            },
+            RetiredRecord {
+                generation: 3,
+                retired_at: 90,
+            },
         ],
     };
     // OVSDB still points at generation 2 (activation of 4 not seen there).
     let referenced = vec![kd.identity_paths(2).certificate];
-    let removed = kd.collect_garbage(&mut state, 100, 60, &referenced).unwrap();
+    let removed = kd
+        .collect_garbage(&mut state, 100, 60, &referenced)
+        .unwrap();
     assert_eq!(removed, vec![1]);
     assert!(!kd.generation_dir(1).exists());
     assert!(kd.generation_dir(2).exists());
     assert!(kd.generation_dir(3).exists(), "inside the grace period");
     assert!(kd.generation_dir(4).exists());
     assert_eq!(
-        state.retired.iter().map(|r| r.generation).collect::<Vec<_>>(),
+        state
+            .retired
+            .iter()
+            .map(|r| r.generation)
+            .collect::<Vec<_>>(),
         vec![2, 3]
     );
 }

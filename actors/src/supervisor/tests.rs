@@ -30,7 +30,12 @@ impl Actor for Flaky {
         Ok(())
     }
 
-    async fn handle(&self, _: ActorRef<Fail>, _: Fail, _: &mut ()) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _: ActorRef<Fail>,
+        _: Fail,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
         Err("synthetic failure".into())
     }
 }
@@ -70,7 +75,11 @@ async fn start_flaky(
 
 /// Advances paused time in 100 ms steps until `n` starts are recorded, or
 /// fails after `limit` of virtual time.
-async fn wait_starts(starts: &Arc<Mutex<Vec<Instant>>>, n: usize, limit: Duration) -> Vec<Duration> {
+async fn wait_starts(
+    starts: &Arc<Mutex<Vec<Instant>>>,
+    n: usize,
+    limit: Duration,
+) -> Vec<Duration> {
     let deadline = Instant::now() + limit;
     loop {
         {
@@ -79,7 +88,11 @@ async fn wait_starts(starts: &Arc<Mutex<Vec<Instant>>>, n: usize, limit: Duratio
                 return s.windows(2).map(|w| w[1] - w[0]).collect();
             }
         }
-        assert!(Instant::now() < deadline, "only {} starts", starts.lock().unwrap().len());
+        assert!(
+            Instant::now() < deadline,
+            "only {} starts",
+            starts.lock().unwrap().len()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
