@@ -10,7 +10,7 @@
 //! - [`backoff`] — the 1 s … 30 s restart/retry schedule, reset after 60 s.
 //! - [`clock`] — the injected wall clock ([`clock::TokioClock`] follows
 //!   tokio's pausable time in tests).
-//! - [`keydir`] — the key directory — generations, state file, atomic
+//! - [`keydir`] — the key directory: generations, state file, atomic
 //!   writes, owner lock, garbage collection.
 //! - [`pki`] — key generation, the CSR, verification of an issued leaf.
 //! - [`status`] — the board holding the `/status` document and `readyz`.
@@ -23,6 +23,9 @@
 //! - [`identity`] — [`identity::IdentityActor`].
 //! - [`renewal_timer`] — [`renewal_timer::RenewalTimer`].
 //! - [`ovsdb_writer`] — [`ovsdb_writer::OvsdbWriter`].
+//!
+//! Wiring: [`tree`] builds the child specs of these actors and starts the
+//! supervisor; the runtime calls [`tree::start`] with its adapters.
 //!
 //! Test support: [`testing`] (feature `test-util`, and this crate's tests):
 //! a fake CSR API with a test CA and a fake OVSDB.
@@ -42,5 +45,6 @@ pub mod status;
 pub mod supervisor;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod tree;
 
 pub use error::{Error, Result};

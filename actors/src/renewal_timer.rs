@@ -190,3 +190,6 @@ impl Actor for RenewalTimer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
