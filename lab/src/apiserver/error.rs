@@ -1,0 +1,194 @@
+//! Errors: [`ApiError`] is a Kubernetes `Status` answered to a client;
+//! [`Error`] is what the library's own API (start, client, kubeconfig) returns.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::resources::ResourceDef;
+
+/// Errors of the embedded API server's library API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Binding or using the listening socket failed.
+    #[error("apiserver socket: {0}")]
+    Io(#[from] std::io::Error),
+    /// Generating the CA or the serving certificate failed.
+    #[error("apiserver certificate: {0}")]
+    Certificate(#[from] rcgen::Error),
+    /// Building the TLS configuration failed.
+    #[error("apiserver TLS: {0}")]
+    Tls(#[from] rustls::Error),
+    /// The generated kubeconfig was refused by kube-rs.
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+    /// kube-rs could not build a client.
+    #[error("kube client: {0}")]
+    Client(#[from] kube::Error),
+    /// A token was used that the server does not know.
+    #[error("unknown token {0:?}")]
+    UnknownToken(String),
+}
+
+impl Error {
+    /// A short, stable label for metrics and logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Io(_) => "io",
+            Error::Certificate(_) => "certificate",
+            Error::Tls(_) => "tls",
+            Error::Kubeconfig(_) => "kubeconfig",
+            Error::Client(_) => "client",
+            Error::UnknownToken(_) => "unknown_token",
+        }
+    }
+}
+
+/// A failed API request, rendered as a `meta.k8s.io/v1` `Status` object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// HTTP status code, also the Status `code`.
+    pub code: u16,
+    /// The Status `reason` (`NotFound`, `Conflict`, ...).
+    pub reason: &'static str,
+    /// Human readable message.
+    pub message: String,
+    /// Status `details` (name, group, kind), when the error is about one object.
+    pub details: Option<Value>,
+}
+
+impl ApiError {
+    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        ApiError { code, reason, message: message.into(), details: None }
+    }
+
+    fn with_details(mut self, def: &ResourceDef, name: &str) -> Self {
+        self.details = Some(json!({"name": name, "group": def.group, "kind": def.plural}));
+        self
+    }
+
+    /// 400 BadRequest.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    /// 401 Unauthorized.
+    pub fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "Unauthorized")
+    }
+
+    /// 403 Forbidden with the authorizer's reason.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(403, "Forbidden", message)
+    }
+
+    /// 404 NotFound for an object.
+    pub fn not_found(def: &ResourceDef, name: &str) -> Self {
+        Self::new(404, "NotFound", format!("{} \"{name}\" not found", def.resource_ref()))
+            .with_details(def, name)
+    }
+
+    /// 404 NotFound for a path that serves nothing.
+    pub fn no_route(path: &str) -> Self {
+        Self::new(404, "NotFound", format!("the server could not find the requested resource ({path})"))
+    }
+
+    /// 405 MethodNotAllowed.
+    pub fn method_not_allowed(method: &str, what: &str) -> Self {
+        Self::new(405, "MethodNotAllowed", format!("{method} is not supported on {what}"))
+    }
+
+    /// 409 AlreadyExists.
+    pub fn already_exists(def: &ResourceDef, name: &str) -> Self {
+        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", def.resource_ref()))
+            .with_details(def, name)
+    }
+
+    /// 409 Conflict: a stale resourceVersion or a failed precondition.
+    pub fn conflict(def: &ResourceDef, name: &str, why: &str) -> Self {
+        Self::new(
+            409,
+            "Conflict",
+            format!("Operation cannot be fulfilled on {} \"{name}\": {why}", def.resource_ref()),
+        )
+        .with_details(def, name)
+    }
+
+    /// 410 Gone with reason Expired: the resourceVersion left the history window.
+    pub fn expired(rv: u64, oldest: u64) -> Self {
+        Self::new(
+            410,
+            "Expired",
+            format!("too old resource version: {rv} ({oldest})"),
+        )
+    }
+
+    /// 413 RequestEntityTooLarge.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(413, "RequestEntityTooLarge", format!("Request entity too large: limit is {limit}"))
+    }
+
+    /// 415 UnsupportedMediaType.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self::new(415, "UnsupportedMediaType", message)
+    }
+
+    /// 422 Invalid: the object fails validation.
+    pub fn invalid(def: &ResourceDef, name: &str, why: impl AsRef<str>) -> Self {
+        Self::new(
+            422,
+            "Invalid",
+            format!("{} \"{name}\" is invalid: {}", def.kind, why.as_ref()),
+        )
+        .with_details(def, name)
+    }
+
+    /// 500 InternalError.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "InternalError", message)
+    }
+
+    /// 504 Timeout: a list asked for a resourceVersion the server has not reached.
+    pub fn too_large_resource_version(rv: u64, current: u64) -> Self {
+        Self::new(
+            504,
+            "Timeout",
+            format!("Too large resource version: {rv}, current: {current}"),
+        )
+    }
+
+    /// The `Status` object.
+    pub fn status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        });
+        if let (Some(details), Some(map)) = (&self.details, status.as_object_mut()) {
+            map.insert("details".into(), details.clone());
+        }
+        status
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.code, self.reason, self.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = self.status().to_string();
+        let mut resp = (code, body).into_response();
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        resp
+    }
+}

@@ -1,0 +1,652 @@
+//! HTTP handling: path routing, authentication, authorization, and the
+//! get/list/watch/create/update/patch/delete operations on the store.
+//!
+//! One fallback handler parses the Kubernetes path grammar itself
+//! (`/api/v1/namespaces/<ns>/<plural>/<name>/<sub>`,
+//! `/apis/<group>/<version>/...`): the grammar has more shapes than axum's
+//! route patterns express well, and every miss must still be a `Status`.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::auth::{Identity, Tokens};
+use super::discovery;
+use super::error::ApiError;
+use super::objects::{self, certificate_changed, prepare_create, prepare_delete, prepare_update};
+use super::patch::{self, PatchKind};
+use super::rbac::{self, Attributes, Decision};
+use super::resources::{RESOURCES, ResourceDef, Storage, find, idx};
+use super::selectors::{FieldSelector, LabelSelector};
+use super::store::{Store, Write};
+use super::watch::{self, WatchSpec};
+
+/// Largest request body accepted, as the real server's limit (3 MiB).
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// State shared by every request.
+#[derive(Debug)]
+pub struct Shared {
+    /// The objects.
+    pub store: Arc<Store>,
+    /// Bearer tokens.
+    pub tokens: Arc<Tokens>,
+    /// Enforce RBAC (otherwise every authenticated request is allowed).
+    pub rbac: bool,
+    /// The bound address, for `/api`'s serverAddressByClientCIDRs.
+    pub addr: SocketAddr,
+    /// Ends watches on shutdown.
+    pub shutdown: CancellationToken,
+    /// How often watches with `allowWatchBookmarks` get a bookmark.
+    pub bookmark_interval: Duration,
+}
+
+/// The axum router: everything goes through [`handle`].
+pub fn router(shared: Arc<Shared>) -> axum::Router {
+    axum::Router::new().fallback(handle).with_state(shared)
+}
+
+/// A parsed resource path.
+#[derive(Debug, Clone, PartialEq)]
+struct ResourcePath {
+    resource: usize,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+/// What a path names.
+#[derive(Debug, Clone, PartialEq)]
+enum Route {
+    Health,
+    Version,
+    CoreVersions,
+    Groups,
+    Group(String),
+    GroupVersion(String, String),
+    OpenApiRoot,
+    OpenApi(String, String),
+    Resource(ResourcePath),
+}
+
+fn parse_resource_path(group: &str, version: &str, rest: &[&str], path: &str) -> Result<Route, ApiError> {
+    let not_found = || ApiError::no_route(path);
+    if rest.is_empty() {
+        return Ok(Route::GroupVersion(group.into(), version.into()));
+    }
+    if rest.iter().any(|s| s.is_empty()) {
+        return Err(not_found());
+    }
+    let namespaced_path = rest[0] == "namespaces"
+        && rest.len() >= 3
+        && find(group, version, rest[2]).is_some_and(|i| RESOURCES[i].namespaced);
+    let (namespace, tail) = if namespaced_path {
+        (Some(rest[1].to_string()), &rest[2..])
+    } else {
+        (None, rest)
+    };
+    if tail.len() > 3 {
+        return Err(not_found());
+    }
+    let resource = find(group, version, tail[0]).ok_or_else(not_found)?;
+    let def = &RESOURCES[resource];
+    let name = tail.get(1).map(|s| s.to_string());
+    let subresource = tail.get(2).map(|s| s.to_string());
+    if let Some(sub) = &subresource {
+        if !def.subresources.contains(&sub.as_str()) {
+            return Err(not_found());
+        }
+    }
+    // A namespaced object is only addressed through its namespace.
+    if def.namespaced && namespace.is_none() && name.is_some() {
+        return Err(not_found());
+    }
+    Ok(Route::Resource(ResourcePath { resource, namespace, name, subresource }))
+}
+
+fn parse_route(path: &str) -> Result<Route, ApiError> {
+    let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    match segs.as_slice() {
+        ["healthz" | "livez" | "readyz", ..] => Ok(Route::Health),
+        ["version"] => Ok(Route::Version),
+        ["api"] => Ok(Route::CoreVersions),
+        ["api", "v1", rest @ ..] => parse_resource_path("", "v1", rest, path),
+        ["apis"] => Ok(Route::Groups),
+        ["apis", group] => Ok(Route::Group(group.to_string())),
+        ["apis", group, version, rest @ ..] => parse_resource_path(group, version, rest, path),
+        ["openapi", "v3"] => Ok(Route::OpenApiRoot),
+        ["openapi", "v3", "api", version] => Ok(Route::OpenApi(String::new(), version.to_string())),
+        ["openapi", "v3", "apis", group, version] => Ok(Route::OpenApi(group.to_string(), version.to_string())),
+        _ => Err(ApiError::no_route(path)),
+    }
+}
+
+fn json_response(code: StatusCode, body: &Value) -> Response {
+    bytes_response(code, Bytes::from(body.to_string()), "application/json")
+}
+
+fn bytes_response(code: StatusCode, body: Bytes, content_type: &'static str) -> Response {
+    let mut resp = (code, body).into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+fn query_map(query: Option<&str>) -> HashMap<String, String> {
+    query
+        .map(|q| {
+            q.split('&')
+                .filter(|kv| !kv.is_empty())
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                    (percent_decode(k), percent_decode(v))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The one entry point: turns every failure into a `Status`.
+pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let resp = match serve(&shared, req).await {
+        Ok(resp) => resp,
+        Err(err) => err.into_response(),
+    };
+    tracing::debug!(%method, %path, status = resp.status().as_u16(), "apiserver request");
+    resp
+}
+
+async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+            || e.to_string().contains("length limit");
+        if too_large {
+            ApiError::too_large(MAX_BODY)
+        } else {
+            ApiError::bad_request(format!("reading the request body: {e}"))
+        }
+    })
+}
+
+fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
+    })
+}
+
+fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json");
+    let base = ct.split(';').next().unwrap_or("").trim();
+    if base == "application/json" || base.is_empty() || base == "*/*" {
+        Ok(())
+    } else {
+        Err(ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json (got {ct:?})"
+        )))
+    }
+}
+
+async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
+    let path = req.uri().path().to_string();
+    let route = parse_route(&path);
+    if route == Ok(Route::Health) {
+        return Ok(bytes_response(StatusCode::OK, Bytes::from_static(b"ok"), "text/plain"));
+    }
+    let auth = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let id = shared.tokens.authenticate(auth).ok_or_else(ApiError::unauthorized)?;
+    let route = route?;
+    let method = req.method().clone();
+    let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let rp = match route {
+        Route::Resource(rp) => rp,
+        other => {
+            if method != Method::GET {
+                return Err(ApiError::method_not_allowed(method.as_str(), &path));
+            }
+            let attrs = Attributes { verb: "get".into(), path: Some(path.clone()), ..Default::default() };
+            authorize(shared, &id, &attrs)?;
+            return discovery_response(shared, other, &accept, &path);
+        }
+    };
+    let query = query_map(req.uri().query());
+    if query.get("dryRun").is_some_and(|v| !v.is_empty()) {
+        return Err(ApiError::bad_request("dryRun is not supported by the lab API server"));
+    }
+    let def = &RESOURCES[rp.resource];
+    let is_watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let verb = match (&method, rp.name.is_some()) {
+        (&Method::GET, true) => "get",
+        (&Method::GET, false) if is_watch => "watch",
+        (&Method::GET, false) => "list",
+        (&Method::POST, false) => "create",
+        (&Method::PUT, true) => "update",
+        (&Method::PATCH, true) => "patch",
+        (&Method::DELETE, true) => "delete",
+        (&Method::DELETE, false) => "deletecollection",
+        _ => return Err(ApiError::method_not_allowed(method.as_str(), &path)),
+    };
+    if def.storage == Storage::Review && verb != "create" {
+        return Err(ApiError::method_not_allowed(method.as_str(), &path));
+    }
+    if rp.subresource.is_some() && !matches!(verb, "get" | "update" | "patch") {
+        return Err(ApiError::method_not_allowed(method.as_str(), &path));
+    }
+    if def.namespaced && rp.namespace.is_none() && !matches!(verb, "list" | "watch") {
+        return Err(ApiError::method_not_allowed(method.as_str(), &path));
+    }
+    let attrs = Attributes {
+        verb: verb.into(),
+        group: def.group.into(),
+        resource: def.plural.into(),
+        subresource: rp.subresource.clone().unwrap_or_default(),
+        name: rp.name.clone().unwrap_or_default(),
+        namespace: rp.namespace.clone().unwrap_or_default(),
+        path: None,
+    };
+    authorize(shared, &id, &attrs)?;
+    let ns = rp.namespace.clone().unwrap_or_default();
+    let name = rp.name.clone().unwrap_or_default();
+    match verb {
+        "get" => {
+            let obj = shared.store.get(rp.resource, &ns, &name).ok_or_else(|| ApiError::not_found(def, &name))?;
+            Ok(json_response(StatusCode::OK, &obj))
+        }
+        "list" => list(shared, def, &rp, &query),
+        "watch" => watch(shared, def, &rp, &query),
+        "create" => {
+            let headers = req.headers().clone();
+            let body = read_body(req.into_body()).await?;
+            check_json_content_type(&headers)?;
+            let obj = parse_json(&body)?;
+            if def.storage == Storage::Review {
+                return self_subject_access_review(shared, &id, obj);
+            }
+            create(shared, def, rp.resource, &ns, obj, &id)
+        }
+        "update" | "patch" => {
+            let headers = req.headers().clone();
+            let body = read_body(req.into_body()).await?;
+            let patch_kind = if verb == "patch" {
+                let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+                let kind = PatchKind::from_content_type(ct)?;
+                if kind == PatchKind::Strategic && !def.builtin {
+                    return Err(ApiError::unsupported_media_type(
+                        "strategic merge patch is not supported for custom resources; use a merge or JSON patch",
+                    ));
+                }
+                Some(kind)
+            } else {
+                check_json_content_type(&headers)?;
+                None
+            };
+            update(shared, def, &rp, &id, patch_kind, &body)
+        }
+        "delete" => {
+            let body = read_body(req.into_body()).await?;
+            let options = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { parse_json(&body)? };
+            let written = shared.store.write(rp.resource, &ns, &name, |cur| {
+                let old = cur.ok_or_else(|| ApiError::not_found(def, &name))?;
+                prepare_delete(def, &name, old, &options)
+            })?;
+            Ok(json_response(StatusCode::OK, &written.object))
+        }
+        "deletecollection" => delete_collection(shared, def, &rp, &query),
+        _ => Err(ApiError::method_not_allowed(method.as_str(), &path)),
+    }
+}
+
+fn authorize(shared: &Shared, id: &Identity, attrs: &Attributes) -> Result<(), ApiError> {
+    if !shared.rbac {
+        return Ok(());
+    }
+    match rbac::authorize(&shared.store, id, attrs) {
+        Decision::Allow(_) => Ok(()),
+        Decision::Deny(reason) => Err(ApiError::forbidden(reason)),
+    }
+}
+
+/// Whether the caller may `verb` (approve, sign) for a signer, checking the exact
+/// name and the `<domain>/*` wildcard name like the real admission plugins.
+fn signer_allowed(shared: &Shared, id: &Identity, verb: &str, signer: &str) -> bool {
+    if !shared.rbac {
+        return true;
+    }
+    let mut names = vec![signer.to_string()];
+    if let Some((domain, _)) = signer.split_once('/') {
+        names.push(format!("{domain}/*"));
+    }
+    names.iter().any(|n| {
+        let attrs = Attributes {
+            verb: verb.into(),
+            group: "certificates.k8s.io".into(),
+            resource: "signers".into(),
+            name: n.clone(),
+            ..Default::default()
+        };
+        rbac::authorize(&shared.store, id, &attrs).allowed()
+    })
+}
+
+fn discovery_response(shared: &Shared, route: Route, accept: &str, path: &str) -> Result<Response, ApiError> {
+    let aggregated = discovery::wants_aggregated(accept);
+    let doc = match route {
+        Route::Version => discovery::version(),
+        Route::CoreVersions if aggregated => {
+            return Ok(bytes_response(StatusCode::OK, Bytes::from(discovery::aggregated(true).to_string()), discovery::AGGREGATED_CONTENT_TYPE));
+        }
+        Route::Groups if aggregated => {
+            return Ok(bytes_response(StatusCode::OK, Bytes::from(discovery::aggregated(false).to_string()), discovery::AGGREGATED_CONTENT_TYPE));
+        }
+        Route::CoreVersions => discovery::api_versions(&shared.addr.to_string()),
+        Route::Groups => discovery::api_group_list(),
+        Route::Group(g) => discovery::api_group(&g).ok_or_else(|| ApiError::no_route(path))?,
+        Route::GroupVersion(g, v) => discovery::api_resource_list(&g, &v).ok_or_else(|| ApiError::no_route(path))?,
+        Route::OpenApiRoot => discovery::openapi_v3_root(),
+        Route::OpenApi(g, v) => discovery::openapi_v3_group_version(&g, &v).ok_or_else(|| ApiError::no_route(path))?,
+        Route::Health | Route::Resource(_) => return Err(ApiError::no_route(path)),
+    };
+    Ok(json_response(StatusCode::OK, &doc))
+}
+
+fn selectors(def: &ResourceDef, query: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+    let fields = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or(""), def)?;
+    Ok((labels, fields))
+}
+
+fn parse_rv(s: &str) -> Result<u64, ApiError> {
+    s.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resource version {s:?}")))
+}
+
+fn list(shared: &Shared, def: &ResourceDef, rp: &ResourcePath, query: &HashMap<String, String>) -> Result<Response, ApiError> {
+    let (labels, fields) = selectors(def, query)?;
+    let rv_param = query.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let exact = query.get("resourceVersionMatch").map(String::as_str) == Some("Exact");
+    let ns = rp.namespace.as_deref();
+    let (items, rv) = match rv_param {
+        "" | "0" if !exact => shared.store.list(rp.resource, ns),
+        s => {
+            let want = parse_rv(s)?;
+            if exact {
+                (shared.store.list_at(rp.resource, ns, want)?, want)
+            } else {
+                let (items, current) = shared.store.list(rp.resource, ns);
+                if want > current {
+                    return Err(ApiError::too_large_resource_version(want, current));
+                }
+                (items, current)
+            }
+        }
+    };
+    let mut buf = Vec::with_capacity(256 + items.len() * 512);
+    let head = json!({"kind": def.list_kind(), "apiVersion": def.api_version(), "metadata": {"resourceVersion": rv.to_string()}})
+        .to_string();
+    // Items are appended by hand so each stored object is serialised straight from its Arc.
+    buf.extend_from_slice(head.strip_suffix('}').unwrap_or(&head).as_bytes());
+    buf.extend_from_slice(b",\"items\":[");
+    let mut first = true;
+    for obj in items.iter().filter(|o| labels.matches(o) && fields.matches(o)) {
+        if !first {
+            buf.push(b',');
+        }
+        first = false;
+        serde_json::to_writer(&mut buf, &**obj).map_err(|e| ApiError::internal(e.to_string()))?;
+    }
+    buf.extend_from_slice(b"]}");
+    Ok(bytes_response(StatusCode::OK, Bytes::from(buf), "application/json"))
+}
+
+fn watch(shared: &Shared, def: &ResourceDef, rp: &ResourcePath, query: &HashMap<String, String>) -> Result<Response, ApiError> {
+    let (labels, fields) = selectors(def, query)?;
+    let rv_param = query.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let send_initial = query.get("sendInitialEvents").map(String::as_str);
+    let bookmarks = query.get("allowWatchBookmarks").map(String::as_str) == Some("true");
+    if send_initial == Some("true") {
+        if query.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
+            return Err(ApiError::invalid(def, "", "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"));
+        }
+        if !bookmarks {
+            return Err(ApiError::invalid(def, "", "allowWatchBookmarks: Forbidden: sendInitialEvents requires allowWatchBookmarks=true"));
+        }
+    }
+    let timeout = match query.get("timeoutSeconds") {
+        Some(t) => Duration::from_secs(t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?),
+        None => Duration::from_secs(1800),
+    };
+    let from = match (rv_param, send_initial) {
+        (_, Some("true")) | ("" | "0", None) | ("", Some(_)) => None,
+        ("0", Some(_)) => None,
+        (s, _) => Some(parse_rv(s)?),
+    };
+    let spec = WatchSpec {
+        resource: rp.resource,
+        namespace: rp.namespace.clone(),
+        labels,
+        fields,
+        bookmarks,
+        initial_events_end: send_initial == Some("true"),
+        timeout,
+        bookmark_interval: shared.bookmark_interval,
+    };
+    let body = match shared.store.subscribe(rp.resource, rp.namespace.as_deref(), from) {
+        Ok(mut sub) => {
+            if send_initial == Some("false") {
+                sub.initial.clear();
+            }
+            let rx = watch::spawn(spec, sub, shared.shutdown.clone());
+            Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+            }))
+        }
+        // Like the watch cache: 200 and an ERROR event, which makes clients relist.
+        Err(err) => Body::from(watch::error_event(&err)),
+    };
+    let mut resp = Response::new(body);
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok(resp)
+}
+
+fn create(shared: &Shared, def: &ResourceDef, resource: usize, ns: &str, body: Value, id: &Identity) -> Result<Response, ApiError> {
+    let obj = prepare_create(def, ns, body, id)?;
+    if def.namespaced && shared.store.get(idx::NAMESPACES, "", ns).is_none() {
+        return Err(ApiError::not_found(&RESOURCES[idx::NAMESPACES], ns));
+    }
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+    let written = shared.store.write(resource, ns, &name, |cur| {
+        if cur.is_some() {
+            return Err(ApiError::already_exists(def, &name));
+        }
+        Ok(Write::Put(obj))
+    })?;
+    Ok(json_response(StatusCode::CREATED, &written.object))
+}
+
+fn update(
+    shared: &Shared,
+    def: &ResourceDef,
+    rp: &ResourcePath,
+    id: &Identity,
+    patch_kind: Option<PatchKind>,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let ns = rp.namespace.clone().unwrap_or_default();
+    let name = rp.name.clone().unwrap_or_default();
+    let sub = rp.subresource.as_deref();
+    let new_body = match patch_kind {
+        None => Some(parse_json(body)?),
+        Some(_) => None,
+    };
+    // Admission for CSR approval and signing needs RBAC lookups, which read the
+    // store: decide them before taking the store's write lock. The signer name
+    // is immutable, so reading it first is safe.
+    let is_csr = rp.resource == idx::CSRS;
+    let signer = if is_csr && sub.is_some() {
+        shared
+            .store
+            .get(rp.resource, &ns, &name)
+            .and_then(|o| o.pointer("/spec/signerName").and_then(Value::as_str).map(str::to_string))
+    } else {
+        None
+    };
+    if let (Some("approval"), Some(signer)) = (sub, &signer) {
+        if !signer_allowed(shared, id, "approve", signer) {
+            return Err(ApiError::forbidden(format!(
+                "certificatesigningrequests.certificates.k8s.io \"{name}\" is forbidden: user not permitted to approve requests with signerName \"{signer}\""
+            )));
+        }
+    }
+    let may_sign = match (sub, &signer) {
+        (Some("status"), Some(signer)) => signer_allowed(shared, id, "sign", signer),
+        _ => true,
+    };
+    let written = shared.store.write(rp.resource, &ns, &name, |cur| {
+        let old = cur.ok_or_else(|| ApiError::not_found(def, &name))?;
+        let new = match (patch_kind, &new_body) {
+            (Some(kind), _) => patch::apply(kind, old, body)?,
+            (None, Some(v)) => v.clone(),
+            (None, None) => return Err(ApiError::internal("update without a body")),
+        };
+        let decision = prepare_update(def, sub, &name, old, new)?;
+        if is_csr && sub == Some("status") && !may_sign {
+            if let Write::Put(ref obj) = decision {
+                if certificate_changed(old, obj) {
+                    return Err(ApiError::forbidden(format!(
+                        "certificatesigningrequests.certificates.k8s.io \"{name}\" is forbidden: user not permitted to sign requests with signerName \"{}\"",
+                        signer.as_deref().unwrap_or("")
+                    )));
+                }
+            }
+        }
+        Ok(decision)
+    })?;
+    Ok(json_response(StatusCode::OK, &written.object))
+}
+
+fn delete_collection(shared: &Shared, def: &ResourceDef, rp: &ResourcePath, query: &HashMap<String, String>) -> Result<Response, ApiError> {
+    let (labels, fields) = selectors(def, query)?;
+    let (items, _) = shared.store.list(rp.resource, rp.namespace.as_deref());
+    let mut deleted = Vec::new();
+    for obj in items.iter().filter(|o| labels.matches(o) && fields.matches(o)) {
+        let (ns, name) = super::store::key_of(obj);
+        let res = shared.store.write(rp.resource, &ns, &name, |cur| match cur {
+            Some(old) => prepare_delete(def, &name, old, &json!({})),
+            None => Err(ApiError::not_found(def, &name)),
+        });
+        match res {
+            Ok(w) => deleted.push((*w.object).clone()),
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let rv = shared.store.resource_version();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"kind": def.list_kind(), "apiVersion": def.api_version(), "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
+    ))
+}
+
+fn self_subject_access_review(shared: &Shared, id: &Identity, mut review: Value) -> Result<Response, ApiError> {
+    let def = &RESOURCES[super::resources::find("authorization.k8s.io", "v1", "selfsubjectaccessreviews").unwrap_or(0)];
+    objects::check_type(def, &mut review)?;
+    let s = |p: &str| review.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+    let attrs = if review.pointer("/spec/resourceAttributes").is_some() {
+        Attributes {
+            verb: s("/spec/resourceAttributes/verb"),
+            group: s("/spec/resourceAttributes/group"),
+            resource: s("/spec/resourceAttributes/resource"),
+            subresource: s("/spec/resourceAttributes/subresource"),
+            name: s("/spec/resourceAttributes/name"),
+            namespace: s("/spec/resourceAttributes/namespace"),
+            path: None,
+        }
+    } else if review.pointer("/spec/nonResourceAttributes").is_some() {
+        Attributes {
+            verb: s("/spec/nonResourceAttributes/verb"),
+            path: Some(s("/spec/nonResourceAttributes/path")),
+            ..Default::default()
+        }
+    } else {
+        return Err(ApiError::invalid(def, "", "spec.resourceAttributes: Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be specified"));
+    };
+    let decision = if shared.rbac { rbac::authorize(&shared.store, id, &attrs) } else { Decision::Allow("RBAC disabled".into()) };
+    let status = match decision {
+        Decision::Allow(reason) => json!({"allowed": true, "reason": reason}),
+        Decision::Deny(_) => json!({"allowed": false}),
+    };
+    if let Some(m) = review.as_object_mut() {
+        m.insert("status".into(), status);
+    }
+    Ok(json_response(StatusCode::CREATED, &review))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        let pods = find("", "v1", "pods").unwrap();
+        assert_eq!(
+            parse_route("/api/v1/namespaces/ns/pods/p/status").unwrap(),
+            Route::Resource(ResourcePath { resource: pods, namespace: Some("ns".into()), name: Some("p".into()), subresource: Some("status".into()) })
+        );
+        assert_eq!(
+            parse_route("/api/v1/pods").unwrap(),
+            Route::Resource(ResourcePath { resource: pods, namespace: None, name: None, subresource: None })
+        );
+        let ns = find("", "v1", "namespaces").unwrap();
+        assert_eq!(
+            parse_route("/api/v1/namespaces/kube-system").unwrap(),
+            Route::Resource(ResourcePath { resource: ns, namespace: None, name: Some("kube-system".into()), subresource: None })
+        );
+        assert_eq!(parse_route("/apis/apps/v1").unwrap(), Route::GroupVersion("apps".into(), "v1".into()));
+        assert_eq!(parse_route("/api/v1/namespaces/ns/widgets").unwrap_err().code, 404);
+        assert_eq!(parse_route("/api/v1/namespaces/ns/pods/p/exec").unwrap_err().code, 404);
+        assert_eq!(parse_route("/api/v1/pods/p").unwrap_err().code, 404);
+        assert_eq!(parse_route("/nope").unwrap_err().code, 404);
+    }
+
+    #[test]
+    fn query_decoding() {
+        let q = query_map(Some("labelSelector=app%3Dx%2Cb%20in%20(c)&watch=1&x"));
+        assert_eq!(q["labelSelector"], "app=x,b in (c)");
+        assert_eq!(q["watch"], "1");
+        assert_eq!(q["x"], "");
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+}

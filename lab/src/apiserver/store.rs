@@ -1,0 +1,428 @@
+//! The object store: every object of every resource under one lock, one global
+//! resourceVersion, a bounded history of events and a broadcast to watches.
+//!
+//! Why one lock: the resourceVersion is global and monotonic, and a watch must
+//! see events in resourceVersion order. Taking a single mutex for the short
+//! critical section of a write (assign the version, swap an `Arc`, append to
+//! the history, broadcast) gives that order for free; lists clone `Arc`s under
+//! the lock and serialise outside it. Each event is serialised once, under the
+//! lock, and shared by every watch as `Bytes`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use super::error::ApiError;
+use super::resources::RESOURCES;
+
+/// The type of a watch event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Object created.
+    Added,
+    /// Object changed.
+    Modified,
+    /// Object removed.
+    Deleted,
+}
+
+impl EventType {
+    /// The wire name (`ADDED`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, as kept in the history and sent to watches.
+#[derive(Debug)]
+pub struct StoredEvent {
+    /// What happened.
+    pub event_type: EventType,
+    /// Index of the resource in [`RESOURCES`].
+    pub resource: usize,
+    /// resourceVersion of the change.
+    pub rv: u64,
+    /// The object after the change (for a deletion: the last state, at `rv`).
+    pub object: Arc<Value>,
+    /// The object before the change, if any (used to roll back for exact lists
+    /// and to turn label-selector transitions into ADDED/DELETED).
+    pub old: Option<Arc<Value>>,
+    /// `{"type":...,"object":...}\n`, serialised once.
+    pub encoded: Bytes,
+}
+
+/// Encodes one watch event line.
+pub fn encode_event(event_type: &str, object: &Value) -> Bytes {
+    let mut buf = Vec::with_capacity(256);
+    buf.extend_from_slice(b"{\"type\":\"");
+    buf.extend_from_slice(event_type.as_bytes());
+    buf.extend_from_slice(b"\",\"object\":");
+    // Serialising a Value into a Vec cannot fail (no non-string map keys).
+    let _ = serde_json::to_writer(&mut buf, object);
+    buf.extend_from_slice(b"}\n");
+    Bytes::from(buf)
+}
+
+/// What a write closure decided.
+#[derive(Debug)]
+pub enum Write {
+    /// Store this object (created or replaced); the store sets its resourceVersion.
+    Put(Value),
+    /// Remove the object.
+    Delete,
+    /// Nothing changes (a no-op update keeps its resourceVersion, like the real server).
+    Unchanged,
+}
+
+/// The result of a write.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The object as stored (for a deletion, its final state).
+    pub object: Arc<Value>,
+    /// The event it caused, if any.
+    pub event: Option<EventType>,
+}
+
+/// A watch's starting point: what to send first and where to go on from.
+#[derive(Debug)]
+pub struct Subscription {
+    /// resourceVersion the watch starts at.
+    pub rv: u64,
+    /// Current objects (for synthetic ADDED events), if asked for.
+    pub initial: Vec<Arc<Value>>,
+    /// History events after the requested resourceVersion.
+    pub replay: Vec<Arc<StoredEvent>>,
+    /// Live events; those with `rv <=` the last replayed one are duplicates to skip.
+    pub rx: broadcast::Receiver<Arc<StoredEvent>>,
+    /// Changes when the store is compacted: the watch must end with 410 Expired.
+    pub expired: tokio::sync::watch::Receiver<u64>,
+}
+
+/// `(namespace, name)`; the namespace is `""` for cluster-scoped objects.
+pub type Key = (String, String);
+
+struct Inner {
+    rv: u64,
+    objects: Vec<BTreeMap<Key, Arc<Value>>>,
+    history: VecDeque<Arc<StoredEvent>>,
+    /// Events with `rv <= floor` are no longer in the history.
+    floor: u64,
+    window: usize,
+}
+
+/// The store. Cheap to share behind an `Arc`.
+pub struct Store {
+    inner: Mutex<Inner>,
+    events: broadcast::Sender<Arc<StoredEvent>>,
+    compactions: tokio::sync::watch::Sender<u64>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("resource_version", &self.resource_version()).finish()
+    }
+}
+
+/// Capacity of the broadcast channel: a watch further behind than this is closed
+/// and re-established by its client from its last resourceVersion.
+const BROADCAST_CAPACITY: usize = 1 << 16;
+
+fn set_rv(obj: &mut Value, rv: u64) {
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    }
+}
+
+impl Store {
+    /// A store keeping the last `window` events for watches and exact lists.
+    pub fn new(window: usize) -> Self {
+        let (events, _) = broadcast::channel(BROADCAST_CAPACITY);
+        Store {
+            inner: Mutex::new(Inner {
+                rv: 0,
+                objects: RESOURCES.iter().map(|_| BTreeMap::new()).collect(),
+                history: VecDeque::new(),
+                floor: 0,
+                window: window.max(1),
+            }),
+            events,
+            compactions: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a half-written map (every
+        // write is a single insert/remove), so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current (latest) resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// The oldest resourceVersion a watch can still start from.
+    pub fn oldest_resource_version(&self) -> u64 {
+        self.lock().floor
+    }
+
+    /// Forced compaction: drops the whole event history, so any watch or exact
+    /// list from an older resourceVersion gets 410 Gone, and ends every open watch
+    /// with a 410 Expired ERROR event (as a real watch cache does when a watcher
+    /// falls out of its window). Clients must relist.
+    pub fn compact(&self) {
+        let mut inner = self.lock();
+        inner.history.clear();
+        inner.floor = inner.rv;
+        self.compactions.send_modify(|n| *n += 1);
+    }
+
+    /// One object.
+    pub fn get(&self, resource: usize, namespace: &str, name: &str) -> Option<Arc<Value>> {
+        let inner = self.lock();
+        inner
+            .objects
+            .get(resource)?
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// All objects of a resource (in one namespace, or all), sorted by namespace and name,
+    /// with the resourceVersion they were read at.
+    pub fn list(&self, resource: usize, namespace: Option<&str>) -> (Vec<Arc<Value>>, u64) {
+        let inner = self.lock();
+        let objs = Self::list_locked(&inner, resource, namespace);
+        (objs, inner.rv)
+    }
+
+    fn list_locked(inner: &Inner, resource: usize, namespace: Option<&str>) -> Vec<Arc<Value>> {
+        let Some(map) = inner.objects.get(resource) else {
+            return Vec::new();
+        };
+        match namespace {
+            Some(ns) => map
+                .range((ns.to_string(), String::new())..)
+                .take_while(|((n, _), _)| n == ns)
+                .map(|(_, v)| v.clone())
+                .collect(),
+            None => map.values().cloned().collect(),
+        }
+    }
+
+    /// The objects as they were at exactly `rv`, rebuilt by rolling back the history.
+    pub fn list_at(
+        &self,
+        resource: usize,
+        namespace: Option<&str>,
+        rv: u64,
+    ) -> Result<Vec<Arc<Value>>, ApiError> {
+        let inner = self.lock();
+        if rv > inner.rv {
+            return Err(ApiError::too_large_resource_version(rv, inner.rv));
+        }
+        if rv < inner.floor {
+            return Err(ApiError::expired(rv, inner.floor));
+        }
+        let mut map: BTreeMap<Key, Arc<Value>> = inner.objects.get(resource).cloned().unwrap_or_default();
+        for ev in inner.history.iter().rev().take_while(|e| e.rv > rv) {
+            if ev.resource != resource {
+                continue;
+            }
+            let key = key_of(&ev.object);
+            match (&ev.event_type, &ev.old) {
+                (EventType::Added, _) => {
+                    map.remove(&key);
+                }
+                (_, Some(old)) => {
+                    map.insert(key, old.clone());
+                }
+                (_, None) => {}
+            }
+        }
+        Ok(map
+            .into_iter()
+            .filter(|((ns, _), _)| namespace.is_none_or(|want| want == ns))
+            .map(|(_, v)| v)
+            .collect())
+    }
+
+    /// Every object of a resource (all namespaces).
+    pub fn snapshot(&self, resource: usize) -> Vec<Arc<Value>> {
+        self.list(resource, None).0
+    }
+
+    /// Read-modify-write of one object under the store lock: `f` sees the current
+    /// object (if any) and decides. Its error aborts the write and leaves the store unchanged.
+    pub fn write(
+        &self,
+        resource: usize,
+        namespace: &str,
+        name: &str,
+        f: impl FnOnce(Option<&Arc<Value>>) -> Result<Write, ApiError>,
+    ) -> Result<Written, ApiError> {
+        let mut inner = self.lock();
+        let key = (namespace.to_string(), name.to_string());
+        let current = inner.objects.get(resource).and_then(|m| m.get(&key)).cloned();
+        let decision = f(current.as_ref())?;
+        let (event_type, object) = match decision {
+            Write::Unchanged => {
+                return current
+                    .map(|object| Written { object, event: None })
+                    .ok_or_else(|| ApiError::internal("unchanged write of a missing object"));
+            }
+            Write::Put(mut obj) => {
+                let rv = inner.rv + 1;
+                set_rv(&mut obj, rv);
+                let obj = Arc::new(obj);
+                let map = inner
+                    .objects
+                    .get_mut(resource)
+                    .ok_or_else(|| ApiError::internal("unknown resource index"))?;
+                map.insert(key, obj.clone());
+                inner.rv = rv;
+                let t = if current.is_some() { EventType::Modified } else { EventType::Added };
+                (t, obj)
+            }
+            Write::Delete => {
+                let Some(old) = current.clone() else {
+                    return Err(ApiError::internal("delete of a missing object"));
+                };
+                let rv = inner.rv + 1;
+                if let Some(map) = inner.objects.get_mut(resource) {
+                    map.remove(&key);
+                }
+                inner.rv = rv;
+                let mut last = (*old).clone();
+                set_rv(&mut last, rv);
+                (EventType::Deleted, Arc::new(last))
+            }
+        };
+        let event = Arc::new(StoredEvent {
+            event_type,
+            resource,
+            rv: inner.rv,
+            encoded: encode_event(event_type.as_str(), &object),
+            object: object.clone(),
+            old: current,
+        });
+        inner.history.push_back(event.clone());
+        while inner.history.len() > inner.window {
+            if let Some(gone) = inner.history.pop_front() {
+                inner.floor = gone.rv;
+            }
+        }
+        // No receiver is not an error: nobody is watching.
+        let _ = self.events.send(event);
+        Ok(Written { object, event: Some(event_type) })
+    }
+
+    /// Starts a watch. `from = None` starts now with the current objects (for
+    /// synthetic ADDED events); `Some(rv)` replays the history after `rv`, or
+    /// fails with 410 Expired if that part of the history is gone.
+    pub fn subscribe(
+        &self,
+        resource: usize,
+        namespace: Option<&str>,
+        from: Option<u64>,
+    ) -> Result<Subscription, ApiError> {
+        let inner = self.lock();
+        let rx = self.events.subscribe();
+        let expired = self.compactions.subscribe();
+        match from {
+            None => Ok(Subscription {
+                rv: inner.rv,
+                initial: Self::list_locked(&inner, resource, namespace),
+                replay: Vec::new(),
+                rx,
+                expired,
+            }),
+            Some(rv) => {
+                if rv < inner.floor {
+                    return Err(ApiError::expired(rv, inner.floor));
+                }
+                let replay = inner
+                    .history
+                    .iter()
+                    .filter(|e| e.rv > rv && e.resource == resource)
+                    .cloned()
+                    .collect();
+                Ok(Subscription { rv, initial: Vec::new(), replay, rx, expired })
+            }
+        }
+    }
+}
+
+/// `(namespace, name)` of an object.
+pub fn key_of(obj: &Value) -> Key {
+    let s = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+    (s("/metadata/namespace"), s("/metadata/name"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cm(name: &str, v: &str) -> Value {
+        json!({"kind": "ConfigMap", "apiVersion": "v1",
+               "metadata": {"name": name, "namespace": "ns"}, "data": {"v": v}})
+    }
+
+    const CM: usize = 3;
+
+    #[test]
+    fn versions_history_and_exact_lists() {
+        let store = Store::new(100);
+        store.write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", "1")))).unwrap();
+        let rv1 = store.resource_version();
+        store.write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", "2")))).unwrap();
+        store.write(CM, "ns", "b", |_| Ok(Write::Put(cm("b", "1")))).unwrap();
+        let w = store.write(CM, "ns", "a", |_| Ok(Write::Delete)).unwrap();
+        assert_eq!(w.event, Some(EventType::Deleted));
+        assert_eq!(w.object["metadata"]["resourceVersion"], "4");
+        assert_eq!(store.resource_version(), 4);
+        let at1 = store.list_at(CM, Some("ns"), rv1).unwrap();
+        assert_eq!(at1.len(), 1);
+        assert_eq!(at1[0]["data"]["v"], "1");
+        assert_eq!(store.list(CM, Some("ns")).0.len(), 1);
+        let sub = store.subscribe(CM, None, Some(rv1)).unwrap();
+        assert_eq!(sub.replay.iter().map(|e| e.rv).collect::<Vec<_>>(), vec![2, 3, 4]);
+        store.compact();
+        assert_eq!(store.subscribe(CM, None, Some(rv1)).unwrap_err().code, 410);
+        assert_eq!(store.list_at(CM, None, rv1).unwrap_err().code, 410);
+        assert!(store.subscribe(CM, None, Some(4)).is_ok());
+    }
+
+    #[test]
+    fn failed_write_changes_nothing() {
+        let store = Store::new(10);
+        let err = store.write(CM, "ns", "a", |_| Err(ApiError::bad_request("no"))).unwrap_err();
+        assert_eq!(err.code, 400);
+        assert_eq!(store.resource_version(), 0);
+        assert!(store.get(CM, "ns", "a").is_none());
+    }
+
+    #[test]
+    fn window_bounds_history() {
+        let store = Store::new(2);
+        for i in 0..5 {
+            store.write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", &i.to_string())))).unwrap();
+        }
+        assert_eq!(store.oldest_resource_version(), 3);
+        assert!(store.subscribe(CM, None, Some(2)).is_err());
+        assert_eq!(store.subscribe(CM, None, Some(3)).unwrap().replay.len(), 2);
+    }
+
+    #[test]
+    fn event_encoding() {
+        let b = encode_event("ADDED", &json!({"a": 1}));
+        assert_eq!(&b[..], b"{\"type\":\"ADDED\",\"object\":{\"a\":1}}\n");
+    }
+}

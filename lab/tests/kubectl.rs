@@ -1,0 +1,197 @@
+//! kubectl, a real independent client, against the embedded API server.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::{csr, server};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use lab::apiserver::{ADMIN_TOKEN, ApiServerHandle, Identity};
+use serde_json::json;
+
+struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Kubectl {
+    fn new(server: &ApiServerHandle, token: &str) -> Self {
+        let bin = testbed::require_program("kubectl").expect("kubectl is required for these tests");
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig, token).unwrap();
+        Kubectl { bin, kubeconfig, dir }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("cache"))
+            .args(args)
+            .env("HOME", self.dir.path())
+            .stdin(Stdio::null());
+        c
+    }
+
+    async fn run(&self, args: &[&str]) -> Output {
+        let mut c = tokio::process::Command::from(self.cmd(args));
+        tokio::time::timeout(Duration::from_secs(30), c.output()).await.expect("kubectl timed out").unwrap()
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args).await;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "kubectl {args:?} failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+        stdout
+    }
+
+    fn write(&self, name: &str, value: &serde_json::Value) -> String {
+        let path: PathBuf = self.dir.path().join(name);
+        std::fs::write(&path, serde_json::to_string_pretty(value).unwrap()).unwrap();
+        path_str(&path)
+    }
+}
+
+fn path_str(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn get_create_apply_patch_delete() {
+    let s = server(false, &[]).await;
+    let k = Kubectl::new(&s, ADMIN_TOKEN);
+    let out = k.ok(&["get", "namespaces"]).await;
+    assert!(out.contains("kube-system") && out.contains("default"), "{out}");
+    let out = k.ok(&["version", "-o", "json"]).await;
+    assert!(out.contains("serverVersion"), "{out}");
+
+    let manifest = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "k1", "namespace": "default"}, "data": {"a": "1"}});
+    let file = k.write("cm.json", &manifest);
+    let out = k.ok(&["create", "-f", &file]).await;
+    assert!(out.contains("configmap/k1 created"), "{out}");
+    let out = k.ok(&["get", "configmap", "k1", "-o", "json"]).await;
+    let got: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(got["data"]["a"], "1");
+
+    // Client-side apply: creates with the last-applied annotation, then sends a strategic merge patch.
+    let mut applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "k2", "namespace": "default"}, "data": {"a": "1", "b": "2"}});
+    let file = k.write("apply.json", &applied);
+    let out = k.ok(&["apply", "-f", &file]).await;
+    assert!(out.contains("configmap/k2 created"), "{out}");
+    applied["data"] = json!({"a": "9"});
+    let file = k.write("apply.json", &applied);
+    let out = k.ok(&["apply", "-f", &file]).await;
+    assert!(out.contains("configmap/k2 configured"), "{out}");
+    let cms: Api<ConfigMap> = Api::namespaced(s.client(ADMIN_TOKEN).await.unwrap(), "default");
+    let k2 = cms.get("k2").await.unwrap();
+    assert_eq!(k2.data.unwrap(), [("a".to_string(), "9".to_string())].into());
+    assert!(k2.metadata.annotations.unwrap().contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+
+    let out = k.ok(&["patch", "configmap", "k1", "-p", r#"{"data":{"b":"2"}}"#]).await;
+    assert!(out.contains("patched"), "{out}");
+    k.ok(&["patch", "configmap", "k1", "--type", "merge", "-p", r#"{"data":{"c":"3"}}"#]).await;
+    k.ok(&["patch", "configmap", "k1", "--type", "json", "-p", r#"[{"op":"remove","path":"/data/a"}]"#]).await;
+    let data = cms.get("k1").await.unwrap().data.unwrap();
+    assert_eq!(data, [("b".to_string(), "2".to_string()), ("c".to_string(), "3".to_string())].into());
+
+    let out = k.ok(&["label", "configmap", "k1", "tier=x"]).await;
+    assert!(out.contains("labeled"), "{out}");
+    let out = k.ok(&["get", "configmaps", "-l", "tier=x", "-o", "name"]).await;
+    assert_eq!(out.trim(), "configmap/k1");
+
+    let out = k.ok(&["delete", "configmap", "k1"]).await;
+    assert!(out.contains("deleted"), "{out}");
+    let out = k.run(&["get", "configmap", "k1"]).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound"), "{}", String::from_utf8_lossy(&out.stderr));
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn get_watch_prints_a_change() {
+    let s = server(false, &[]).await;
+    let k = Kubectl::new(&s, ADMIN_TOKEN);
+    let cms: Api<ConfigMap> = Api::namespaced(s.client(ADMIN_TOKEN).await.unwrap(), "default");
+    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "w0"}})).unwrap())
+        .await
+        .unwrap();
+    let mut child = tokio::process::Command::from(k.cmd(&["get", "configmaps", "-w", "--request-timeout=20s"]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let reader = tokio::spawn(async move {
+        use tokio::io::AsyncBufReadExt;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let mut seen = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push(line.clone());
+            if line.contains("w-new") {
+                break;
+            }
+        }
+        seen
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "w-new"}})).unwrap())
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(15), reader).await.expect("kubectl get -w printed nothing").unwrap();
+    assert!(seen.iter().any(|l| l.contains("w0")), "{seen:?}");
+    assert!(seen.iter().any(|l| l.contains("w-new")), "{seen:?}");
+    let _ = child.kill().await;
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn certificate_approve_and_auth_can_i() {
+    let cni = Identity::service_account("kube-system", "kube-ovn-cni");
+    let s = server(true, &[("cni", cni)]).await;
+    let admin = Kubectl::new(&s, ADMIN_TOKEN);
+    let file = admin.write("csr.json", &csr("node1-ipsec", "node1"));
+    admin.ok(&["create", "-f", &file]).await;
+    let out = admin.ok(&["certificate", "approve", "node1-ipsec"]).await;
+    assert!(out.contains("approved"), "{out}");
+    let out = admin.ok(&["get", "csr", "node1-ipsec", "-o", "jsonpath={.status.conditions[0].type}"]).await;
+    assert_eq!(out, "Approved");
+    let file = admin.write("csr2.json", &csr("node1-deny", "node1"));
+    admin.ok(&["create", "-f", &file]).await;
+    let out = admin.ok(&["certificate", "deny", "node1-deny"]).await;
+    assert!(out.contains("denied"), "{out}");
+
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "node-patch"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]});
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "cni-node-patch"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "node-patch"},
+        "subjects": [{"kind": "ServiceAccount", "name": "kube-ovn-cni", "namespace": "kube-system"}]});
+    admin.ok(&["create", "-f", &admin.write("role.json", &role)]).await;
+    admin.ok(&["create", "-f", &admin.write("binding.json", &binding)]).await;
+
+    let k = Kubectl::new(&s, "cni");
+    assert_eq!(k.ok(&["auth", "can-i", "patch", "nodes"]).await.trim(), "yes");
+    let out = k.run(&["auth", "can-i", "delete", "nodes"]).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
+    assert!(!out.status.success());
+    let out = k.run(&["certificate", "approve", "node1-deny"]).await;
+    assert!(!out.status.success(), "the CNI cannot approve");
+    let out = k.run(&["get", "secrets", "-n", "kube-system"]).await;
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Forbidden"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(admin.ok(&["auth", "can-i", "delete", "nodes"]).await.trim(), "yes");
+
+    // The patched node is visible to a kube-rs client too.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(s.client(ADMIN_TOKEN).await.unwrap());
+    nodes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "node1"}})).unwrap()).await.unwrap();
+    k.ok(&["annotate", "node", "node1", "kube-ovn.io/ipsec-chassis=abc"]).await;
+    let n = nodes.get("node1").await.unwrap();
+    assert_eq!(n.metadata.annotations.unwrap()["kube-ovn.io/ipsec-chassis"], "abc");
+    nodes.patch("node1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}))).await.unwrap();
+    s.shutdown().await;
+}
