@@ -341,7 +341,12 @@ impl IdentityState {
                     reason: "pending key digest differs from the binding".into(),
                 });
             }
-            let request = kd.read_file(rec.generation, files::REQUEST)?;
+            // A trust-only generation has no request of its own.
+            let request = if rec.trust_refresh {
+                Vec::new()
+            } else {
+                kd.read_file(rec.generation, files::REQUEST)?
+            };
             let request_pem =
                 String::from_utf8(request).map_err(|_| Error::GenerationInconsistent {
                     generation: rec.generation,
@@ -772,6 +777,11 @@ impl IdentityState {
         // Renewal may have been wanted while this generation was in flight
         // (an expired or untrusted identity).
         self.check_trust_and_expiry();
+        if let Err(e) = self.maybe_trust_refresh() {
+            tracing::warn!(error = %e, "trust-only generation could not be prepared");
+            self.schedule_retry(myself);
+            return;
+        }
         self.drive(myself);
     }
 
@@ -842,25 +852,36 @@ impl IdentityState {
         self.trust = Some(bundle);
         self.condition(None);
         self.check_trust_and_expiry();
-        let active_ca_differs = self.active.as_ref().is_some_and(|a| {
-            a.confirmed
-                && self
-                    .keydir
-                    .as_ref()
-                    .and_then(|kd| kd.read_file(a.generation, files::CA).ok())
-                    .and_then(|pem| TrustBundle::from_pem(&pem).ok())
-                    .is_none_or(|t| t.digest() != digest)
-        });
-        if !self.wanted
-            && self.pending.is_none()
-            && active_ca_differs
-            && let Err(e) = self.start_trust_refresh()
-        {
+        if let Err(e) = self.maybe_trust_refresh() {
             tracing::warn!(error = %e, "trust-only generation could not be prepared");
             self.schedule_retry(myself);
             return;
         }
         self.drive(myself);
+    }
+
+    /// When the confirmed active generation's `ca.pem` is not the trust held
+    /// now (and the leaf still verifies — otherwise a renewal is wanted),
+    /// prepares a trust-only generation so the new bundle reaches OVSDB.
+    fn maybe_trust_refresh(&mut self) -> Result<()> {
+        if self.wanted || self.pending.is_some() {
+            return Ok(());
+        }
+        let (Some(a), Some(trust)) = (&self.active, &self.trust) else {
+            return Ok(());
+        };
+        let digest = trust.digest();
+        let differs = a.confirmed
+            && self
+                .keydir
+                .as_ref()
+                .and_then(|kd| kd.read_file(a.generation, files::CA).ok())
+                .and_then(|pem| TrustBundle::from_pem(&pem).ok())
+                .is_none_or(|t| t.digest() != digest);
+        if differs {
+            self.start_trust_refresh()?;
+        }
+        Ok(())
     }
 
     fn collect_garbage_blocking(&mut self, referenced: &[PathBuf]) {
@@ -1057,6 +1078,11 @@ fn open_or_block(myself: &ActorRef<IdentityMsg>, state: &mut IdentityState) {
     match state.open() {
         Ok(()) => {
             state.backoff.reset();
+            // Orphans adopted at load are collected after the grace period.
+            let grace = state.args.config.gc_grace;
+            myself.send_after(grace + Duration::from_secs(1), || {
+                IdentityMsg::CollectGarbage
+            });
             if state.active.is_some() || state.pending.is_some() {
                 tracing::info!(
                     active = ?state.active.as_ref().map(|a| a.generation),

@@ -67,7 +67,7 @@ pub enum RenewalTimerMsg {
 pub struct RenewalTimerState {
     args: RenewalTimerArgs,
     schedule: Option<Schedule>,
-    timers: Vec<tokio::task::JoinHandle<()>>,
+    timers: Vec<tokio::task::AbortHandle>,
     ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -101,7 +101,7 @@ impl RenewalTimerState {
     }
 }
 
-fn abort(handles: &mut Vec<tokio::task::JoinHandle<()>>) {
+fn abort(handles: &mut Vec<tokio::task::AbortHandle>) {
     for h in handles.drain(..) {
         h.abort();
     }
@@ -174,11 +174,7 @@ impl Actor for RenewalTimer {
                     // timestamps must compare as reached.
                     let d = until(clock, at) + Duration::from_secs(1);
                     let h = myself.send_after(d, || RenewalTimerMsg::Check);
-                    // send_after's handle yields the send result; keep only
-                    // an abortable unit handle.
-                    state.timers.push(tokio::spawn(async move {
-                        let _ = h.await;
-                    }));
+                    state.timers.push(h.abort_handle());
                 }
                 state.check();
             }

@@ -553,3 +553,29 @@ async fn status_and_logs_never_contain_pem() {
     assert!(!logs.contains("PRIVATE KEY"), "key in logs");
     assert!(!status.contains("-----BEGIN"), "PEM in status: {status}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn trust_changed_while_down_is_activated_after_restart() {
+    let mut h = Harness::new();
+    h.csr.then(CsrScript::Issue);
+    h.start_all().await;
+    h.until_generation(1, Duration::from_secs(10)).await;
+    h.stop_identity().await;
+
+    let ca2 = TestCa::new("kube-ovn ipsec test CA 2");
+    let mut both = h.ca.trust_pem();
+    both.extend_from_slice(&ca2.trust_pem());
+    h.trust.send_replace(Some(both.clone()));
+    h.start_identity().await;
+    h.until_generation(2, Duration::from_secs(10)).await;
+    assert_eq!(h.csr.objects(), 1, "trust-only: no CSR");
+    let ca_file =
+        TrustBundle::from_pem(&std::fs::read(h.key_dir.join("gen-000002/ca.pem")).unwrap())
+            .unwrap();
+    assert_eq!(
+        ca_file.digest(),
+        TrustBundle::from_pem(&both).unwrap().digest()
+    );
+    assert!(h.ovsdb_points_at(2));
+    h.stop().await;
+}
