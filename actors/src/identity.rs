@@ -624,8 +624,11 @@ impl IdentityState {
             }
             Ok(CsrOutcome::Issued { certificate_pem }) => {
                 if let Err(e) = self.accept_issued(&certificate_pem) {
-                    tracing::warn!(generation, csr = %name, error = %e, "issued certificate rejected; requesting a new one");
-                    self.fail_attempt(myself, generation, &e, true);
+                    // A rejected certificate discards the key (new attempt);
+                    // failing to store a good one keeps it (same CSR again).
+                    let rejected = matches!(e, Error::CertificateRejected(_));
+                    tracing::warn!(generation, csr = %name, error = %e, rejected, "issued certificate not accepted");
+                    self.fail_attempt(myself, generation, &e, rejected);
                     return;
                 }
                 tracing::info!(generation, csr = %name, "certificate issued and verified");

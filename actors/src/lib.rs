@@ -27,7 +27,7 @@
 //! Wiring: [`tree`] builds the child specs of these actors and starts the
 //! supervisor; the runtime calls [`tree::start`] with its adapters.
 //!
-//! Test support: [`testing`] (feature `test-util`, and this crate's tests):
+//! Test support: `testing` (feature `test-util`, and this crate's tests):
 //! a fake CSR API with a test CA and a fake OVSDB.
 
 pub mod backoff;

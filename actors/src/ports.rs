@@ -1,6 +1,6 @@
 //! The side effects the actors need, as small traits the runtime implements:
 //! the Kubernetes CSR API (kube-rs) and the OVSDB identity keys (`ovsdb`
-//! crate). Fakes for tests live in [`crate::testing`].
+//! crate). Fakes for tests live in `testing` (feature `test-util`).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

@@ -4,13 +4,12 @@
 //! Each child is a [`ChildSpec`]: a name, the status reason it maps to when
 //! it keeps failing, and a factory that spawns it linked to the supervisor.
 //! A failed (or unexpectedly stopped) child is respawned after the
-//! [`Backoff`](crate::backoff::Backoff) delay — 1 s, 2 s, 4 s … 30 s — and
+//! [`Backoff`] delay — 1 s, 2 s, 4 s … 30 s — and
 //! its schedule starts over once it has run for 60 s. After
 //! `degraded_after` consecutive failures the board shows `Degraded` with the
 //! child's reason; the supervisor never gives up on a child. The IKE,
 //! monitor and XFRM-guard actors of the next issue are further child specs.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -397,11 +396,6 @@ pub async fn start(
             actor: "supervisor".into(),
             reason: e.to_string(),
         })
-}
-
-/// Children's names, for lookups.
-pub fn names(specs: &[ChildSpec]) -> HashMap<String, Reason> {
-    specs.iter().map(|s| (s.name.clone(), s.reason)).collect()
 }
 
 #[cfg(test)]
