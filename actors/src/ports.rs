@@ -38,7 +38,7 @@ pub struct CsrRef {
 }
 
 /// What a CSR came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum CsrOutcome {
     /// Not decided within the wait.
     Pending,
@@ -63,6 +63,31 @@ pub enum CsrOutcome {
     },
     /// The object is gone (deleted or garbage-collected).
     NotFound,
+}
+
+impl std::fmt::Debug for CsrOutcome {
+    // The certificate is public, but PEM never reaches logs (SPEC §5): a
+    // stray `?outcome` prints its size only.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CsrOutcome::Pending => f.write_str("Pending"),
+            CsrOutcome::Issued { certificate_pem } => f
+                .debug_struct("Issued")
+                .field("certificate_pem_bytes", &certificate_pem.len())
+                .finish(),
+            CsrOutcome::Denied { reason, message } => f
+                .debug_struct("Denied")
+                .field("reason", reason)
+                .field("message", message)
+                .finish(),
+            CsrOutcome::Failed { reason, message } => f
+                .debug_struct("Failed")
+                .field("reason", reason)
+                .field("message", message)
+                .finish(),
+            CsrOutcome::NotFound => f.write_str("NotFound"),
+        }
+    }
 }
 
 /// The Kubernetes CSR API, as the identity actor uses it.
