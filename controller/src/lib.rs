@@ -88,7 +88,7 @@ pub async fn run(
         "kube-ovn-ipsec-controller starting"
     );
     let shared = Arc::new(Shared {
-        recorder: reconcile::recorder(client.clone(), config.pod_name.clone()),
+        component: "kube-ovn-ipsec-controller".into(),
         client: client.clone(),
         policy,
         daemon_set: config.cni_daemonset.clone(),

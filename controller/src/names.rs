@@ -11,6 +11,9 @@ pub use kube_ovn_ipsec_api::names::k8s::{
 pub const NODE_CHASSIS_ANNOTATION: &str = kube_ovn_ipsec_api::names::k8s::ANNOTATION_OVN_CHASSIS;
 /// The only Kubernetes usage a node CSR may request.
 pub const USAGE_IPSEC_TUNNEL: &str = kube_ovn_ipsec_api::names::k8s::CSR_USAGES[0];
+/// `spec.extra` key the API server stamps from a Pod-bound token: the
+/// Node's UID (Kubernetes 1.32+). Checked when present. (Not in `api` yet.)
+pub const EXTRA_NODE_UID: &str = "authentication.kubernetes.io/node-uid";
 /// Pod and ControllerRevision label carrying the DaemonSet template hash.
 pub const TEMPLATE_HASH_LABEL: &str = "controller-revision-hash";
 /// Key of the CA certificate (PEM) in [`CA_SECRET`] (`kubernetes.io/tls` layout).

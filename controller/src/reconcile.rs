@@ -16,9 +16,8 @@ use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 
 use crate::certmanager::{CertManagerForwarder, Forwarded, KubeCertificateRequests};
 use crate::clock::Clock;
@@ -54,19 +53,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// Clock.
     pub clock: Arc<dyn Clock>,
-    /// Event recorder.
-    pub recorder: Recorder,
-}
-
-/// An event recorder reporting as this controller; `instance` names the replica.
-pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
-    Recorder::new(
-        client,
-        Reporter {
-            controller: "kube-ovn-ipsec-controller".into(),
-            instance,
-        },
-    )
+    /// `source.component` of the events this controller writes.
+    pub component: String,
 }
 
 impl Shared {
@@ -244,17 +232,39 @@ async fn write_condition(
     Ok(())
 }
 
-/// Publishes a Warning event on the CSR. Best effort: an event that cannot
-/// be written must not change the outcome.
+/// Publishes a core/v1 Warning event on the CSR (in `default`, where
+/// events of cluster-scoped objects go). Best effort: an event that cannot be
+/// written must not change the outcome.
 async fn publish(shared: &Shared, csr: &CertificateSigningRequest, reason: &str, message: &str) {
-    let event = Event {
-        type_: EventType::Warning,
-        reason: reason.to_owned(),
-        note: Some(message.chars().take(1000).collect()),
-        action: "ValidateIPsecCSR".into(),
-        secondary: None,
+    let name = csr.name_any();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let event = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": { "generateName": format!("{name}."), "namespace": "default" },
+        "involvedObject": {
+            "apiVersion": "certificates.k8s.io/v1",
+            "kind": "CertificateSigningRequest",
+            "name": name,
+            "uid": csr.metadata.uid,
+        },
+        "type": "Warning",
+        "reason": reason,
+        "message": message.chars().take(1000).collect::<String>(),
+        "source": { "component": shared.component },
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    });
+    let Ok(event) = serde_json::from_value::<k8s_openapi::api::core::v1::Event>(event) else {
+        return;
     };
-    if let Err(e) = shared.recorder.publish(&event, &csr.object_ref(&())).await {
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(shared.client.clone(), "default");
+    if let Err(e) = events
+        .create(&kube::api::PostParams::default(), &event)
+        .await
+    {
         tracing::debug!(error = %e, "could not publish CSR event");
     }
 }

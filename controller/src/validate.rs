@@ -581,6 +581,16 @@ pub fn validate(csr: &CsrView, ctx: &LiveContext, policy: &Policy) -> Result<Val
             });
         }
     };
+    // Newer API servers also bind the token to the Node's UID: a token from
+    // before the Node was re-created under the same name is worth nothing.
+    if let Some(bound_uid) = csr.extra.get(names::EXTRA_NODE_UID).and_then(|v| v.first())
+        && *bound_uid != node.uid
+    {
+        return Err(Denial::NodeUidMismatch {
+            live: node.uid.clone(),
+            annotated: bound_uid.clone(),
+        });
+    }
     if node.uid != annotated_uid {
         return Err(Denial::NodeUidMismatch {
             live: node.uid.clone(),

@@ -278,6 +278,16 @@ fn wrong_node_uid_is_denied() {
 }
 
 #[test]
+fn token_bound_node_uid_of_a_recreated_node_is_denied() {
+    Fx::new()
+        .csr(|c| {
+            c.extra
+                .insert(names::EXTRA_NODE_UID.into(), vec!["old-node-uid".into()]);
+        })
+        .denied("NodeUIDMismatch");
+}
+
+#[test]
 fn missing_node_is_denied() {
     let mut fx = Fx::new();
     fx.live.node = None;

@@ -1,0 +1,321 @@
+//! A small cluster on `lab::apiserver` with RBAC on: the kube-ovn-cni
+//! DaemonSet, its current ControllerRevision, N Nodes with chassis
+//! annotations, one CNI Pod per Node with a Pod-bound token, and the
+//! controller's own ServiceAccount with the permissions docs/controller.md
+//! lists. Shared by the integration tests and `benches/src/bin/csr_e2e.rs`.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use lab::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle, Identity};
+use serde_json::{Value, json};
+
+pub const NS: &str = "kube-system";
+pub const CONTROLLER_SA: &str = "ovn";
+pub const HASH: &str = "6d8f9c7b5";
+
+pub struct NodeFx {
+    pub name: String,
+    pub uid: String,
+    pub chassis: String,
+    pub pod_name: String,
+    pub pod_uid: String,
+    pub client: Client,
+}
+
+pub struct Cluster {
+    pub server: ApiServerHandle,
+    pub admin: Client,
+    pub nodes: Vec<NodeFx>,
+    pub ds_uid: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    pub metrics: Arc<controller::metrics::Metrics>,
+}
+
+async fn create(admin: &Client, v: Value) -> Value {
+    let obj: kube::api::DynamicObject = serde_json::from_value(v.clone()).unwrap();
+    let (group, version) = match v["apiVersion"].as_str().unwrap().split_once('/') {
+        Some((g, ver)) => (g.to_owned(), ver.to_owned()),
+        None => (String::new(), v["apiVersion"].as_str().unwrap().to_owned()),
+    };
+    let kind = v["kind"].as_str().unwrap();
+    let gvk = kube::api::GroupVersionKind::gvk(&group, &version, kind);
+    let plural = match kind {
+        "ClusterRole" => "clusterroles",
+        "ClusterRoleBinding" => "clusterrolebindings",
+        "Role" => "roles",
+        "RoleBinding" => "rolebindings",
+        "DaemonSet" => "daemonsets",
+        "ControllerRevision" => "controllerrevisions",
+        "Node" => "nodes",
+        "Pod" => "pods",
+        "ConfigMap" => "configmaps",
+        other => panic!("no plural for {other}"),
+    };
+    let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
+    let api: Api<kube::api::DynamicObject> = match obj.metadata.namespace.as_deref() {
+        Some(ns) => Api::namespaced_with(admin.clone(), ns, &ar),
+        None => Api::all_with(admin.clone(), &ar),
+    };
+    let created = api.create(&PostParams::default(), &obj).await.unwrap();
+    serde_json::to_value(created).unwrap()
+}
+
+fn rbac() -> Vec<Value> {
+    let ctrl = json!([{"kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": NS}]);
+    let cni = json!([{"kind": "ServiceAccount", "name": "kube-ovn-cni", "namespace": NS}]);
+    vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "kube-ovn-ipsec-controller"},
+        "rules": [
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval", "certificatesigningrequests/status"], "verbs": ["update", "patch"]},
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["kubeovn.io/signer"], "verbs": ["approve", "sign"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+        ]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "kube-ovn-ipsec-controller"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kube-ovn-ipsec-controller"},
+            "subjects": ctrl}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "kube-ovn-ipsec-controller", "namespace": NS},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+            {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"]},
+            {"apiGroups": ["apps"], "resources": ["controllerrevisions"], "verbs": ["list"]},
+            {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get", "create", "update"]},
+            {"apiGroups": ["cert-manager.io"], "resources": ["certificaterequests"], "verbs": ["get", "create", "delete"]},
+            {"apiGroups": ["cert-manager.io"], "resources": ["certificaterequests/status"], "verbs": ["patch", "update"]}
+        ]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "kube-ovn-ipsec-controller", "namespace": NS},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kube-ovn-ipsec-controller"},
+            "subjects": ctrl}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "kube-ovn-cni-ipsec"},
+            "rules": [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "kube-ovn-cni-ipsec"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kube-ovn-cni-ipsec"},
+            "subjects": cni}),
+    ]
+}
+
+impl Cluster {
+    /// Starts the server and creates the DaemonSet, revision, nodes and pods.
+    pub async fn start(nodes: usize) -> Cluster {
+        let server = ApiServer::builder()
+            .rbac(true)
+            .token("controller", Identity::service_account(NS, CONTROLLER_SA))
+            .start()
+            .await
+            .unwrap();
+        let admin = server.client(ADMIN_TOKEN).await.unwrap();
+        for obj in rbac() {
+            create(&admin, obj).await;
+        }
+        let labels = json!({"app": "kube-ovn-cni"});
+        let ds = create(&admin, json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "kube-ovn-cni", "namespace": NS},
+            "spec": {"selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "cni-server", "image": "kube-ovn"}]}}}}))
+        .await;
+        let ds_uid = ds["metadata"]["uid"].as_str().unwrap().to_owned();
+        let owner = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "kube-ovn-cni",
+                            "uid": ds_uid, "controller": true}]);
+        create(
+            &admin,
+            json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
+            "metadata": {"name": format!("kube-ovn-cni-{HASH}"), "namespace": NS,
+                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
+                         "ownerReferences": owner},
+            "revision": 2}),
+        )
+        .await;
+        create(
+            &admin,
+            json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
+            "metadata": {"name": "kube-ovn-cni-oldhash", "namespace": NS,
+                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": "oldhash"},
+                         "ownerReferences": owner},
+            "revision": 1}),
+        )
+        .await;
+        let mut fxs = Vec::new();
+        for i in 0..nodes {
+            let name = format!("node-{i}");
+            let chassis = format!("chassis-{i}");
+            let node = create(
+                &admin,
+                json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "annotations": {"ovn.kubernetes.io/chassis": chassis}}}),
+            )
+            .await;
+            let uid = node["metadata"]["uid"].as_str().unwrap().to_owned();
+            let pod_name = format!("kube-ovn-cni-{i}");
+            let pod = create(
+                &admin,
+                json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "namespace": NS,
+                             "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
+                             "ownerReferences": owner},
+                "spec": {"nodeName": name, "serviceAccountName": "kube-ovn-cni",
+                         "containers": [{"name": "cni-server", "image": "kube-ovn"}]}}),
+            )
+            .await;
+            let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
+            let token = format!("cni-{i}");
+            server.add_token(
+                &token,
+                Identity::service_account(NS, "kube-ovn-cni")
+                    .bound_to_pod(&pod_name, &pod_uid, &name, &uid),
+            );
+            let client = server.client(&token).await.unwrap();
+            fxs.push(NodeFx {
+                name,
+                uid,
+                chassis,
+                pod_name,
+                pod_uid,
+                client,
+            });
+        }
+        Cluster {
+            server,
+            admin,
+            nodes: fxs,
+            ds_uid,
+            stop: None,
+            task: None,
+            metrics: Arc::new(controller::metrics::Metrics::new()),
+        }
+    }
+
+    /// The controller's flags for this cluster.
+    pub fn config(&self) -> controller::config::Config {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            c: controller::config::Config,
+        }
+        P::parse_from(["test", "--namespace", NS, "--ca-reload", "3600s"]).c
+    }
+
+    /// Starts the controller in-process as its own ServiceAccount.
+    pub async fn start_controller(&mut self, config: controller::config::Config) {
+        let client = self.server.client("controller").await.unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let metrics = self.metrics.clone();
+        self.task = Some(tokio::spawn(async move {
+            controller::run(
+                client,
+                &config,
+                metrics,
+                Arc::new(controller::clock::SystemClock),
+                async {
+                    let _ = rx.await;
+                },
+            )
+            .await
+            .unwrap();
+        }));
+        self.stop = Some(tx);
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+        self.server.shutdown().await;
+    }
+}
+
+/// A CSR object as the agent builds it (SPEC §2).
+pub fn csr_object(
+    name: &str,
+    node: &NodeFx,
+    request_pem: &[u8],
+    lifetime: i32,
+) -> CertificateSigningRequest {
+    serde_json::from_value(json!({
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"name": name, "annotations": {
+            "kube-ovn.io/ipsec-node": node.name,
+            "kube-ovn.io/ipsec-node-uid": node.uid,
+            "kube-ovn.io/ipsec-chassis": node.chassis,
+            "kube-ovn.io/ipsec-generation": "1"}},
+        "spec": {"request": ByteString(request_pem.to_vec()), "signerName": "kubeovn.io/signer",
+                 "usages": ["ipsec tunnel"], "expirationSeconds": lifetime}
+    }))
+    .unwrap()
+}
+
+/// A PEM request for `chassis` with `key`.
+pub fn request_pem(key: &rcgen::KeyPair, chassis: &str) -> Vec<u8> {
+    let mut p = rcgen::CertificateParams::new(vec![chassis.to_owned()]).unwrap();
+    p.distinguished_name = rcgen::DistinguishedName::new();
+    p.distinguished_name
+        .push(rcgen::DnType::OrganizationName, "kube-ovn");
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, chassis);
+    p.serialize_request(key)
+        .unwrap()
+        .pem()
+        .unwrap()
+        .into_bytes()
+}
+
+/// How a CSR ended.
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    Issued(Vec<u8>),
+    Denied(String),
+    Failed(String),
+}
+
+/// The CSR's outcome, once it has one.
+pub fn outcome(csr: &CertificateSigningRequest) -> Option<Outcome> {
+    let status = csr.status.as_ref()?;
+    if let Some(c) = status.certificate.as_ref().filter(|c| !c.0.is_empty()) {
+        return Some(Outcome::Issued(c.0.clone()));
+    }
+    for c in status.conditions.iter().flatten() {
+        let reason = c.reason.clone().unwrap_or_default();
+        match c.type_.as_str() {
+            "Denied" => return Some(Outcome::Denied(reason)),
+            "Failed" => return Some(Outcome::Failed(reason)),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Waits (bounded) for a CSR's outcome.
+pub async fn wait_outcome(client: &Client, name: &str) -> Outcome {
+    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
+    for _ in 0..500 {
+        if let Some(o) = outcome(&api.get(name).await.unwrap()) {
+            return o;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let csr = api.get(name).await.unwrap();
+    panic!(
+        "CSR {} has no outcome after 10 s: {:?}",
+        csr.name_any(),
+        csr.status
+    );
+}
