@@ -39,7 +39,11 @@ struct ApiserverArgs {
 }
 
 async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
-    let server = ApiServer::builder().listen(args.listen).rbac(args.rbac).start().await?;
+    let server = ApiServer::builder()
+        .listen(args.listen)
+        .rbac(args.rbac)
+        .start()
+        .await?;
     if let Some(path) = &args.kubeconfig_out {
         server
             .write_kubeconfig(path, ADMIN_TOKEN)

@@ -1,5 +1,8 @@
 //! kubectl, a real independent client, against the embedded API server.
 
+// Helpers outside #[test] functions panic too: a panic is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -24,7 +27,11 @@ impl Kubectl {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig, token).unwrap();
-        Kubectl { bin, kubeconfig, dir }
+        Kubectl {
+            bin,
+            kubeconfig,
+            dir,
+        }
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
@@ -41,13 +48,20 @@ impl Kubectl {
 
     async fn run(&self, args: &[&str]) -> Output {
         let mut c = tokio::process::Command::from(self.cmd(args));
-        tokio::time::timeout(Duration::from_secs(30), c.output()).await.expect("kubectl timed out").unwrap()
+        tokio::time::timeout(Duration::from_secs(30), c.output())
+            .await
+            .expect("kubectl timed out")
+            .unwrap()
     }
 
     async fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args).await;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "kubectl {args:?} failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         stdout
     }
 
@@ -67,7 +81,10 @@ async fn get_create_apply_patch_delete() {
     let s = server(false, &[]).await;
     let k = Kubectl::new(&s, ADMIN_TOKEN);
     let out = k.ok(&["get", "namespaces"]).await;
-    assert!(out.contains("kube-system") && out.contains("default"), "{out}");
+    assert!(
+        out.contains("kube-system") && out.contains("default"),
+        "{out}"
+    );
     let out = k.ok(&["version", "-o", "json"]).await;
     assert!(out.contains("serverVersion"), "{out}");
 
@@ -90,26 +107,67 @@ async fn get_create_apply_patch_delete() {
     assert!(out.contains("configmap/k2 configured"), "{out}");
     let cms: Api<ConfigMap> = Api::namespaced(s.client(ADMIN_TOKEN).await.unwrap(), "default");
     let k2 = cms.get("k2").await.unwrap();
-    assert_eq!(k2.data.unwrap(), [("a".to_string(), "9".to_string())].into());
-    assert!(k2.metadata.annotations.unwrap().contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+    assert_eq!(
+        k2.data.unwrap(),
+        [("a".to_string(), "9".to_string())].into()
+    );
+    assert!(
+        k2.metadata
+            .annotations
+            .unwrap()
+            .contains_key("kubectl.kubernetes.io/last-applied-configuration")
+    );
 
-    let out = k.ok(&["patch", "configmap", "k1", "-p", r#"{"data":{"b":"2"}}"#]).await;
+    let out = k
+        .ok(&["patch", "configmap", "k1", "-p", r#"{"data":{"b":"2"}}"#])
+        .await;
     assert!(out.contains("patched"), "{out}");
-    k.ok(&["patch", "configmap", "k1", "--type", "merge", "-p", r#"{"data":{"c":"3"}}"#]).await;
-    k.ok(&["patch", "configmap", "k1", "--type", "json", "-p", r#"[{"op":"remove","path":"/data/a"}]"#]).await;
+    k.ok(&[
+        "patch",
+        "configmap",
+        "k1",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"c":"3"}}"#,
+    ])
+    .await;
+    k.ok(&[
+        "patch",
+        "configmap",
+        "k1",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"remove","path":"/data/a"}]"#,
+    ])
+    .await;
     let data = cms.get("k1").await.unwrap().data.unwrap();
-    assert_eq!(data, [("b".to_string(), "2".to_string()), ("c".to_string(), "3".to_string())].into());
+    assert_eq!(
+        data,
+        [
+            ("b".to_string(), "2".to_string()),
+            ("c".to_string(), "3".to_string())
+        ]
+        .into()
+    );
 
     let out = k.ok(&["label", "configmap", "k1", "tier=x"]).await;
     assert!(out.contains("labeled"), "{out}");
-    let out = k.ok(&["get", "configmaps", "-l", "tier=x", "-o", "name"]).await;
+    let out = k
+        .ok(&["get", "configmaps", "-l", "tier=x", "-o", "name"])
+        .await;
     assert_eq!(out.trim(), "configmap/k1");
 
     let out = k.ok(&["delete", "configmap", "k1"]).await;
     assert!(out.contains("deleted"), "{out}");
     let out = k.run(&["get", "configmap", "k1"]).await;
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("NotFound"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     s.shutdown().await;
 }
 
@@ -118,15 +176,19 @@ async fn get_watch_prints_a_change() {
     let s = server(false, &[]).await;
     let k = Kubectl::new(&s, ADMIN_TOKEN);
     let cms: Api<ConfigMap> = Api::namespaced(s.client(ADMIN_TOKEN).await.unwrap(), "default");
-    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "w0"}})).unwrap())
-        .await
-        .unwrap();
-    let mut child = tokio::process::Command::from(k.cmd(&["get", "configmaps", "-w", "--request-timeout=20s"]))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "w0"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut child =
+        tokio::process::Command::from(k.cmd(&["get", "configmaps", "-w", "--request-timeout=20s"]))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
     let stdout = child.stdout.take().unwrap();
     let reader = tokio::spawn(async move {
         use tokio::io::AsyncBufReadExt;
@@ -141,10 +203,16 @@ async fn get_watch_prints_a_change() {
         seen
     });
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "w-new"}})).unwrap())
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "w-new"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(15), reader)
         .await
+        .expect("kubectl get -w printed nothing")
         .unwrap();
-    let seen = tokio::time::timeout(Duration::from_secs(15), reader).await.expect("kubectl get -w printed nothing").unwrap();
     assert!(seen.iter().any(|l| l.contains("w0")), "{seen:?}");
     assert!(seen.iter().any(|l| l.contains("w-new")), "{seen:?}");
     let _ = child.kill().await;
@@ -160,7 +228,15 @@ async fn certificate_approve_and_auth_can_i() {
     admin.ok(&["create", "-f", &file]).await;
     let out = admin.ok(&["certificate", "approve", "node1-ipsec"]).await;
     assert!(out.contains("approved"), "{out}");
-    let out = admin.ok(&["get", "csr", "node1-ipsec", "-o", "jsonpath={.status.conditions[0].type}"]).await;
+    let out = admin
+        .ok(&[
+            "get",
+            "csr",
+            "node1-ipsec",
+            "-o",
+            "jsonpath={.status.conditions[0].type}",
+        ])
+        .await;
     assert_eq!(out, "Approved");
     let file = admin.write("csr2.json", &csr("node1-deny", "node1"));
     admin.ok(&["create", "-f", &file]).await;
@@ -172,26 +248,58 @@ async fn certificate_approve_and_auth_can_i() {
     let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "cni-node-patch"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "node-patch"},
         "subjects": [{"kind": "ServiceAccount", "name": "kube-ovn-cni", "namespace": "kube-system"}]});
-    admin.ok(&["create", "-f", &admin.write("role.json", &role)]).await;
-    admin.ok(&["create", "-f", &admin.write("binding.json", &binding)]).await;
+    admin
+        .ok(&["create", "-f", &admin.write("role.json", &role)])
+        .await;
+    admin
+        .ok(&["create", "-f", &admin.write("binding.json", &binding)])
+        .await;
 
     let k = Kubectl::new(&s, "cni");
-    assert_eq!(k.ok(&["auth", "can-i", "patch", "nodes"]).await.trim(), "yes");
+    assert_eq!(
+        k.ok(&["auth", "can-i", "patch", "nodes"]).await.trim(),
+        "yes"
+    );
     let out = k.run(&["auth", "can-i", "delete", "nodes"]).await;
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
     assert!(!out.status.success());
     let out = k.run(&["certificate", "approve", "node1-deny"]).await;
     assert!(!out.status.success(), "the CNI cannot approve");
     let out = k.run(&["get", "secrets", "-n", "kube-system"]).await;
-    assert!(String::from_utf8_lossy(&out.stderr).contains("Forbidden"), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(admin.ok(&["auth", "can-i", "delete", "nodes"]).await.trim(), "yes");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Forbidden"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        admin.ok(&["auth", "can-i", "delete", "nodes"]).await.trim(),
+        "yes"
+    );
 
     // The patched node is visible to a kube-rs client too.
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(s.client(ADMIN_TOKEN).await.unwrap());
-    nodes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "node1"}})).unwrap()).await.unwrap();
-    k.ok(&["annotate", "node", "node1", "kube-ovn.io/ipsec-chassis=abc"]).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> =
+        Api::all(s.client(ADMIN_TOKEN).await.unwrap());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "node1"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    k.ok(&["annotate", "node", "node1", "kube-ovn.io/ipsec-chassis=abc"])
+        .await;
     let n = nodes.get("node1").await.unwrap();
-    assert_eq!(n.metadata.annotations.unwrap()["kube-ovn.io/ipsec-chassis"], "abc");
-    nodes.patch("node1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}))).await.unwrap();
+    assert_eq!(
+        n.metadata.annotations.unwrap()["kube-ovn.io/ipsec-chassis"],
+        "abc"
+    );
+    nodes
+        .patch(
+            "node1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap();
     s.shutdown().await;
 }

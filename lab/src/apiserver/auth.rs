@@ -41,7 +41,11 @@ impl Identity {
 
     /// A plain user with no group.
     pub fn user(name: &str) -> Self {
-        Identity { username: name.into(), uid: format!("uid-{name}"), ..Default::default() }
+        Identity {
+            username: name.into(),
+            uid: format!("uid-{name}"),
+            ..Default::default()
+        }
     }
 
     /// A ServiceAccount identity (not bound to a Pod).
@@ -49,14 +53,23 @@ impl Identity {
         Identity {
             username: format!("system:serviceaccount:{namespace}:{name}"),
             uid: format!("sa-uid-{namespace}-{name}"),
-            groups: vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{namespace}")],
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+            ],
             extra: BTreeMap::new(),
         }
     }
 
     /// Binds a ServiceAccount token to a Pod on a Node, as a projected token does:
     /// sets the `authentication.kubernetes.io/{pod-name,pod-uid,node-name,node-uid}` extras.
-    pub fn bound_to_pod(mut self, pod_name: &str, pod_uid: &str, node_name: &str, node_uid: &str) -> Self {
+    pub fn bound_to_pod(
+        mut self,
+        pod_name: &str,
+        pod_uid: &str,
+        node_name: &str,
+        node_uid: &str,
+    ) -> Self {
         for (k, v) in [
             (EXTRA_POD_NAME, pod_name),
             (EXTRA_POD_UID, pod_uid),
@@ -67,8 +80,10 @@ impl Identity {
                 self.extra.insert(k.into(), vec![v.into()]);
             }
         }
-        self.extra
-            .insert(EXTRA_CREDENTIAL_ID.into(), vec![format!("JTI={}", uuid::Uuid::new_v4())]);
+        self.extra.insert(
+            EXTRA_CREDENTIAL_ID.into(),
+            vec![format!("JTI={}", uuid::Uuid::new_v4())],
+        );
         self
     }
 
@@ -107,23 +122,36 @@ pub struct Tokens(RwLock<HashMap<String, Identity>>);
 impl Tokens {
     /// Adds or replaces a token.
     pub fn insert(&self, token: &str, identity: Identity) {
-        self.0.write().unwrap_or_else(|e| e.into_inner()).insert(token.into(), identity);
+        self.0
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(token.into(), identity);
     }
 
     /// Removes a token (later requests with it get 401).
     pub fn remove(&self, token: &str) {
-        self.0.write().unwrap_or_else(|e| e.into_inner()).remove(token);
+        self.0
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(token);
     }
 
     /// The identity of an `Authorization` header value.
     pub fn authenticate(&self, header: Option<&str>) -> Option<Identity> {
         let token = header?.strip_prefix("Bearer ")?.trim();
-        self.0.read().unwrap_or_else(|e| e.into_inner()).get(token).cloned()
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(token)
+            .cloned()
     }
 
     /// Whether a token is known.
     pub fn contains(&self, token: &str) -> bool {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).contains_key(token)
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(token)
     }
 }
 
@@ -134,12 +162,22 @@ mod tests {
     #[test]
     fn bearer_tokens() {
         let t = Tokens::default();
-        t.insert("tok", Identity::service_account("kube-system", "kube-ovn-cni").bound_to_pod("p", "u", "n", ""));
+        t.insert(
+            "tok",
+            Identity::service_account("kube-system", "kube-ovn-cni")
+                .bound_to_pod("p", "u", "n", ""),
+        );
         let id = t.authenticate(Some("Bearer tok")).unwrap();
-        assert_eq!(id.username, "system:serviceaccount:kube-system:kube-ovn-cni");
+        assert_eq!(
+            id.username,
+            "system:serviceaccount:kube-system:kube-ovn-cni"
+        );
         assert_eq!(id.extra[EXTRA_POD_UID], vec!["u".to_string()]);
         assert!(!id.extra.contains_key(EXTRA_NODE_UID));
-        assert!(id.effective_groups().contains(&"system:authenticated".to_string()));
+        assert!(
+            id.effective_groups()
+                .contains(&"system:authenticated".to_string())
+        );
         assert!(t.authenticate(Some("Bearer nope")).is_none());
         assert!(t.authenticate(Some("Basic tok")).is_none());
         assert!(t.authenticate(None).is_none());

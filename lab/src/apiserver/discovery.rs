@@ -29,14 +29,17 @@ fn group_doc(group: &str) -> Value {
 
 /// `/apis`.
 pub fn api_group_list() -> Value {
-    let groups: Vec<Value> = groups().into_iter().map(|g| {
-        let mut d = group_doc(g);
-        if let Some(m) = d.as_object_mut() {
-            m.remove("kind");
-            m.remove("apiVersion");
-        }
-        d
-    }).collect();
+    let groups: Vec<Value> = groups()
+        .into_iter()
+        .map(|g| {
+            let mut d = group_doc(g);
+            if let Some(m) = d.as_object_mut() {
+                m.remove("kind");
+                m.remove("apiVersion");
+            }
+            d
+        })
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
@@ -48,12 +51,26 @@ pub fn api_group(group: &str) -> Option<Value> {
 fn verbs(def: &ResourceDef) -> Vec<&'static str> {
     match def.storage {
         Storage::Review => vec!["create"],
-        Storage::Stored => vec!["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+        Storage::Stored => vec![
+            "create",
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "update",
+            "watch",
+        ],
     }
 }
 
-fn in_group<'a>(group: &'a str, version: &'a str) -> impl Iterator<Item = &'static ResourceDef> + 'a {
-    RESOURCES.iter().filter(move |d| d.group == group && d.version == version)
+fn in_group<'a>(
+    group: &'a str,
+    version: &'a str,
+) -> impl Iterator<Item = &'static ResourceDef> + 'a {
+    RESOURCES
+        .iter()
+        .filter(move |d| d.group == group && d.version == version)
 }
 
 /// `/api/v1` or `/apis/<group>/<version>`, if served.
@@ -74,16 +91,25 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
     if resources.is_empty() {
         return None;
     }
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+    )
 }
 
 /// Content type of an aggregated discovery answer.
-pub const AGGREGATED_CONTENT_TYPE: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+pub const AGGREGATED_CONTENT_TYPE: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 
 /// Whether an `Accept` header asks for aggregated discovery v2.
 pub fn wants_aggregated(accept: &str) -> bool {
-    accept.split(',').any(|a| a.contains("g=apidiscovery.k8s.io") && a.contains("v=v2") && !a.contains("v=v2beta1"))
+    accept.split(',').any(|a| {
+        a.contains("g=apidiscovery.k8s.io") && a.contains("v=v2") && !a.contains("v=v2beta1")
+    })
 }
 
 fn discovery_version(group: &str, version: &str) -> Value {
@@ -106,7 +132,9 @@ fn discovery_version(group: &str, version: &str) -> Value {
 /// Aggregated discovery for `/api` (core group) or `/apis` (named groups).
 pub fn aggregated(core: bool) -> Value {
     let items: Vec<Value> = if core {
-        vec![json!({"metadata": {"creationTimestamp": null}, "versions": [discovery_version("", "v1")]})]
+        vec![
+            json!({"metadata": {"creationTimestamp": null}, "versions": [discovery_version("", "v1")]}),
+        ]
     } else {
         groups()
             .into_iter()
@@ -114,26 +142,6 @@ pub fn aggregated(core: bool) -> Value {
             .collect()
     };
     json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items})
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn documents() {
-        let core = api_resource_list("", "v1").unwrap();
-        let names: Vec<&str> = core["resources"].as_array().unwrap().iter().filter_map(|r| r["name"].as_str()).collect();
-        assert!(names.contains(&"pods") && names.contains(&"pods/status") && names.contains(&"configmaps"));
-        let csr = api_resource_list("certificates.k8s.io", "v1").unwrap();
-        assert!(csr.to_string().contains("certificatesigningrequests/approval"));
-        assert!(api_resource_list("nope", "v1").is_none());
-        assert!(api_group("apps").is_some());
-        assert!(api_group_list().to_string().contains("cert-manager.io/v1"));
-        assert!(wants_aggregated("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"));
-        assert!(!wants_aggregated("application/json"));
-        assert_eq!(aggregated(false)["items"].as_array().unwrap().len(), groups().len());
-    }
 }
 
 /// `/openapi/v3`: the index of per-group-version documents.
@@ -145,10 +153,21 @@ mod tests {
 pub fn openapi_v3_root() -> Value {
     let mut paths = serde_json::Map::new();
     let mut gvs = vec![("".to_string(), "v1".to_string())];
-    gvs.extend(groups().into_iter().map(|g| (g.to_string(), "v1".to_string())));
+    gvs.extend(
+        groups()
+            .into_iter()
+            .map(|g| (g.to_string(), "v1".to_string())),
+    );
     for (g, v) in gvs {
-        let key = if g.is_empty() { format!("api/{v}") } else { format!("apis/{g}/{v}") };
-        paths.insert(key.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash=lab")}));
+        let key = if g.is_empty() {
+            format!("api/{v}")
+        } else {
+            format!("apis/{g}/{v}")
+        };
+        paths.insert(
+            key.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash=lab")}),
+        );
     }
     json!({"paths": paths})
 }
@@ -157,7 +176,11 @@ pub fn openapi_v3_root() -> Value {
 pub fn openapi_v3_group_version(group: &str, version: &str) -> Option<Value> {
     let mut paths = serde_json::Map::new();
     for d in in_group(group, version).filter(|d| d.storage == Storage::Stored) {
-        let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+        let prefix = if group.is_empty() {
+            format!("/api/{version}")
+        } else {
+            format!("/apis/{group}/{version}")
+        };
         let path = if d.namespaced {
             format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", d.plural)
         } else {
@@ -185,4 +208,41 @@ pub fn openapi_v3_group_version(group: &str, version: &str) -> Option<Value> {
         "paths": paths,
         "components": {"schemas": {}}
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents() {
+        let core = api_resource_list("", "v1").unwrap();
+        let names: Vec<&str> = core["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        assert!(
+            names.contains(&"pods")
+                && names.contains(&"pods/status")
+                && names.contains(&"configmaps")
+        );
+        let csr = api_resource_list("certificates.k8s.io", "v1").unwrap();
+        assert!(
+            csr.to_string()
+                .contains("certificatesigningrequests/approval")
+        );
+        assert!(api_resource_list("nope", "v1").is_none());
+        assert!(api_group("apps").is_some());
+        assert!(api_group_list().to_string().contains("cert-manager.io/v1"));
+        assert!(wants_aggregated(
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"
+        ));
+        assert!(!wants_aggregated("application/json"));
+        assert_eq!(
+            aggregated(false)["items"].as_array().unwrap().len(),
+            groups().len()
+        );
+    }
 }

@@ -60,7 +60,12 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        ApiError { code, reason, message: message.into(), details: None }
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
 
     fn with_details(mut self, def: &ResourceDef, name: &str) -> Self {
@@ -85,24 +90,40 @@ impl ApiError {
 
     /// 404 NotFound for an object.
     pub fn not_found(def: &ResourceDef, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{} \"{name}\" not found", def.resource_ref()))
-            .with_details(def, name)
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", def.resource_ref()),
+        )
+        .with_details(def, name)
     }
 
     /// 404 NotFound for a path that serves nothing.
     pub fn no_route(path: &str) -> Self {
-        Self::new(404, "NotFound", format!("the server could not find the requested resource ({path})"))
+        Self::new(
+            404,
+            "NotFound",
+            format!("the server could not find the requested resource ({path})"),
+        )
     }
 
     /// 405 MethodNotAllowed.
     pub fn method_not_allowed(method: &str, what: &str) -> Self {
-        Self::new(405, "MethodNotAllowed", format!("{method} is not supported on {what}"))
+        Self::new(
+            405,
+            "MethodNotAllowed",
+            format!("{method} is not supported on {what}"),
+        )
     }
 
     /// 409 AlreadyExists.
     pub fn already_exists(def: &ResourceDef, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", def.resource_ref()))
-            .with_details(def, name)
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", def.resource_ref()),
+        )
+        .with_details(def, name)
     }
 
     /// 409 Conflict: a stale resourceVersion or a failed precondition.
@@ -110,7 +131,10 @@ impl ApiError {
         Self::new(
             409,
             "Conflict",
-            format!("Operation cannot be fulfilled on {} \"{name}\": {why}", def.resource_ref()),
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                def.resource_ref()
+            ),
         )
         .with_details(def, name)
     }
@@ -126,7 +150,11 @@ impl ApiError {
 
     /// 413 RequestEntityTooLarge.
     pub fn too_large(limit: usize) -> Self {
-        Self::new(413, "RequestEntityTooLarge", format!("Request entity too large: limit is {limit}"))
+        Self::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {limit}"),
+        )
     }
 
     /// 415 UnsupportedMediaType.
@@ -187,8 +215,10 @@ impl IntoResponse for ApiError {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = self.status().to_string();
         let mut resp = (code, body).into_response();
-        resp.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         resp
     }
 }

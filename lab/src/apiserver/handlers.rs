@@ -24,6 +24,7 @@ use super::discovery;
 use super::error::ApiError;
 use super::objects::{self, certificate_changed, prepare_create, prepare_delete, prepare_update};
 use super::patch::{self, PatchKind};
+use super::protobuf;
 use super::rbac::{self, Attributes, Decision};
 use super::resources::{RESOURCES, ResourceDef, Storage, find, idx};
 use super::selectors::{FieldSelector, LabelSelector};
@@ -78,7 +79,12 @@ enum Route {
     Resource(ResourcePath),
 }
 
-fn parse_resource_path(group: &str, version: &str, rest: &[&str], path: &str) -> Result<Route, ApiError> {
+fn parse_resource_path(
+    group: &str,
+    version: &str,
+    rest: &[&str],
+    path: &str,
+) -> Result<Route, ApiError> {
     let not_found = || ApiError::no_route(path);
     if rest.is_empty() {
         return Ok(Route::GroupVersion(group.into(), version.into()));
@@ -101,16 +107,21 @@ fn parse_resource_path(group: &str, version: &str, rest: &[&str], path: &str) ->
     let def = &RESOURCES[resource];
     let name = tail.get(1).map(|s| s.to_string());
     let subresource = tail.get(2).map(|s| s.to_string());
-    if let Some(sub) = &subresource {
-        if !def.subresources.contains(&sub.as_str()) {
-            return Err(not_found());
-        }
+    if let Some(sub) = &subresource
+        && !def.subresources.contains(&sub.as_str())
+    {
+        return Err(not_found());
     }
     // A namespaced object is only addressed through its namespace.
     if def.namespaced && namespace.is_none() && name.is_some() {
         return Err(not_found());
     }
-    Ok(Route::Resource(ResourcePath { resource, namespace, name, subresource }))
+    Ok(Route::Resource(ResourcePath {
+        resource,
+        namespace,
+        name,
+        subresource,
+    }))
 }
 
 fn parse_route(path: &str) -> Result<Route, ApiError> {
@@ -125,7 +136,9 @@ fn parse_route(path: &str) -> Result<Route, ApiError> {
         ["apis", group, version, rest @ ..] => parse_resource_path(group, version, rest, path),
         ["openapi", "v3"] => Ok(Route::OpenApiRoot),
         ["openapi", "v3", "api", version] => Ok(Route::OpenApi(String::new(), version.to_string())),
-        ["openapi", "v3", "apis", group, version] => Ok(Route::OpenApi(group.to_string(), version.to_string())),
+        ["openapi", "v3", "apis", group, version] => {
+            Ok(Route::OpenApi(group.to_string(), version.to_string()))
+        }
         _ => Err(ApiError::no_route(path)),
     }
 }
@@ -136,7 +149,8 @@ fn json_response(code: StatusCode, body: &Value) -> Response {
 
 fn bytes_response(code: StatusCode, body: Bytes, content_type: &'static str) -> Response {
     let mut resp = (code, body).into_response();
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
@@ -162,7 +176,9 @@ fn percent_decode(s: &str) -> String {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match hex {
                     Some(b) => {
                         out.push(b);
@@ -204,16 +220,21 @@ async fn read_body(body: Body) -> Result<Bytes, ApiError> {
 }
 
 fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
-    })
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
 }
 
-fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json");
+/// Decodes a POST/PUT body: JSON, or the protobuf kubectl's typed clients send.
+fn decode_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
     let base = ct.split(';').next().unwrap_or("").trim();
     if base == "application/json" || base.is_empty() || base == "*/*" {
-        Ok(())
+        parse_json(body)
+    } else if base == protobuf::CONTENT_TYPE {
+        protobuf::decode(body)
     } else {
         Err(ApiError::unsupported_media_type(format!(
             "the body of the request was in an unknown format - accepted media types include: application/json (got {ct:?})"
@@ -225,27 +246,48 @@ async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
     let path = req.uri().path().to_string();
     let route = parse_route(&path);
     if route == Ok(Route::Health) {
-        return Ok(bytes_response(StatusCode::OK, Bytes::from_static(b"ok"), "text/plain"));
+        return Ok(bytes_response(
+            StatusCode::OK,
+            Bytes::from_static(b"ok"),
+            "text/plain",
+        ));
     }
-    let auth = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let id = shared.tokens.authenticate(auth).ok_or_else(ApiError::unauthorized)?;
+    let auth = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let id = shared
+        .tokens
+        .authenticate(auth)
+        .ok_or_else(ApiError::unauthorized)?;
     let route = route?;
     let method = req.method().clone();
-    let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let rp = match route {
         Route::Resource(rp) => rp,
         other => {
             if method != Method::GET {
                 return Err(ApiError::method_not_allowed(method.as_str(), &path));
             }
-            let attrs = Attributes { verb: "get".into(), path: Some(path.clone()), ..Default::default() };
+            let attrs = Attributes {
+                verb: "get".into(),
+                path: Some(path.clone()),
+                ..Default::default()
+            };
             authorize(shared, &id, &attrs)?;
             return discovery_response(shared, other, &accept, &path);
         }
     };
     let query = query_map(req.uri().query());
     if query.get("dryRun").is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::bad_request("dryRun is not supported by the lab API server"));
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by the lab API server",
+        ));
     }
     let def = &RESOURCES[rp.resource];
     let is_watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
@@ -283,7 +325,10 @@ async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
     let name = rp.name.clone().unwrap_or_default();
     match verb {
         "get" => {
-            let obj = shared.store.get(rp.resource, &ns, &name).ok_or_else(|| ApiError::not_found(def, &name))?;
+            let obj = shared
+                .store
+                .get(rp.resource, &ns, &name)
+                .ok_or_else(|| ApiError::not_found(def, &name))?;
             Ok(json_response(StatusCode::OK, &obj))
         }
         "list" => list(shared, def, &rp, &query),
@@ -291,8 +336,7 @@ async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
         "create" => {
             let headers = req.headers().clone();
             let body = read_body(req.into_body()).await?;
-            check_json_content_type(&headers)?;
-            let obj = parse_json(&body)?;
+            let obj = decode_body(&headers, &body)?;
             if def.storage == Storage::Review {
                 return self_subject_access_review(shared, &id, obj);
             }
@@ -302,7 +346,10 @@ async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
             let headers = req.headers().clone();
             let body = read_body(req.into_body()).await?;
             let patch_kind = if verb == "patch" {
-                let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+                let ct = headers
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
                 let kind = PatchKind::from_content_type(ct)?;
                 if kind == PatchKind::Strategic && !def.builtin {
                     return Err(ApiError::unsupported_media_type(
@@ -311,14 +358,22 @@ async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
                 }
                 Some(kind)
             } else {
-                check_json_content_type(&headers)?;
                 None
             };
-            update(shared, def, &rp, &id, patch_kind, &body)
+            let new_body = if patch_kind.is_none() {
+                Some(decode_body(&headers, &body)?)
+            } else {
+                None
+            };
+            update(shared, def, &rp, &id, patch_kind, new_body, &body)
         }
         "delete" => {
             let body = read_body(req.into_body()).await?;
-            let options = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { parse_json(&body)? };
+            let options = if body.iter().all(u8::is_ascii_whitespace) {
+                json!({})
+            } else {
+                parse_json(&body)?
+            };
             let written = shared.store.write(rp.resource, &ns, &name, |cur| {
                 let old = cur.ok_or_else(|| ApiError::not_found(def, &name))?;
                 prepare_delete(def, &name, old, &options)
@@ -362,40 +417,73 @@ fn signer_allowed(shared: &Shared, id: &Identity, verb: &str, signer: &str) -> b
     })
 }
 
-fn discovery_response(shared: &Shared, route: Route, accept: &str, path: &str) -> Result<Response, ApiError> {
+fn discovery_response(
+    shared: &Shared,
+    route: Route,
+    accept: &str,
+    path: &str,
+) -> Result<Response, ApiError> {
     let aggregated = discovery::wants_aggregated(accept);
     let doc = match route {
         Route::Version => discovery::version(),
         Route::CoreVersions if aggregated => {
-            return Ok(bytes_response(StatusCode::OK, Bytes::from(discovery::aggregated(true).to_string()), discovery::AGGREGATED_CONTENT_TYPE));
+            return Ok(bytes_response(
+                StatusCode::OK,
+                Bytes::from(discovery::aggregated(true).to_string()),
+                discovery::AGGREGATED_CONTENT_TYPE,
+            ));
         }
         Route::Groups if aggregated => {
-            return Ok(bytes_response(StatusCode::OK, Bytes::from(discovery::aggregated(false).to_string()), discovery::AGGREGATED_CONTENT_TYPE));
+            return Ok(bytes_response(
+                StatusCode::OK,
+                Bytes::from(discovery::aggregated(false).to_string()),
+                discovery::AGGREGATED_CONTENT_TYPE,
+            ));
         }
         Route::CoreVersions => discovery::api_versions(&shared.addr.to_string()),
         Route::Groups => discovery::api_group_list(),
         Route::Group(g) => discovery::api_group(&g).ok_or_else(|| ApiError::no_route(path))?,
-        Route::GroupVersion(g, v) => discovery::api_resource_list(&g, &v).ok_or_else(|| ApiError::no_route(path))?,
+        Route::GroupVersion(g, v) => {
+            discovery::api_resource_list(&g, &v).ok_or_else(|| ApiError::no_route(path))?
+        }
         Route::OpenApiRoot => discovery::openapi_v3_root(),
-        Route::OpenApi(g, v) => discovery::openapi_v3_group_version(&g, &v).ok_or_else(|| ApiError::no_route(path))?,
+        Route::OpenApi(g, v) => {
+            discovery::openapi_v3_group_version(&g, &v).ok_or_else(|| ApiError::no_route(path))?
+        }
         Route::Health | Route::Resource(_) => return Err(ApiError::no_route(path)),
     };
     Ok(json_response(StatusCode::OK, &doc))
 }
 
-fn selectors(def: &ResourceDef, query: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelector), ApiError> {
-    let labels = LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-    let fields = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or(""), def)?;
+fn selectors(
+    def: &ResourceDef,
+    query: &HashMap<String, String>,
+) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let labels =
+        LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+    let fields = FieldSelector::parse(
+        query.get("fieldSelector").map(String::as_str).unwrap_or(""),
+        def,
+    )?;
     Ok((labels, fields))
 }
 
 fn parse_rv(s: &str) -> Result<u64, ApiError> {
-    s.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resource version {s:?}")))
+    s.parse::<u64>()
+        .map_err(|_| ApiError::bad_request(format!("invalid resource version {s:?}")))
 }
 
-fn list(shared: &Shared, def: &ResourceDef, rp: &ResourcePath, query: &HashMap<String, String>) -> Result<Response, ApiError> {
+fn list(
+    shared: &Shared,
+    def: &ResourceDef,
+    rp: &ResourcePath,
+    query: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(def, query)?;
-    let rv_param = query.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let rv_param = query
+        .get("resourceVersion")
+        .map(String::as_str)
+        .unwrap_or("");
     let exact = query.get("resourceVersionMatch").map(String::as_str) == Some("Exact");
     let ns = rp.namespace.as_deref();
     let (items, rv) = match rv_param {
@@ -420,7 +508,10 @@ fn list(shared: &Shared, def: &ResourceDef, rp: &ResourcePath, query: &HashMap<S
     buf.extend_from_slice(head.strip_suffix('}').unwrap_or(&head).as_bytes());
     buf.extend_from_slice(b",\"items\":[");
     let mut first = true;
-    for obj in items.iter().filter(|o| labels.matches(o) && fields.matches(o)) {
+    for obj in items
+        .iter()
+        .filter(|o| labels.matches(o) && fields.matches(o))
+    {
         if !first {
             buf.push(b',');
         }
@@ -428,24 +519,47 @@ fn list(shared: &Shared, def: &ResourceDef, rp: &ResourcePath, query: &HashMap<S
         serde_json::to_writer(&mut buf, &**obj).map_err(|e| ApiError::internal(e.to_string()))?;
     }
     buf.extend_from_slice(b"]}");
-    Ok(bytes_response(StatusCode::OK, Bytes::from(buf), "application/json"))
+    Ok(bytes_response(
+        StatusCode::OK,
+        Bytes::from(buf),
+        "application/json",
+    ))
 }
 
-fn watch(shared: &Shared, def: &ResourceDef, rp: &ResourcePath, query: &HashMap<String, String>) -> Result<Response, ApiError> {
+fn watch(
+    shared: &Shared,
+    def: &ResourceDef,
+    rp: &ResourcePath,
+    query: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(def, query)?;
-    let rv_param = query.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let rv_param = query
+        .get("resourceVersion")
+        .map(String::as_str)
+        .unwrap_or("");
     let send_initial = query.get("sendInitialEvents").map(String::as_str);
     let bookmarks = query.get("allowWatchBookmarks").map(String::as_str) == Some("true");
     if send_initial == Some("true") {
         if query.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
-            return Err(ApiError::invalid(def, "", "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"));
+            return Err(ApiError::invalid(
+                def,
+                "",
+                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            ));
         }
         if !bookmarks {
-            return Err(ApiError::invalid(def, "", "allowWatchBookmarks: Forbidden: sendInitialEvents requires allowWatchBookmarks=true"));
+            return Err(ApiError::invalid(
+                def,
+                "",
+                "allowWatchBookmarks: Forbidden: sendInitialEvents requires allowWatchBookmarks=true",
+            ));
         }
     }
     let timeout = match query.get("timeoutSeconds") {
-        Some(t) => Duration::from_secs(t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?),
+        Some(t) => Duration::from_secs(
+            t.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?,
+        ),
         None => Duration::from_secs(1800),
     };
     let from = match (rv_param, send_initial) {
@@ -463,7 +577,10 @@ fn watch(shared: &Shared, def: &ResourceDef, rp: &ResourcePath, query: &HashMap<
         timeout,
         bookmark_interval: shared.bookmark_interval,
     };
-    let body = match shared.store.subscribe(rp.resource, rp.namespace.as_deref(), from) {
+    let body = match shared
+        .store
+        .subscribe(rp.resource, rp.namespace.as_deref(), from)
+    {
         Ok(mut sub) => {
             if send_initial == Some("false") {
                 sub.initial.clear();
@@ -477,16 +594,30 @@ fn watch(shared: &Shared, def: &ResourceDef, rp: &ResourcePath, query: &HashMap<
         Err(err) => Body::from(watch::error_event(&err)),
     };
     let mut resp = Response::new(body);
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     Ok(resp)
 }
 
-fn create(shared: &Shared, def: &ResourceDef, resource: usize, ns: &str, body: Value, id: &Identity) -> Result<Response, ApiError> {
+fn create(
+    shared: &Shared,
+    def: &ResourceDef,
+    resource: usize,
+    ns: &str,
+    body: Value,
+    id: &Identity,
+) -> Result<Response, ApiError> {
     let obj = prepare_create(def, ns, body, id)?;
     if def.namespaced && shared.store.get(idx::NAMESPACES, "", ns).is_none() {
         return Err(ApiError::not_found(&RESOURCES[idx::NAMESPACES], ns));
     }
-    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     let written = shared.store.write(resource, ns, &name, |cur| {
         if cur.is_some() {
             return Err(ApiError::already_exists(def, &name));
@@ -502,33 +633,31 @@ fn update(
     rp: &ResourcePath,
     id: &Identity,
     patch_kind: Option<PatchKind>,
+    new_body: Option<Value>,
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let ns = rp.namespace.clone().unwrap_or_default();
     let name = rp.name.clone().unwrap_or_default();
     let sub = rp.subresource.as_deref();
-    let new_body = match patch_kind {
-        None => Some(parse_json(body)?),
-        Some(_) => None,
-    };
     // Admission for CSR approval and signing needs RBAC lookups, which read the
     // store: decide them before taking the store's write lock. The signer name
     // is immutable, so reading it first is safe.
     let is_csr = rp.resource == idx::CSRS;
     let signer = if is_csr && sub.is_some() {
-        shared
-            .store
-            .get(rp.resource, &ns, &name)
-            .and_then(|o| o.pointer("/spec/signerName").and_then(Value::as_str).map(str::to_string))
+        shared.store.get(rp.resource, &ns, &name).and_then(|o| {
+            o.pointer("/spec/signerName")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
     } else {
         None
     };
-    if let (Some("approval"), Some(signer)) = (sub, &signer) {
-        if !signer_allowed(shared, id, "approve", signer) {
-            return Err(ApiError::forbidden(format!(
-                "certificatesigningrequests.certificates.k8s.io \"{name}\" is forbidden: user not permitted to approve requests with signerName \"{signer}\""
-            )));
-        }
+    if let (Some("approval"), Some(signer)) = (sub, &signer)
+        && !signer_allowed(shared, id, "approve", signer)
+    {
+        return Err(ApiError::forbidden(format!(
+            "certificatesigningrequests.certificates.k8s.io \"{name}\" is forbidden: user not permitted to approve requests with signerName \"{signer}\""
+        )));
     }
     let may_sign = match (sub, &signer) {
         (Some("status"), Some(signer)) => signer_allowed(shared, id, "sign", signer),
@@ -542,31 +671,39 @@ fn update(
             (None, None) => return Err(ApiError::internal("update without a body")),
         };
         let decision = prepare_update(def, sub, &name, old, new)?;
-        if is_csr && sub == Some("status") && !may_sign {
-            if let Write::Put(ref obj) = decision {
-                if certificate_changed(old, obj) {
+        if is_csr && sub == Some("status") && !may_sign
+            && let Write::Put(ref obj) = decision
+                && certificate_changed(old, obj) {
                     return Err(ApiError::forbidden(format!(
                         "certificatesigningrequests.certificates.k8s.io \"{name}\" is forbidden: user not permitted to sign requests with signerName \"{}\"",
                         signer.as_deref().unwrap_or("")
                     )));
                 }
-            }
-        }
         Ok(decision)
     })?;
     Ok(json_response(StatusCode::OK, &written.object))
 }
 
-fn delete_collection(shared: &Shared, def: &ResourceDef, rp: &ResourcePath, query: &HashMap<String, String>) -> Result<Response, ApiError> {
+fn delete_collection(
+    shared: &Shared,
+    def: &ResourceDef,
+    rp: &ResourcePath,
+    query: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(def, query)?;
     let (items, _) = shared.store.list(rp.resource, rp.namespace.as_deref());
     let mut deleted = Vec::new();
-    for obj in items.iter().filter(|o| labels.matches(o) && fields.matches(o)) {
+    for obj in items
+        .iter()
+        .filter(|o| labels.matches(o) && fields.matches(o))
+    {
         let (ns, name) = super::store::key_of(obj);
-        let res = shared.store.write(rp.resource, &ns, &name, |cur| match cur {
-            Some(old) => prepare_delete(def, &name, old, &json!({})),
-            None => Err(ApiError::not_found(def, &name)),
-        });
+        let res = shared
+            .store
+            .write(rp.resource, &ns, &name, |cur| match cur {
+                Some(old) => prepare_delete(def, &name, old, &json!({})),
+                None => Err(ApiError::not_found(def, &name)),
+            });
         match res {
             Ok(w) => deleted.push((*w.object).clone()),
             Err(e) if e.code == 404 => {}
@@ -580,10 +717,25 @@ fn delete_collection(shared: &Shared, def: &ResourceDef, rp: &ResourcePath, quer
     ))
 }
 
-fn self_subject_access_review(shared: &Shared, id: &Identity, mut review: Value) -> Result<Response, ApiError> {
-    let def = &RESOURCES[super::resources::find("authorization.k8s.io", "v1", "selfsubjectaccessreviews").unwrap_or(0)];
+fn self_subject_access_review(
+    shared: &Shared,
+    id: &Identity,
+    mut review: Value,
+) -> Result<Response, ApiError> {
+    let def = &RESOURCES[super::resources::find(
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectaccessreviews",
+    )
+    .unwrap_or(0)];
     objects::check_type(def, &mut review)?;
-    let s = |p: &str| review.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+    let s = |p: &str| {
+        review
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
     let attrs = if review.pointer("/spec/resourceAttributes").is_some() {
         Attributes {
             verb: s("/spec/resourceAttributes/verb"),
@@ -601,9 +753,17 @@ fn self_subject_access_review(shared: &Shared, id: &Identity, mut review: Value)
             ..Default::default()
         }
     } else {
-        return Err(ApiError::invalid(def, "", "spec.resourceAttributes: Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be specified"));
+        return Err(ApiError::invalid(
+            def,
+            "",
+            "spec.resourceAttributes: Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be specified",
+        ));
     };
-    let decision = if shared.rbac { rbac::authorize(&shared.store, id, &attrs) } else { Decision::Allow("RBAC disabled".into()) };
+    let decision = if shared.rbac {
+        rbac::authorize(&shared.store, id, &attrs)
+    } else {
+        Decision::Allow("RBAC disabled".into())
+    };
     let status = match decision {
         Decision::Allow(reason) => json!({"allowed": true, "reason": reason}),
         Decision::Deny(_) => json!({"allowed": false}),
@@ -623,20 +783,48 @@ mod tests {
         let pods = find("", "v1", "pods").unwrap();
         assert_eq!(
             parse_route("/api/v1/namespaces/ns/pods/p/status").unwrap(),
-            Route::Resource(ResourcePath { resource: pods, namespace: Some("ns".into()), name: Some("p".into()), subresource: Some("status".into()) })
+            Route::Resource(ResourcePath {
+                resource: pods,
+                namespace: Some("ns".into()),
+                name: Some("p".into()),
+                subresource: Some("status".into())
+            })
         );
         assert_eq!(
             parse_route("/api/v1/pods").unwrap(),
-            Route::Resource(ResourcePath { resource: pods, namespace: None, name: None, subresource: None })
+            Route::Resource(ResourcePath {
+                resource: pods,
+                namespace: None,
+                name: None,
+                subresource: None
+            })
         );
         let ns = find("", "v1", "namespaces").unwrap();
         assert_eq!(
             parse_route("/api/v1/namespaces/kube-system").unwrap(),
-            Route::Resource(ResourcePath { resource: ns, namespace: None, name: Some("kube-system".into()), subresource: None })
+            Route::Resource(ResourcePath {
+                resource: ns,
+                namespace: None,
+                name: Some("kube-system".into()),
+                subresource: None
+            })
         );
-        assert_eq!(parse_route("/apis/apps/v1").unwrap(), Route::GroupVersion("apps".into(), "v1".into()));
-        assert_eq!(parse_route("/api/v1/namespaces/ns/widgets").unwrap_err().code, 404);
-        assert_eq!(parse_route("/api/v1/namespaces/ns/pods/p/exec").unwrap_err().code, 404);
+        assert_eq!(
+            parse_route("/apis/apps/v1").unwrap(),
+            Route::GroupVersion("apps".into(), "v1".into())
+        );
+        assert_eq!(
+            parse_route("/api/v1/namespaces/ns/widgets")
+                .unwrap_err()
+                .code,
+            404
+        );
+        assert_eq!(
+            parse_route("/api/v1/namespaces/ns/pods/p/exec")
+                .unwrap_err()
+                .code,
+            404
+        );
         assert_eq!(parse_route("/api/v1/pods/p").unwrap_err().code, 404);
         assert_eq!(parse_route("/nope").unwrap_err().code, 404);
     }

@@ -26,6 +26,7 @@ mod error;
 mod handlers;
 mod objects;
 mod patch;
+mod protobuf;
 mod rbac;
 mod resources;
 mod selectors;
@@ -62,7 +63,8 @@ use tls::ServerPki;
 pub const ADMIN_TOKEN: &str = "lab-admin-token";
 
 /// Namespaces every cluster starts with.
-pub const INITIAL_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+pub const INITIAL_NAMESPACES: &[&str] =
+    &["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// Entry point: `ApiServer::builder()`.
 #[derive(Debug)]
@@ -158,7 +160,14 @@ impl ApiServerBuilder {
         let router = handlers::router(shared);
         let task = tokio::spawn(serve(listener, acceptor, router, shutdown.clone()));
         tracing::info!(%addr, rbac = self.rbac, "embedded apiserver listening");
-        Ok(ApiServerHandle { addr, pki, store, tokens, shutdown, task })
+        Ok(ApiServerHandle {
+            addr,
+            pki,
+            store,
+            tokens,
+            shutdown,
+            task,
+        })
     }
 }
 
@@ -266,10 +275,14 @@ impl ApiServerHandle {
     /// A kube-rs `Config` for `token`, built through kube's own kubeconfig loader.
     pub async fn kube_config(&self, token: &str) -> Result<kube::Config, Error> {
         let text = self.kubeconfig_yaml(token)?;
-        let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).map_err(|e| Error::Kubeconfig(e.to_string()))?;
-        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| Error::Kubeconfig(e.to_string()))
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&text)
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))
     }
 
     /// A kube-rs client authenticated with `token`.

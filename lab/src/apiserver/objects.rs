@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::auth::Identity;
 use super::error::ApiError;
-use super::resources::{ResourceDef, idx, RESOURCES};
+use super::resources::{RESOURCES, ResourceDef, idx};
 use super::store::Write;
 
 /// Current time as the API's RFC 3339 second-precision timestamp.
@@ -68,7 +68,10 @@ fn meta_mut(obj: &mut Value) -> Result<&mut Map<String, Value>, ApiError> {
 }
 
 fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
-    obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str).unwrap_or("")
+    obj.get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// Validates an object name like the real server: DNS-1123 subdomains, except
@@ -79,12 +82,16 @@ pub fn validate_name(def: &ResourceDef, name: &str) -> Result<(), String> {
     }
     if def.group == "rbac.authorization.k8s.io" {
         if name == "." || name == ".." || name.contains('/') || name.contains('%') {
-            return Err(format!("{name:?} may not be '.', '..' or contain '/' or '%'"));
+            return Err(format!(
+                "{name:?} may not be '.', '..' or contain '/' or '%'"
+            ));
         }
         return Ok(());
     }
     let ok = !name.is_empty()
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name.ends_with(|c: char| c.is_ascii_alphanumeric());
     if ok {
@@ -150,11 +157,22 @@ pub fn prepare_create(
             }
         },
     };
-    validate_name(def, &name).map_err(|why| ApiError::invalid(def, &name, format!("metadata.name: Invalid value: {why}")))?;
-    meta.insert("uid".into(), Value::String(uuid::Uuid::new_v4().to_string()));
+    validate_name(def, &name).map_err(|why| {
+        ApiError::invalid(def, &name, format!("metadata.name: Invalid value: {why}"))
+    })?;
+    meta.insert(
+        "uid".into(),
+        Value::String(uuid::Uuid::new_v4().to_string()),
+    );
     meta.insert("creationTimestamp".into(), Value::String(now()));
     meta.insert("generation".into(), json!(1));
-    for server_owned in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink", "managedFields"] {
+    for server_owned in [
+        "resourceVersion",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "selfLink",
+        "managedFields",
+    ] {
         meta.remove(server_owned);
     }
     if let Some(map) = body.as_object_mut() {
@@ -179,27 +197,50 @@ pub fn prepare_create(
     Ok(body)
 }
 
-fn prepare_csr(def: &ResourceDef, name: &str, body: &mut Value, id: &Identity) -> Result<(), ApiError> {
+fn prepare_csr(
+    def: &ResourceDef,
+    name: &str,
+    body: &mut Value,
+    id: &Identity,
+) -> Result<(), ApiError> {
     let spec = body
         .get_mut("spec")
         .and_then(Value::as_object_mut)
         .ok_or_else(|| ApiError::invalid(def, name, "spec: Required value"))?;
     let request = spec.get("request").and_then(Value::as_str).unwrap_or("");
-    let decoded = base64::engine::general_purpose::STANDARD.decode(request).unwrap_or_default();
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(request)
+        .unwrap_or_default();
     if !String::from_utf8_lossy(&decoded).contains("-----BEGIN CERTIFICATE REQUEST-----") {
-        return Err(ApiError::invalid(def, name, "spec.request: Invalid value: []byte{...}: PEM block type must be CERTIFICATE REQUEST"));
+        return Err(ApiError::invalid(
+            def,
+            name,
+            "spec.request: Invalid value: []byte{...}: PEM block type must be CERTIFICATE REQUEST",
+        ));
     }
     let signer = spec.get("signerName").and_then(Value::as_str).unwrap_or("");
     if signer.is_empty() || !signer.contains('/') {
-        return Err(ApiError::invalid(def, name, "spec.signerName: Required value: signerName is required (domain/path)"));
+        return Err(ApiError::invalid(
+            def,
+            name,
+            "spec.signerName: Required value: signerName is required (domain/path)",
+        ));
     }
-    if spec.get("usages").and_then(Value::as_array).is_none_or(Vec::is_empty) {
+    if spec
+        .get("usages")
+        .and_then(Value::as_array)
+        .is_none_or(Vec::is_empty)
+    {
         return Err(ApiError::invalid(def, name, "spec.usages: Required value"));
     }
-    if let Some(secs) = spec.get("expirationSeconds").and_then(Value::as_i64) {
-        if secs < 600 {
-            return Err(ApiError::invalid(def, name, "spec.expirationSeconds: Invalid value: may not specify a duration less than 600 seconds (10 minutes)"));
-        }
+    if let Some(secs) = spec.get("expirationSeconds").and_then(Value::as_i64)
+        && secs < 600
+    {
+        return Err(ApiError::invalid(
+            def,
+            name,
+            "spec.expirationSeconds: Invalid value: may not specify a duration less than 600 seconds (10 minutes)",
+        ));
     }
     // The requester is who authenticated, never what the client wrote.
     spec.insert("username".into(), Value::String(id.username.clone()));
@@ -216,7 +257,10 @@ fn prepare_csr(def: &ResourceDef, name: &str, body: &mut Value, id: &Identity) -
 fn without(obj: &Value, fields: &[&str]) -> Value {
     match obj {
         Value::Object(m) => Value::Object(
-            m.iter().filter(|(k, _)| !fields.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect(),
+            m.iter()
+                .filter(|(k, _)| !fields.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         ),
         other => other.clone(),
     }
@@ -236,11 +280,16 @@ fn set_field(obj: &mut Value, key: &str, value: Option<&Value>) {
 }
 
 fn conditions(obj: &Value) -> Vec<Value> {
-    obj.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default()
+    obj.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn has_condition(conds: &[Value], t: &str) -> bool {
-    conds.iter().any(|c| c.get("type").and_then(Value::as_str) == Some(t))
+    conds
+        .iter()
+        .any(|c| c.get("type").and_then(Value::as_str) == Some(t))
 }
 
 /// The CSR status writes that need a `sign` check, from old to new object.
@@ -291,14 +340,26 @@ pub fn prepare_update(
             // Server-owned metadata is not writable through the main resource.
             let old_meta = old.get("metadata").cloned().unwrap_or_default();
             let meta = meta_mut(&mut r)?;
-            for k in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "namespace", "name"] {
+            for k in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "namespace",
+                "name",
+            ] {
                 match old_meta.get(k) {
                     Some(v) => meta.insert(k.into(), v.clone()),
                     None => meta.remove(k),
                 };
             }
             if without(&r, &["metadata", "status"]) != without(old, &["metadata", "status"]) {
-                let g = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(0) + 1;
+                let g = old_meta
+                    .get("generation")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0)
+                    + 1;
                 meta_mut(&mut r)?.insert("generation".into(), json!(g));
             }
             r
@@ -307,7 +368,12 @@ pub fn prepare_update(
             let mut r = old.clone();
             let mut status = new.get("status").cloned();
             if is_csr(def) {
-                status = Some(csr_status_update(def, name, old, status.unwrap_or_else(|| json!({})))?);
+                status = Some(csr_status_update(
+                    def,
+                    name,
+                    old,
+                    status.unwrap_or_else(|| json!({})),
+                )?);
             }
             set_field(&mut r, "status", status.as_ref());
             r
@@ -327,10 +393,10 @@ pub fn prepare_update(
             return Err(ApiError::no_route(&format!("{}/{other}", def.plural)));
         }
     };
-    if let Some(meta) = result.get_mut("metadata").and_then(Value::as_object_mut) {
-        if let Some(rv) = old.pointer("/metadata/resourceVersion") {
-            meta.insert("resourceVersion".into(), rv.clone());
-        }
+    if let Some(meta) = result.get_mut("metadata").and_then(Value::as_object_mut)
+        && let Some(rv) = old.pointer("/metadata/resourceVersion")
+    {
+        meta.insert("resourceVersion".into(), rv.clone());
     }
     let finalizers_empty = result
         .pointer("/metadata/finalizers")
@@ -345,36 +411,68 @@ pub fn prepare_update(
     Ok(Write::Put(result))
 }
 
-fn csr_approval_update(def: &ResourceDef, name: &str, old: &Value, new: &Value) -> Result<Vec<Value>, ApiError> {
+fn csr_approval_update(
+    def: &ResourceDef,
+    name: &str,
+    old: &Value,
+    new: &Value,
+) -> Result<Vec<Value>, ApiError> {
     let old_conds = conditions(old);
     let mut conds = conditions(new);
     let now = now();
     for c in &mut conds {
         let t = c.get("type").and_then(Value::as_str).unwrap_or("");
         if t.is_empty() {
-            return Err(ApiError::invalid(def, name, "status.conditions[].type: Required value"));
+            return Err(ApiError::invalid(
+                def,
+                name,
+                "status.conditions[].type: Required value",
+            ));
         }
         let status = c.get("status").and_then(Value::as_str).unwrap_or("");
         if (t == "Approved" || t == "Denied") && status != "True" {
-            return Err(ApiError::invalid(def, name, format!("status.conditions[{t}].status: Unsupported value: {status:?}: supported values: \"True\"")));
+            return Err(ApiError::invalid(
+                def,
+                name,
+                format!(
+                    "status.conditions[{t}].status: Unsupported value: {status:?}: supported values: \"True\""
+                ),
+            ));
         }
         if let Some(m) = c.as_object_mut() {
-            m.entry("lastUpdateTime").or_insert_with(|| Value::String(now.clone()));
-            m.entry("lastTransitionTime").or_insert_with(|| Value::String(now.clone()));
+            m.entry("lastUpdateTime")
+                .or_insert_with(|| Value::String(now.clone()));
+            m.entry("lastTransitionTime")
+                .or_insert_with(|| Value::String(now.clone()));
         }
     }
     if has_condition(&conds, "Approved") && has_condition(&conds, "Denied") {
-        return Err(ApiError::invalid(def, name, "status.conditions: Invalid value: Approved and Denied conditions are mutually exclusive"));
+        return Err(ApiError::invalid(
+            def,
+            name,
+            "status.conditions: Invalid value: Approved and Denied conditions are mutually exclusive",
+        ));
     }
     for t in ["Approved", "Denied", "Failed"] {
         if has_condition(&old_conds, t) && !has_condition(&conds, t) {
-            return Err(ApiError::invalid(def, name, format!("status.conditions: Forbidden: updates may not remove a condition of type {t:?}")));
+            return Err(ApiError::invalid(
+                def,
+                name,
+                format!(
+                    "status.conditions: Forbidden: updates may not remove a condition of type {t:?}"
+                ),
+            ));
         }
     }
     Ok(conds)
 }
 
-fn csr_status_update(def: &ResourceDef, name: &str, old: &Value, mut status: Value) -> Result<Value, ApiError> {
+fn csr_status_update(
+    def: &ResourceDef,
+    name: &str,
+    old: &Value,
+    mut status: Value,
+) -> Result<Value, ApiError> {
     // Approval only goes through /approval: /status keeps the old Approved/Denied.
     let old_conds = conditions(old);
     let mut conds: Vec<Value> = status
@@ -383,9 +481,19 @@ fn csr_status_update(def: &ResourceDef, name: &str, old: &Value, mut status: Val
         .cloned()
         .unwrap_or_default()
         .into_iter()
-        .filter(|c| !matches!(c.get("type").and_then(Value::as_str), Some("Approved" | "Denied")))
+        .filter(|c| {
+            !matches!(
+                c.get("type").and_then(Value::as_str),
+                Some("Approved" | "Denied")
+            )
+        })
         .collect();
-    for c in old_conds.iter().filter(|c| matches!(c.get("type").and_then(Value::as_str), Some("Approved" | "Denied"))) {
+    for c in old_conds.iter().filter(|c| {
+        matches!(
+            c.get("type").and_then(Value::as_str),
+            Some("Approved" | "Denied")
+        )
+    }) {
         conds.insert(0, c.clone());
     }
     if let Some(m) = status.as_object_mut() {
@@ -395,37 +503,80 @@ fn csr_status_update(def: &ResourceDef, name: &str, old: &Value, mut status: Val
             m.insert("conditions".into(), Value::Array(conds.clone()));
         }
     }
-    let old_cert = old.pointer("/status/certificate").and_then(Value::as_str).unwrap_or("");
-    let cert = status.get("certificate").and_then(Value::as_str).unwrap_or("");
+    let old_cert = old
+        .pointer("/status/certificate")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let cert = status
+        .get("certificate")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     if !old_cert.is_empty() && cert != old_cert {
-        return Err(ApiError::invalid(def, name, "status.certificate: Forbidden: updates may not modify existing certificate content"));
+        return Err(ApiError::invalid(
+            def,
+            name,
+            "status.certificate: Forbidden: updates may not modify existing certificate content",
+        ));
     }
     if !cert.is_empty() && cert != old_cert {
-        if !has_condition(&conds, "Approved") || has_condition(&conds, "Denied") || has_condition(&conds, "Failed") {
-            return Err(ApiError::invalid(def, name, "status.certificate: Forbidden: certificate issuance not allowed unless the request is approved"));
+        if !has_condition(&conds, "Approved")
+            || has_condition(&conds, "Denied")
+            || has_condition(&conds, "Failed")
+        {
+            return Err(ApiError::invalid(
+                def,
+                name,
+                "status.certificate: Forbidden: certificate issuance not allowed unless the request is approved",
+            ));
         }
-        let pem = base64::engine::general_purpose::STANDARD.decode(cert).unwrap_or_default();
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(cert)
+            .unwrap_or_default();
         if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-            return Err(ApiError::invalid(def, name, "status.certificate: Invalid value: \"<certificate data>\": must contain at least one CERTIFICATE PEM block"));
+            return Err(ApiError::invalid(
+                def,
+                name,
+                "status.certificate: Invalid value: \"<certificate data>\": must contain at least one CERTIFICATE PEM block",
+            ));
         }
     }
     Ok(status)
 }
 
 /// `DeleteOptions` preconditions and the delete decision (finalizers defer it).
-pub fn prepare_delete(def: &ResourceDef, name: &str, old: &Value, options: &Value) -> Result<Write, ApiError> {
-    if let Some(uid) = options.pointer("/preconditions/uid").and_then(Value::as_str) {
-        if uid != meta_str(old, "uid") {
-            return Err(ApiError::conflict(def, name, &format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}", meta_str(old, "uid"))));
-        }
+pub fn prepare_delete(
+    def: &ResourceDef,
+    name: &str,
+    old: &Value,
+    options: &Value,
+) -> Result<Write, ApiError> {
+    if let Some(uid) = options
+        .pointer("/preconditions/uid")
+        .and_then(Value::as_str)
+        && uid != meta_str(old, "uid")
+    {
+        return Err(ApiError::conflict(
+            def,
+            name,
+            &format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                meta_str(old, "uid")
+            ),
+        ));
     }
-    if let Some(rv) = options.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
-        if rv != meta_str(old, "resourceVersion") {
-            return Err(ApiError::conflict(def, name, &format!(
+    if let Some(rv) = options
+        .pointer("/preconditions/resourceVersion")
+        .and_then(Value::as_str)
+        && rv != meta_str(old, "resourceVersion")
+    {
+        return Err(ApiError::conflict(
+            def,
+            name,
+            &format!(
                 "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                meta_str(old, "resourceVersion"))));
-        }
+                meta_str(old, "resourceVersion")
+            ),
+        ));
     }
     let has_finalizers = old
         .pointer("/metadata/finalizers")

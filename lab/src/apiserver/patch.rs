@@ -59,20 +59,23 @@ pub fn apply(kind: PatchKind, target: &Value, body: &[u8]) -> Result<Value, ApiE
         PatchKind::Json => {
             let patch: json_patch::Patch = serde_json::from_slice(body)
                 .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-            json_patch::patch(&mut out, &patch).map_err(|e| {
-                ApiError {
-                    code: 422,
-                    reason: "Invalid",
-                    message: format!("the server rejected our request due to an error in our request: {e}"),
-                    details: None,
-                }
+            json_patch::patch(&mut out, &patch).map_err(|e| ApiError {
+                code: 422,
+                reason: "Invalid",
+                message: format!(
+                    "the server rejected our request due to an error in our request: {e}"
+                ),
+                details: None,
             })?;
         }
         PatchKind::Strategic => {
-            let patch: Value = serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("invalid strategic merge patch: {e}")))?;
+            let patch: Value = serde_json::from_slice(body).map_err(|e| {
+                ApiError::bad_request(format!("invalid strategic merge patch: {e}"))
+            })?;
             if !patch.is_object() {
-                return Err(ApiError::bad_request("strategic merge patch must be a JSON object"));
+                return Err(ApiError::bad_request(
+                    "strategic merge patch must be a JSON object",
+                ));
             }
             strategic_merge(&mut out, &patch);
         }
@@ -94,8 +97,13 @@ pub enum ListStrategy {
 /// The list fields whose built-in types carry a `patchMergeKey`.
 pub fn list_strategy(field: &str) -> ListStrategy {
     match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env"
-        | "imagePullSecrets" | "resourceClaims" => ListStrategy::MergeKey("name"),
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "resourceClaims" => ListStrategy::MergeKey("name"),
         "ports" => ListStrategy::MergeKey("containerPort"),
         "volumeMounts" => ListStrategy::MergeKey("mountPath"),
         "volumeDevices" => ListStrategy::MergeKey("devicePath"),
@@ -189,7 +197,9 @@ fn merge_list(target: &mut Value, items: &[Value], strategy: ListStrategy) {
         return;
     }
     match strategy {
-        ListStrategy::Replace => *target = Value::Array(items.iter().map(strip_directives).collect()),
+        ListStrategy::Replace => {
+            *target = Value::Array(items.iter().map(strip_directives).collect())
+        }
         ListStrategy::PrimitiveSet => {
             if !target.is_array() {
                 *target = Value::Array(Vec::new());
@@ -242,7 +252,10 @@ mod tests {
             json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "data": {"x": "1"}}),
             json!({"metadata": {"labels": {"a": null, "c": "3"}}, "data": {"y": "2"}}),
         );
-        assert_eq!(out, json!({"metadata": {"labels": {"b": "2", "c": "3"}}, "data": {"x": "1", "y": "2"}}));
+        assert_eq!(
+            out,
+            json!({"metadata": {"labels": {"b": "2", "c": "3"}}, "data": {"x": "1", "y": "2"}})
+        );
     }
 
     #[test]
@@ -266,13 +279,19 @@ mod tests {
             json!({"status": {"conditions": [{"type": "Ready", "status": "False"}, {"type": "X", "status": "True"}]}}),
             json!({"status": {"conditions": [{"type": "X", "$patch": "delete"}, {"type": "Ready", "status": "True"}]}}),
         );
-        assert_eq!(out, json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}));
+        assert_eq!(
+            out,
+            json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        );
         let out = smp(
             json!({"spec": {"template": {"a": 1, "b": 2}}}),
             json!({"spec": {"template": {"$patch": "replace", "c": 3}}}),
         );
         assert_eq!(out, json!({"spec": {"template": {"c": 3}}}));
-        let out = smp(json!({"metadata": {"finalizers": ["a", "b"]}}), json!({"metadata": {"finalizers": ["c", "a"]}}));
+        let out = smp(
+            json!({"metadata": {"finalizers": ["a", "b"]}}),
+            json!({"metadata": {"finalizers": ["c", "a"]}}),
+        );
         assert_eq!(out, json!({"metadata": {"finalizers": ["a", "b", "c"]}}));
         let out = smp(
             json!({"metadata": {"finalizers": ["a", "b"]}}),
@@ -286,17 +305,38 @@ mod tests {
         let t = json!({"a": {"b": 1, "c": [1, 2]}});
         let out = apply(PatchKind::Merge, &t, br#"{"a": {"b": null, "c": [3]}}"#).unwrap();
         assert_eq!(out, json!({"a": {"c": [3]}}));
-        let out = apply(PatchKind::Json, &t, br#"[{"op": "add", "path": "/a/d", "value": 4}]"#).unwrap();
+        let out = apply(
+            PatchKind::Json,
+            &t,
+            br#"[{"op": "add", "path": "/a/d", "value": 4}]"#,
+        )
+        .unwrap();
         assert_eq!(out["a"]["d"], 4);
-        let err = apply(PatchKind::Json, &t, br#"[{"op": "test", "path": "/a/b", "value": 9}]"#).unwrap_err();
+        let err = apply(
+            PatchKind::Json,
+            &t,
+            br#"[{"op": "test", "path": "/a/b", "value": 9}]"#,
+        )
+        .unwrap_err();
         assert_eq!(err.code, 422);
         assert_eq!(apply(PatchKind::Merge, &t, b"{").unwrap_err().code, 400);
     }
 
     #[test]
     fn content_types() {
-        assert_eq!(PatchKind::from_content_type("application/merge-patch+json; charset=utf-8").unwrap(), PatchKind::Merge);
-        assert_eq!(PatchKind::from_content_type("application/apply-patch+yaml").unwrap_err().code, 415);
-        assert_eq!(PatchKind::from_content_type("text/plain").unwrap_err().code, 415);
+        assert_eq!(
+            PatchKind::from_content_type("application/merge-patch+json; charset=utf-8").unwrap(),
+            PatchKind::Merge
+        );
+        assert_eq!(
+            PatchKind::from_content_type("application/apply-patch+yaml")
+                .unwrap_err()
+                .code,
+            415
+        );
+        assert_eq!(
+            PatchKind::from_content_type("text/plain").unwrap_err().code,
+            415
+        );
     }
 }

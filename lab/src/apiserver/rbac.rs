@@ -72,7 +72,9 @@ pub fn rule_allows(rule: &Value, a: &Attributes) -> bool {
     } else {
         let combined = format!("{}/{}", a.resource, a.subresource);
         let star_sub = format!("*/{}", a.subresource);
-        resources.iter().any(|r| *r == "*" || *r == combined || *r == star_sub)
+        resources
+            .iter()
+            .any(|r| *r == "*" || *r == combined || *r == star_sub)
     };
     if !res_ok {
         return false;
@@ -88,7 +90,10 @@ fn subject_matches(subject: &Value, id: &Identity, groups: &[String]) -> bool {
         "User" => id.username == name,
         "Group" => groups.iter().any(|g| g == name),
         "ServiceAccount" => {
-            let ns = subject.get("namespace").and_then(Value::as_str).unwrap_or("");
+            let ns = subject
+                .get("namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             id.username == format!("system:serviceaccount:{ns}:{name}")
         }
         _ => false,
@@ -96,7 +101,10 @@ fn subject_matches(subject: &Value, id: &Identity, groups: &[String]) -> bool {
 }
 
 fn meta<'a>(obj: &'a Value, field: &str) -> &'a str {
-    obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str).unwrap_or("")
+    obj.get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// Decides a request from the RBAC objects in the store. `system:masters` bypasses.
@@ -107,29 +115,54 @@ pub fn authorize(store: &Store, id: &Identity, a: &Attributes) -> Decision {
     // Discovery, version and health are open to every authenticated user, as the
     // real server's default system:discovery and system:public-info-viewer bindings do.
     if let Some(path) = &a.path {
-        let open = ["/api", "/apis", "/version", "/healthz", "/livez", "/readyz", "/openapi"];
-        if a.verb == "get" && open.iter().any(|p| path == p || path.starts_with(&format!("{p}/"))) {
+        let open = [
+            "/api", "/apis", "/version", "/healthz", "/livez", "/readyz", "/openapi",
+        ];
+        if a.verb == "get"
+            && open
+                .iter()
+                .any(|p| path == p || path.starts_with(&format!("{p}/")))
+        {
             return Decision::Allow("system:discovery".into());
         }
     }
     // Everyone may ask what they themselves may do (system:basic-user).
-    if a.group == "authorization.k8s.io" && a.resource == "selfsubjectaccessreviews" && a.verb == "create" {
+    if a.group == "authorization.k8s.io"
+        && a.resource == "selfsubjectaccessreviews"
+        && a.verb == "create"
+    {
         return Decision::Allow("system:basic-user".into());
     }
     let groups = id.effective_groups();
     let cluster_roles = store.snapshot(idx::CLUSTER_ROLES);
-    let find_cluster_role = |name: &str| cluster_roles.iter().find(|r| meta(r, "name") == name).cloned();
+    let find_cluster_role = |name: &str| {
+        cluster_roles
+            .iter()
+            .find(|r| meta(r, "name") == name)
+            .cloned()
+    };
     for crb in store.snapshot(idx::CLUSTER_ROLE_BINDINGS) {
-        let subjects = crb.get("subjects").and_then(Value::as_array).cloned().unwrap_or_default();
+        let subjects = crb
+            .get("subjects")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         if !subjects.iter().any(|s| subject_matches(s, id, &groups)) {
             continue;
         }
-        let role_name = crb.pointer("/roleRef/name").and_then(Value::as_str).unwrap_or("");
+        let role_name = crb
+            .pointer("/roleRef/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if crb.pointer("/roleRef/kind").and_then(Value::as_str) != Some("ClusterRole") {
             continue;
         }
         if let Some(role) = find_cluster_role(role_name) {
-            let rules = role.get("rules").and_then(Value::as_array).cloned().unwrap_or_default();
+            let rules = role
+                .get("rules")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             if rules.iter().any(|r| rule_allows(r, a)) {
                 return Decision::Allow(format!(
                     "RBAC: allowed by ClusterRoleBinding \"{}\" of ClusterRole \"{role_name}\"",
@@ -141,18 +174,29 @@ pub fn authorize(store: &Store, id: &Identity, a: &Attributes) -> Decision {
     if !a.namespace.is_empty() && a.path.is_none() {
         let roles = store.list(idx::ROLES, Some(&a.namespace)).0;
         for rb in store.list(idx::ROLE_BINDINGS, Some(&a.namespace)).0 {
-            let subjects = rb.get("subjects").and_then(Value::as_array).cloned().unwrap_or_default();
+            let subjects = rb
+                .get("subjects")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             if !subjects.iter().any(|s| subject_matches(s, id, &groups)) {
                 continue;
             }
-            let role_name = rb.pointer("/roleRef/name").and_then(Value::as_str).unwrap_or("");
+            let role_name = rb
+                .pointer("/roleRef/name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             let role = match rb.pointer("/roleRef/kind").and_then(Value::as_str) {
                 Some("Role") => roles.iter().find(|r| meta(r, "name") == role_name).cloned(),
                 Some("ClusterRole") => find_cluster_role(role_name),
                 _ => None,
             };
             if let Some(role) = role {
-                let rules = role.get("rules").and_then(Value::as_array).cloned().unwrap_or_default();
+                let rules = role
+                    .get("rules")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
                 if rules.iter().any(|r| rule_allows(r, a)) {
                     return Decision::Allow(format!(
                         "RBAC: allowed by RoleBinding \"{}/{}\"",
@@ -169,14 +213,25 @@ pub fn authorize(store: &Store, id: &Identity, a: &Attributes) -> Decision {
 /// The real server's 403 message.
 pub fn forbidden_message(id: &Identity, a: &Attributes) -> String {
     if let Some(path) = &a.path {
-        return format!("forbidden: User \"{}\" cannot {} path \"{path}\"", id.username, a.verb);
+        return format!(
+            "forbidden: User \"{}\" cannot {} path \"{path}\"",
+            id.username, a.verb
+        );
     }
     let mut what = a.resource.clone();
     if !a.subresource.is_empty() {
         what = format!("{what}/{}", a.subresource);
     }
-    let group = if a.group.is_empty() { String::new() } else { format!(" in API group \"{}\"", a.group) };
-    let target = if a.name.is_empty() { String::new() } else { format!("{} \"{}\" is forbidden: ", a.resource, a.name) };
+    let group = if a.group.is_empty() {
+        String::new()
+    } else {
+        format!(" in API group \"{}\"", a.group)
+    };
+    let target = if a.name.is_empty() {
+        String::new()
+    } else {
+        format!("{} \"{}\" is forbidden: ", a.resource, a.name)
+    };
     let scope = if a.namespace.is_empty() {
         " at the cluster scope".to_string()
     } else {
@@ -194,7 +249,14 @@ mod tests {
     use crate::apiserver::store::Write;
     use serde_json::json;
 
-    fn attrs(verb: &str, group: &str, resource: &str, sub: &str, name: &str, ns: &str) -> Attributes {
+    fn attrs(
+        verb: &str,
+        group: &str,
+        resource: &str,
+        sub: &str,
+        name: &str,
+        ns: &str,
+    ) -> Attributes {
         Attributes {
             verb: verb.into(),
             group: group.into(),
@@ -210,16 +272,44 @@ mod tests {
     fn rules() {
         let rule = json!({"apiGroups": [""], "resources": ["nodes", "pods/status"], "verbs": ["get", "patch"]});
         assert!(rule_allows(&rule, &attrs("get", "", "nodes", "", "n1", "")));
-        assert!(!rule_allows(&rule, &attrs("delete", "", "nodes", "", "n1", "")));
-        assert!(!rule_allows(&rule, &attrs("get", "apps", "nodes", "", "n1", "")));
-        assert!(rule_allows(&rule, &attrs("patch", "", "pods", "status", "p", "ns")));
-        assert!(!rule_allows(&rule, &attrs("patch", "", "pods", "", "p", "ns")));
+        assert!(!rule_allows(
+            &rule,
+            &attrs("delete", "", "nodes", "", "n1", "")
+        ));
+        assert!(!rule_allows(
+            &rule,
+            &attrs("get", "apps", "nodes", "", "n1", "")
+        ));
+        assert!(rule_allows(
+            &rule,
+            &attrs("patch", "", "pods", "status", "p", "ns")
+        ));
+        assert!(!rule_allows(
+            &rule,
+            &attrs("patch", "", "pods", "", "p", "ns")
+        ));
         let named = json!({"apiGroups": ["certificates.k8s.io"], "resources": ["signers"],
                            "resourceNames": ["kubeovn.io/signer"], "verbs": ["approve"]});
-        assert!(rule_allows(&named, &attrs("approve", "certificates.k8s.io", "signers", "", "kubeovn.io/signer", "")));
-        assert!(!rule_allows(&named, &attrs("approve", "certificates.k8s.io", "signers", "", "other", "")));
+        assert!(rule_allows(
+            &named,
+            &attrs(
+                "approve",
+                "certificates.k8s.io",
+                "signers",
+                "",
+                "kubeovn.io/signer",
+                ""
+            )
+        ));
+        assert!(!rule_allows(
+            &named,
+            &attrs("approve", "certificates.k8s.io", "signers", "", "other", "")
+        ));
         let star = json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]});
-        assert!(rule_allows(&star, &attrs("watch", "apps", "daemonsets", "status", "", "x")));
+        assert!(rule_allows(
+            &star,
+            &attrs("watch", "apps", "daemonsets", "status", "", "x")
+        ));
     }
 
     #[test]
@@ -227,17 +317,35 @@ mod tests {
         let store = Store::new(10);
         let put = |res: usize, ns: &str, obj: Value| {
             let name = obj["metadata"]["name"].as_str().unwrap().to_string();
-            store.write(res, ns, &name, |_| Ok(Write::Put(obj))).unwrap();
+            store
+                .write(res, ns, &name, |_| Ok(Write::Put(obj)))
+                .unwrap();
         };
-        put(idx::CLUSTER_ROLES, "", json!({"metadata": {"name": "node-reader"},
-            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]}));
-        put(idx::CLUSTER_ROLE_BINDINGS, "", json!({"metadata": {"name": "b"},
+        put(
+            idx::CLUSTER_ROLES,
+            "",
+            json!({"metadata": {"name": "node-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]}),
+        );
+        put(
+            idx::CLUSTER_ROLE_BINDINGS,
+            "",
+            json!({"metadata": {"name": "b"},
             "roleRef": {"kind": "ClusterRole", "name": "node-reader"},
-            "subjects": [{"kind": "ServiceAccount", "name": "cni", "namespace": "kube-system"}]}));
-        put(idx::ROLES, "kube-system", json!({"metadata": {"name": "cm", "namespace": "kube-system"},
-            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]}]}));
-        put(idx::ROLE_BINDINGS, "kube-system", json!({"metadata": {"name": "cm", "namespace": "kube-system"},
-            "roleRef": {"kind": "Role", "name": "cm"}, "subjects": [{"kind": "Group", "name": "ops"}]}));
+            "subjects": [{"kind": "ServiceAccount", "name": "cni", "namespace": "kube-system"}]}),
+        );
+        put(
+            idx::ROLES,
+            "kube-system",
+            json!({"metadata": {"name": "cm", "namespace": "kube-system"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]}]}),
+        );
+        put(
+            idx::ROLE_BINDINGS,
+            "kube-system",
+            json!({"metadata": {"name": "cm", "namespace": "kube-system"},
+            "roleRef": {"kind": "Role", "name": "cm"}, "subjects": [{"kind": "Group", "name": "ops"}]}),
+        );
         let sa = Identity::service_account("kube-system", "cni");
         assert!(authorize(&store, &sa, &attrs("list", "", "nodes", "", "", "")).allowed());
         let denied = authorize(&store, &sa, &attrs("delete", "", "nodes", "", "n1", ""));
@@ -246,10 +354,35 @@ mod tests {
             Decision::Deny("nodes \"n1\" is forbidden: User \"system:serviceaccount:kube-system:cni\" cannot delete resource \"nodes\" at the cluster scope".into())
         );
         let ops = Identity::user("alice").with_group("ops");
-        assert!(authorize(&store, &ops, &attrs("update", "", "configmaps", "", "x", "kube-system")).allowed());
-        assert!(!authorize(&store, &ops, &attrs("update", "", "configmaps", "", "x", "default")).allowed());
-        assert!(authorize(&store, &Identity::admin(), &attrs("delete", "", "nodes", "", "n1", "")).allowed());
-        let version = Attributes { verb: "get".into(), path: Some("/version".into()), ..Default::default() };
+        assert!(
+            authorize(
+                &store,
+                &ops,
+                &attrs("update", "", "configmaps", "", "x", "kube-system")
+            )
+            .allowed()
+        );
+        assert!(
+            !authorize(
+                &store,
+                &ops,
+                &attrs("update", "", "configmaps", "", "x", "default")
+            )
+            .allowed()
+        );
+        assert!(
+            authorize(
+                &store,
+                &Identity::admin(),
+                &attrs("delete", "", "nodes", "", "n1", "")
+            )
+            .allowed()
+        );
+        let version = Attributes {
+            verb: "get".into(),
+            path: Some("/version".into()),
+            ..Default::default()
+        };
         assert!(authorize(&store, &ops, &version).allowed());
     }
 }

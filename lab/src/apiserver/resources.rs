@@ -115,15 +115,45 @@ const fn grouped(
 
 /// Every served resource. The index into this table identifies a resource in the store.
 pub static RESOURCES: &[ResourceDef] = &[
-    core("Namespace", "namespaces", "namespace", false, &["status"], &["ns"]),
+    core(
+        "Namespace",
+        "namespaces",
+        "namespace",
+        false,
+        &["status"],
+        &["ns"],
+    ),
     core("Node", "nodes", "node", false, &["status"], &["no"]),
     core("Pod", "pods", "pod", true, &["status"], &["po"]),
     core("ConfigMap", "configmaps", "configmap", true, &[], &["cm"]),
     core("Secret", "secrets", "secret", true, &[], &[]),
-    core("ServiceAccount", "serviceaccounts", "serviceaccount", true, &[], &["sa"]),
+    core(
+        "ServiceAccount",
+        "serviceaccounts",
+        "serviceaccount",
+        true,
+        &[],
+        &["sa"],
+    ),
     core("Event", "events", "event", true, &[], &["ev"]),
-    grouped("apps", "DaemonSet", "daemonsets", "daemonset", true, &["status"], &["ds"]),
-    grouped("apps", "ControllerRevision", "controllerrevisions", "controllerrevision", true, &[], &[]),
+    grouped(
+        "apps",
+        "DaemonSet",
+        "daemonsets",
+        "daemonset",
+        true,
+        &["status"],
+        &["ds"],
+    ),
+    grouped(
+        "apps",
+        "ControllerRevision",
+        "controllerrevisions",
+        "controllerrevision",
+        true,
+        &[],
+        &[],
+    ),
     grouped(
         "certificates.k8s.io",
         "CertificateSigningRequest",
@@ -133,10 +163,42 @@ pub static RESOURCES: &[ResourceDef] = &[
         &["approval", "status"],
         &["csr"],
     ),
-    grouped("coordination.k8s.io", "Lease", "leases", "lease", true, &[], &[]),
-    grouped("rbac.authorization.k8s.io", "Role", "roles", "role", true, &[], &[]),
-    grouped("rbac.authorization.k8s.io", "ClusterRole", "clusterroles", "clusterrole", false, &[], &[]),
-    grouped("rbac.authorization.k8s.io", "RoleBinding", "rolebindings", "rolebinding", true, &[], &[]),
+    grouped(
+        "coordination.k8s.io",
+        "Lease",
+        "leases",
+        "lease",
+        true,
+        &[],
+        &[],
+    ),
+    grouped(
+        "rbac.authorization.k8s.io",
+        "Role",
+        "roles",
+        "role",
+        true,
+        &[],
+        &[],
+    ),
+    grouped(
+        "rbac.authorization.k8s.io",
+        "ClusterRole",
+        "clusterroles",
+        "clusterrole",
+        false,
+        &[],
+        &[],
+    ),
+    grouped(
+        "rbac.authorization.k8s.io",
+        "RoleBinding",
+        "rolebindings",
+        "rolebinding",
+        true,
+        &[],
+        &[],
+    ),
     grouped(
         "rbac.authorization.k8s.io",
         "ClusterRoleBinding",
@@ -148,7 +210,15 @@ pub static RESOURCES: &[ResourceDef] = &[
     ),
     ResourceDef {
         builtin: false,
-        ..grouped("cert-manager.io", "ClusterIssuer", "clusterissuers", "clusterissuer", false, &["status"], &["ciss"])
+        ..grouped(
+            "cert-manager.io",
+            "ClusterIssuer",
+            "clusterissuers",
+            "clusterissuer",
+            false,
+            &["status"],
+            &["ciss"],
+        )
     },
     ResourceDef {
         builtin: false,
@@ -225,12 +295,18 @@ mod tests {
         assert_eq!(RESOURCES[idx::ROLES].kind, "Role");
         assert_eq!(RESOURCES[idx::CLUSTER_ROLES].kind, "ClusterRole");
         assert_eq!(RESOURCES[idx::ROLE_BINDINGS].kind, "RoleBinding");
-        assert_eq!(RESOURCES[idx::CLUSTER_ROLE_BINDINGS].kind, "ClusterRoleBinding");
+        assert_eq!(
+            RESOURCES[idx::CLUSTER_ROLE_BINDINGS].kind,
+            "ClusterRoleBinding"
+        );
     }
 
     #[test]
     fn lookup() {
-        assert_eq!(find("apps", "v1", "daemonsets").map(|i| RESOURCES[i].kind), Some("DaemonSet"));
+        assert_eq!(
+            find("apps", "v1", "daemonsets").map(|i| RESOURCES[i].kind),
+            Some("DaemonSet")
+        );
         assert_eq!(find("", "v1", "daemonsets"), None);
         assert_eq!(RESOURCES[idx::CSRS].api_version(), "certificates.k8s.io/v1");
         assert!(groups().contains(&"cert-manager.io"));

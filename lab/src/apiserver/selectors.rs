@@ -37,7 +37,10 @@ fn split_terms(s: &str) -> Vec<&str> {
         }
     }
     out.push(&s[start..]);
-    out.into_iter().map(str::trim).filter(|t| !t.is_empty()).collect()
+    out.into_iter()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .collect()
 }
 
 fn parse_set(rest: &str, term: &str) -> Result<Vec<String>, ApiError> {
@@ -46,12 +49,18 @@ fn parse_set(rest: &str, term: &str) -> Result<Vec<String>, ApiError> {
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
         .ok_or_else(|| ApiError::bad_request(format!("unable to parse requirement: {term:?}")))?;
-    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
 }
 
 fn valid_key(key: &str) -> bool {
     !key.is_empty()
-        && key.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
 }
 
 impl LabelSelector {
@@ -158,7 +167,11 @@ impl FieldSelector {
                     "field label not supported: {field}"
                 )));
             }
-            terms.push((field.split('.').map(str::to_string).collect(), neg, value.trim().to_string()));
+            terms.push((
+                field.split('.').map(str::to_string).collect(),
+                neg,
+                value.trim().to_string(),
+            ));
         }
         Ok(FieldSelector(terms))
     }
@@ -214,7 +227,11 @@ mod tests {
             ("app=kube-ovn-cni,tier=x", false),
             ("", true),
         ] {
-            assert_eq!(LabelSelector::parse(sel).unwrap().matches(&o), want, "{sel}");
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&o),
+                want,
+                "{sel}"
+            );
         }
     }
 
@@ -228,17 +245,32 @@ mod tests {
     fn field_selectors() {
         let pods = &RESOURCES[idx::PODS];
         let o = obj();
-        assert!(FieldSelector::parse("spec.nodeName=n1", pods).unwrap().matches(&o));
-        assert!(!FieldSelector::parse("spec.nodeName!=n1", pods).unwrap().matches(&o));
+        assert!(
+            FieldSelector::parse("spec.nodeName=n1", pods)
+                .unwrap()
+                .matches(&o)
+        );
+        assert!(
+            !FieldSelector::parse("spec.nodeName!=n1", pods)
+                .unwrap()
+                .matches(&o)
+        );
         assert!(
             FieldSelector::parse("metadata.name=p,metadata.namespace==kube-system", pods)
                 .unwrap()
                 .matches(&o)
         );
-        assert_eq!(FieldSelector::parse("spec.bogus=1", pods).unwrap_err().code, 400);
+        assert_eq!(
+            FieldSelector::parse("spec.bogus=1", pods).unwrap_err().code,
+            400
+        );
         let csrs = &RESOURCES[idx::CSRS];
         let csr = json!({"spec": {"signerName": "kubeovn.io/signer"}});
-        assert!(FieldSelector::parse("spec.signerName=kubeovn.io/signer", csrs).unwrap().matches(&csr));
+        assert!(
+            FieldSelector::parse("spec.signerName=kubeovn.io/signer", csrs)
+                .unwrap()
+                .matches(&csr)
+        );
         assert!(FieldSelector::parse("spec.nodeName=x", csrs).is_err());
     }
 }

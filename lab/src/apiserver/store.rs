@@ -126,7 +126,9 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("resource_version", &self.resource_version()).finish()
+        f.debug_struct("Store")
+            .field("resource_version", &self.resource_version())
+            .finish()
     }
 }
 
@@ -230,7 +232,8 @@ impl Store {
         if rv < inner.floor {
             return Err(ApiError::expired(rv, inner.floor));
         }
-        let mut map: BTreeMap<Key, Arc<Value>> = inner.objects.get(resource).cloned().unwrap_or_default();
+        let mut map: BTreeMap<Key, Arc<Value>> =
+            inner.objects.get(resource).cloned().unwrap_or_default();
         for ev in inner.history.iter().rev().take_while(|e| e.rv > rv) {
             if ev.resource != resource {
                 continue;
@@ -269,12 +272,19 @@ impl Store {
     ) -> Result<Written, ApiError> {
         let mut inner = self.lock();
         let key = (namespace.to_string(), name.to_string());
-        let current = inner.objects.get(resource).and_then(|m| m.get(&key)).cloned();
+        let current = inner
+            .objects
+            .get(resource)
+            .and_then(|m| m.get(&key))
+            .cloned();
         let decision = f(current.as_ref())?;
         let (event_type, object) = match decision {
             Write::Unchanged => {
                 return current
-                    .map(|object| Written { object, event: None })
+                    .map(|object| Written {
+                        object,
+                        event: None,
+                    })
                     .ok_or_else(|| ApiError::internal("unchanged write of a missing object"));
             }
             Write::Put(mut obj) => {
@@ -287,7 +297,11 @@ impl Store {
                     .ok_or_else(|| ApiError::internal("unknown resource index"))?;
                 map.insert(key, obj.clone());
                 inner.rv = rv;
-                let t = if current.is_some() { EventType::Modified } else { EventType::Added };
+                let t = if current.is_some() {
+                    EventType::Modified
+                } else {
+                    EventType::Added
+                };
                 (t, obj)
             }
             Write::Delete => {
@@ -320,7 +334,10 @@ impl Store {
         }
         // No receiver is not an error: nobody is watching.
         let _ = self.events.send(event);
-        Ok(Written { object, event: Some(event_type) })
+        Ok(Written {
+            object,
+            event: Some(event_type),
+        })
     }
 
     /// Starts a watch. `from = None` starts now with the current objects (for
@@ -353,7 +370,13 @@ impl Store {
                     .filter(|e| e.rv > rv && e.resource == resource)
                     .cloned()
                     .collect();
-                Ok(Subscription { rv, initial: Vec::new(), replay, rx, expired })
+                Ok(Subscription {
+                    rv,
+                    initial: Vec::new(),
+                    replay,
+                    rx,
+                    expired,
+                })
             }
         }
     }
@@ -361,7 +384,12 @@ impl Store {
 
 /// `(namespace, name)` of an object.
 pub fn key_of(obj: &Value) -> Key {
-    let s = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+    let s = |p: &str| {
+        obj.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
     (s("/metadata/namespace"), s("/metadata/name"))
 }
 
@@ -380,10 +408,16 @@ mod tests {
     #[test]
     fn versions_history_and_exact_lists() {
         let store = Store::new(100);
-        store.write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", "1")))).unwrap();
+        store
+            .write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", "1"))))
+            .unwrap();
         let rv1 = store.resource_version();
-        store.write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", "2")))).unwrap();
-        store.write(CM, "ns", "b", |_| Ok(Write::Put(cm("b", "1")))).unwrap();
+        store
+            .write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", "2"))))
+            .unwrap();
+        store
+            .write(CM, "ns", "b", |_| Ok(Write::Put(cm("b", "1"))))
+            .unwrap();
         let w = store.write(CM, "ns", "a", |_| Ok(Write::Delete)).unwrap();
         assert_eq!(w.event, Some(EventType::Deleted));
         assert_eq!(w.object["metadata"]["resourceVersion"], "4");
@@ -393,7 +427,10 @@ mod tests {
         assert_eq!(at1[0]["data"]["v"], "1");
         assert_eq!(store.list(CM, Some("ns")).0.len(), 1);
         let sub = store.subscribe(CM, None, Some(rv1)).unwrap();
-        assert_eq!(sub.replay.iter().map(|e| e.rv).collect::<Vec<_>>(), vec![2, 3, 4]);
+        assert_eq!(
+            sub.replay.iter().map(|e| e.rv).collect::<Vec<_>>(),
+            vec![2, 3, 4]
+        );
         store.compact();
         assert_eq!(store.subscribe(CM, None, Some(rv1)).unwrap_err().code, 410);
         assert_eq!(store.list_at(CM, None, rv1).unwrap_err().code, 410);
@@ -403,7 +440,9 @@ mod tests {
     #[test]
     fn failed_write_changes_nothing() {
         let store = Store::new(10);
-        let err = store.write(CM, "ns", "a", |_| Err(ApiError::bad_request("no"))).unwrap_err();
+        let err = store
+            .write(CM, "ns", "a", |_| Err(ApiError::bad_request("no")))
+            .unwrap_err();
         assert_eq!(err.code, 400);
         assert_eq!(store.resource_version(), 0);
         assert!(store.get(CM, "ns", "a").is_none());
@@ -413,7 +452,9 @@ mod tests {
     fn window_bounds_history() {
         let store = Store::new(2);
         for i in 0..5 {
-            store.write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", &i.to_string())))).unwrap();
+            store
+                .write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", &i.to_string()))))
+                .unwrap();
         }
         assert_eq!(store.oldest_resource_version(), 3);
         assert!(store.subscribe(CM, None, Some(2)).is_err());

@@ -36,10 +36,10 @@ pub struct WatchSpec {
 
 impl WatchSpec {
     fn matches(&self, obj: &Value) -> bool {
-        if let Some(ns) = &self.namespace {
-            if key_of(obj).0 != *ns {
-                return false;
-            }
+        if let Some(ns) = &self.namespace
+            && key_of(obj).0 != *ns
+        {
+            return false;
         }
         self.labels.matches(obj) && self.fields.matches(obj)
     }
@@ -86,14 +86,29 @@ pub fn error_event(err: &ApiError) -> Bytes {
 /// Runs a watch: returns the receiving end of its byte stream. The task ends when
 /// the client goes away, the timeout passes, the server shuts down, or the watch
 /// falls behind the broadcast (the client then re-watches from its last version).
-pub fn spawn(spec: WatchSpec, sub: Subscription, shutdown: CancellationToken) -> mpsc::Receiver<Bytes> {
+pub fn spawn(
+    spec: WatchSpec,
+    sub: Subscription,
+    shutdown: CancellationToken,
+) -> mpsc::Receiver<Bytes> {
     let (tx, rx) = mpsc::channel::<Bytes>(256);
     tokio::spawn(run(spec, sub, shutdown, tx));
     rx
 }
 
-async fn run(spec: WatchSpec, sub: Subscription, shutdown: CancellationToken, tx: mpsc::Sender<Bytes>) {
-    let Subscription { rv, initial, replay, mut rx, mut expired } = sub;
+async fn run(
+    spec: WatchSpec,
+    sub: Subscription,
+    shutdown: CancellationToken,
+    tx: mpsc::Sender<Bytes>,
+) {
+    let Subscription {
+        rv,
+        initial,
+        replay,
+        mut rx,
+        mut expired,
+    } = sub;
     let mut last_rv = rv;
     for obj in &initial {
         if spec.matches(obj) && tx.send(encode_event("ADDED", obj)).await.is_err() {
@@ -105,10 +120,10 @@ async fn run(spec: WatchSpec, sub: Subscription, shutdown: CancellationToken, tx
     }
     for ev in &replay {
         last_rv = last_rv.max(ev.rv);
-        if let Some(line) = spec.render(ev) {
-            if tx.send(line).await.is_err() {
-                return;
-            }
+        if let Some(line) = spec.render(ev)
+            && tx.send(line).await.is_err()
+        {
+            return;
         }
     }
     let deadline = tokio::time::sleep(spec.timeout);
@@ -140,18 +155,16 @@ async fn run(spec: WatchSpec, sub: Subscription, shutdown: CancellationToken, tx
                         continue;
                     }
                     last_rv = ev.rv;
-                    if let Some(line) = spec.render(&ev) {
-                        if tx.send(line).await.is_err() {
+                    if let Some(line) = spec.render(&ev)
+                        && tx.send(line).await.is_err() {
                             return;
                         }
-                    }
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
             },
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -180,7 +193,10 @@ mod tests {
     }
 
     async fn next(rx: &mut WatchRx) -> Value {
-        let b = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await.unwrap().unwrap();
+        let b = tokio::time::timeout(Duration::from_secs(1), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
         serde_json::from_slice(&b).unwrap()
     }
 
@@ -189,30 +205,54 @@ mod tests {
         let store = Arc::new(Store::new(100));
         let sub = store.subscribe(3, Some("ns"), Some(0)).unwrap();
         let mut rx = spawn(spec("app=x"), sub, CancellationToken::new());
-        store.write(3, "ns", "a", |_| Ok(Write::Put(cm("a", "y")))).unwrap();
-        store.write(3, "ns", "a", |_| Ok(Write::Put(cm("a", "x")))).unwrap();
-        store.write(3, "ns", "a", |_| Ok(Write::Put(cm("a", "z")))).unwrap();
-        store.write(3, "ns", "b", |_| Ok(Write::Put(cm("b", "x")))).unwrap();
+        store
+            .write(3, "ns", "a", |_| Ok(Write::Put(cm("a", "y"))))
+            .unwrap();
+        store
+            .write(3, "ns", "a", |_| Ok(Write::Put(cm("a", "x"))))
+            .unwrap();
+        store
+            .write(3, "ns", "a", |_| Ok(Write::Put(cm("a", "z"))))
+            .unwrap();
+        store
+            .write(3, "ns", "b", |_| Ok(Write::Put(cm("b", "x"))))
+            .unwrap();
         let e = next(&mut rx).await;
-        assert_eq!((e["type"].as_str(), e["object"]["metadata"]["resourceVersion"].as_str()), (Some("ADDED"), Some("2")));
+        assert_eq!(
+            (
+                e["type"].as_str(),
+                e["object"]["metadata"]["resourceVersion"].as_str()
+            ),
+            (Some("ADDED"), Some("2"))
+        );
         assert_eq!(next(&mut rx).await["type"], "DELETED");
         assert_eq!(next(&mut rx).await["object"]["metadata"]["name"], "b");
         let bm = next(&mut rx).await;
         assert_eq!(bm["type"], "BOOKMARK");
         assert_eq!(bm["object"]["metadata"]["resourceVersion"], "4");
-        assert!(tokio::time::timeout(Duration::from_secs(1), rx.recv()).await.unwrap().is_none());
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), rx.recv())
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[tokio::test]
     async fn initial_events_then_annotated_bookmark() {
         let store = Arc::new(Store::new(100));
-        store.write(3, "ns", "a", |_| Ok(Write::Put(cm("a", "x")))).unwrap();
+        store
+            .write(3, "ns", "a", |_| Ok(Write::Put(cm("a", "x"))))
+            .unwrap();
         let sub = store.subscribe(3, Some("ns"), None).unwrap();
         let mut s = spec("");
         s.initial_events_end = true;
         let mut rx = spawn(s, sub, CancellationToken::new());
         assert_eq!(next(&mut rx).await["type"], "ADDED");
         let bm = next(&mut rx).await;
-        assert_eq!(bm["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+        assert_eq!(
+            bm["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+            "true"
+        );
     }
 }

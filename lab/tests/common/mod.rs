@@ -1,5 +1,5 @@
 //! Shared fixtures for the integration tests.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use base64::Engine as _;
 use lab::apiserver::{ApiServer, ApiServerHandle, Identity};
@@ -18,7 +18,9 @@ pub async fn server(rbac: bool, tokens: &[(&str, Identity)]) -> ApiServerHandle 
 pub fn csr_request(cn: &str) -> String {
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(vec![cn.to_string()]).unwrap();
-    params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
     let pem = params.serialize_request(&key).unwrap().pem().unwrap();
     base64::engine::general_purpose::STANDARD.encode(pem)
 }
@@ -26,7 +28,10 @@ pub fn csr_request(cn: &str) -> String {
 /// A self-signed certificate, base64 of its PEM, as `status.certificate` carries it.
 pub fn certificate(cn: &str) -> String {
     let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec![cn.to_string()]).unwrap().self_signed(&key).unwrap();
+    let cert = rcgen::CertificateParams::new(vec![cn.to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
     base64::engine::general_purpose::STANDARD.encode(cert.pem())
 }
 
