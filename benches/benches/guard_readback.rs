@@ -6,13 +6,16 @@
 //!
 //! Prints `guard_readback: ...` summary lines with medians and the ratio.
 
+// Tests and benches fail loudly on any unexpected error.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kube_ovn_ipsec_api::Uid;
 use kube_ovn_ipsec_runtime::guards::GuardKeeper;
 use kube_ovn_ipsec_runtime::lease::{self, AllocationConfig, Lease, OsRandom};
-use kube_ovn_ipsec_runtime::xfrm::model::{Mark, Policy, Selector, Family, ACTION_BLOCK, DIR_OUT};
+use kube_ovn_ipsec_runtime::xfrm::model::{ACTION_BLOCK, DIR_OUT, Family, Mark, Policy, Selector};
 use kube_ovn_ipsec_runtime::xfrm::{Xfrm, XfrmHandle};
 use testbed::netns::Netns;
 
@@ -31,7 +34,10 @@ fn install_foreign(h: &mut XfrmHandle, from: usize, to: usize) {
             action: ACTION_BLOCK,
             priority: 1000 + (i % 7),
             index: 0,
-            mark: Some(Mark { value: 0x7000_0000 | i, mask: 0xffff_ffff }),
+            mark: Some(Mark {
+                value: 0x7000_0000 | i,
+                mask: 0xffff_ffff,
+            }),
             if_id: 0,
             ptype: 0,
             flags: 0,
@@ -79,27 +85,52 @@ fn bench(c: &mut Criterion) {
     let ns = Netns::create("koi-bench-guard").expect("netns");
     let mut setup = XfrmHandle::in_netns(ns.name()).expect("xfrm socket");
     let uid = Uid::new("bench-node").expect("uid");
-    let mut lease: Lease = lease::allocate(&uid, &[], &[], &AllocationConfig::default(), &mut OsRandom)
-        .expect("lease");
+    let mut lease: Lease =
+        lease::allocate(&uid, &[], &[], &AllocationConfig::default(), &mut OsRandom)
+            .expect("lease");
     let mut keeper = GuardKeeper::new(XfrmHandle::in_netns(ns.name()).expect("xfrm socket"));
     assert!(keeper.arm(&mut lease).expect("arm").armed);
 
     let mut installed = 0;
     let mut group = c.benchmark_group("guard_readback");
-    group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2));
     let mut summary = Vec::new();
     for n in [0usize, 1_000, 10_000] {
         let t = Instant::now();
         install_foreign(&mut setup, installed, n);
         installed = n;
-        eprintln!("installed {n} foreign policies via netlink in {:?}", t.elapsed());
+        eprintln!(
+            "installed {n} foreign policies via netlink in {:?}",
+            t.elapsed()
+        );
         group.bench_function(format!("netlink_by_index/{n}"), |b| {
             b.iter(|| assert!(keeper.evaluate(&mut lease).expect("evaluate").armed))
         });
-        group.bench_function(format!("ip_xfrm_list/{n}"), |b| b.iter(|| ip_route(&ns, lease.mark)));
+        group.bench_function(format!("ip_xfrm_list/{n}"), |b| {
+            b.iter(|| ip_route(&ns, lease.mark))
+        });
         // Our own medians for the summary line (criterion's are in its report).
-        let ours = median((0..30).map(|_| { let t = Instant::now(); keeper.evaluate(&mut lease).expect("evaluate"); t.elapsed() }).collect());
-        let ip = median((0..(if n >= 10_000 { 7 } else { 15 })).map(|_| { let t = Instant::now(); ip_route(&ns, lease.mark); t.elapsed() }).collect());
+        let ours = median(
+            (0..30)
+                .map(|_| {
+                    let t = Instant::now();
+                    keeper.evaluate(&mut lease).expect("evaluate");
+                    t.elapsed()
+                })
+                .collect(),
+        );
+        let ip = median(
+            (0..(if n >= 10_000 { 7 } else { 15 }))
+                .map(|_| {
+                    let t = Instant::now();
+                    ip_route(&ns, lease.mark);
+                    t.elapsed()
+                })
+                .collect(),
+        );
         summary.push((n, ours, ip));
     }
     // Allocation with its conflict scan at 10,000 policies.
@@ -108,24 +139,38 @@ fn bench(c: &mut Criterion) {
             let policies = keeper.xfrm().dump_policies().expect("dump");
             let states = keeper.xfrm().dump_states().expect("dump");
             assert!(policies.len() >= 10_000);
-            lease::allocate(&uid, &policies, &states, &AllocationConfig::default(), &mut OsRandom).expect("allocate")
+            lease::allocate(
+                &uid,
+                &policies,
+                &states,
+                &AllocationConfig::default(),
+                &mut OsRandom,
+            )
+            .expect("allocate")
         })
     });
     group.finish();
-    let alloc = median((0..10).map(|_| {
-        let t = Instant::now();
-        let p = keeper.xfrm().dump_policies().expect("dump");
-        let s = keeper.xfrm().dump_states().expect("dump");
-        lease::allocate(&uid, &p, &s, &AllocationConfig::default(), &mut OsRandom).expect("allocate");
-        t.elapsed()
-    }).collect());
+    let alloc = median(
+        (0..10)
+            .map(|_| {
+                let t = Instant::now();
+                let p = keeper.xfrm().dump_policies().expect("dump");
+                let s = keeper.xfrm().dump_states().expect("dump");
+                lease::allocate(&uid, &p, &s, &AllocationConfig::default(), &mut OsRandom)
+                    .expect("allocate");
+                t.elapsed()
+            })
+            .collect(),
+    );
     for (n, ours, ip) in summary {
         println!(
             "guard_readback: {n} foreign policies: netlink read-back by index {ours:?} (median), ip xfrm policy list + match {ip:?}, ratio {:.0}x",
             ip.as_secs_f64() / ours.as_secs_f64()
         );
     }
-    println!("guard_readback: lease allocation (dump policies + states, alias/bypass scan) at 10000 policies: {alloc:?} (median)");
+    println!(
+        "guard_readback: lease allocation (dump policies + states, alias/bypass scan) at 10000 policies: {alloc:?} (median)"
+    );
 }
 
 criterion_group!(benches, bench);

@@ -72,7 +72,11 @@ pub fn advertises(text: &str) -> bool {
 /// Runs both probes; `Ok` only when both advertise the marker.
 pub async fn check(config: &CapabilityConfig, launcher: &Launcher) -> Result<(), Error> {
     let probes: [(Which, OsString, Vec<OsString>); 2] = [
-        (Which::Image, config.ovn_controller.clone(), vec!["--version".into()]),
+        (
+            Which::Image,
+            config.ovn_controller.clone(),
+            vec!["--version".into()],
+        ),
         (
             Which::Running,
             config.appctl.clone(),
@@ -112,8 +116,12 @@ mod tests {
 
     #[test]
     fn marker_must_be_a_whole_line() {
-        assert!(advertises("ovn-controller 24.03.2\nIPsec output protection version 1\n"));
-        assert!(!advertises("ovn-controller 23.03.0\nOpen vSwitch Library 3.1.0\n"));
+        assert!(advertises(
+            "ovn-controller 24.03.2\nIPsec output protection version 1\n"
+        ));
+        assert!(!advertises(
+            "ovn-controller 23.03.0\nOpen vSwitch Library 3.1.0\n"
+        ));
         assert!(!advertises("IPsec output protection version 10\n"));
         assert_eq!(CAPABILITY_MISSING_EXIT_CODE, 3);
     }

@@ -65,8 +65,15 @@ mod tests {
         write_atomic(&p, b"one", 0o600).unwrap();
         write_atomic(&p, b"two", 0o600).unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
-        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "temp file left");
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "temp file left"
+        );
         assert_eq!(boot_id().unwrap().len(), 36);
     }
 }

@@ -193,7 +193,11 @@ impl IkeDaemon {
     async fn ipsec(&self, args: &[&str]) -> Result<String, Error> {
         let (status, out) = self
             .launcher
-            .output(self.config.ipsec.clone(), args.iter().copied(), COMMAND_TIMEOUT)
+            .output(
+                self.config.ipsec.clone(),
+                args.iter().copied(),
+                COMMAND_TIMEOUT,
+            )
             .await?;
         if !status.success() {
             return Err(Error::Unhealthy {

@@ -276,9 +276,17 @@ impl LeaseStore {
         let safe: String = lease
             .node_uid
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
-        let to = self.dir.join(format!("protection-lease.{safe}.foreign.json"));
+        let to = self
+            .dir
+            .join(format!("protection-lease.{safe}.foreign.json"));
         std::fs::rename(self.path(), &to).map_err(|source| Error::Io {
             path: to.clone(),
             source,

@@ -190,8 +190,8 @@ impl ActiveIdentity {
         };
         let leaf = Certificate::from_pem(&read(certificate)?)
             .map_err(|e| corrupt(certificate, e.to_string()))?;
-        let trust = TrustBundle::from_pem(&read(ca_cert)?)
-            .map_err(|e| corrupt(ca_cert, e.to_string()))?;
+        let trust =
+            TrustBundle::from_pem(&read(ca_cert)?).map_err(|e| corrupt(ca_cert, e.to_string()))?;
         let certificate_serial = serial_of(leaf.der()).map_err(|e| corrupt(certificate, e))?;
         let ca_serials = trust
             .certificates()

@@ -142,7 +142,12 @@ pub struct Observations {
 }
 
 /// Writes the record (0600, atomically) into the key directory.
-pub fn record(dir: &Path, lease: &Lease, attribution: Attribution, now_rfc3339: String) -> Result<Observations, Error> {
+pub fn record(
+    dir: &Path,
+    lease: &Lease,
+    attribution: Attribution,
+    now_rfc3339: String,
+) -> Result<Observations, Error> {
     let obs = Observations {
         boot_id: crate::fsutil::boot_id()?,
         observed_at: now_rfc3339,
@@ -211,29 +216,46 @@ mod tests {
             if_id: 0,
             ptype: 0,
             flags: 0,
-            templates: vec![Template { proto: PROTO_ESP, reqid, mode: 0, family: 2, optional: false }],
+            templates: vec![Template {
+                proto: PROTO_ESP,
+                reqid,
+                mode: 0,
+                family: 2,
+                optional: false,
+            }],
         }
     }
 
     #[test]
     fn attribution_by_reqid_mark_and_exact_selector() {
-        let t = [TunnelEndpoints { local: ip("10.0.0.1"), remote: ip("10.0.0.2") }];
+        let t = [TunnelEndpoints {
+            local: ip("10.0.0.1"),
+            remote: ip("10.0.0.2"),
+        }];
         let m = Some(Mark::exact(0x77));
         let states = [
-            sa("10.0.0.1", "10.0.0.2", 9, m),             // ours, outbound
-            sa("10.0.0.2", "10.0.0.1", 9, None),          // ours, inbound
-            sa("10.0.0.1", "10.0.0.2", 10, m),            // other reqid
-            sa("10.0.0.1", "10.0.0.2", 9, Some(Mark { value: 0x77, mask: 0xff })), // other mask
-            sa("10.0.0.1", "10.0.0.3", 9, m),             // not a tunnel
+            sa("10.0.0.1", "10.0.0.2", 9, m),    // ours, outbound
+            sa("10.0.0.2", "10.0.0.1", 9, None), // ours, inbound
+            sa("10.0.0.1", "10.0.0.2", 10, m),   // other reqid
+            sa(
+                "10.0.0.1",
+                "10.0.0.2",
+                9,
+                Some(Mark {
+                    value: 0x77,
+                    mask: 0xff,
+                }),
+            ), // other mask
+            sa("10.0.0.1", "10.0.0.3", 9, m),    // not a tunnel
         ];
         let mut guard = Policy::guard(Family::Ipv6, 0x77);
         guard.index = 99;
         let policies = [
             tunnel_policy(DIR_OUT, 9, m, 32),
             tunnel_policy(0, 9, None, 32),
-            tunnel_policy(DIR_OUT, 9, None, 32),  // outbound without the mark
-            tunnel_policy(DIR_OUT, 9, m, 24),     // not the exact selector
-            tunnel_policy(DIR_OUT, 8, m, 32),     // other reqid
+            tunnel_policy(DIR_OUT, 9, None, 32), // outbound without the mark
+            tunnel_policy(DIR_OUT, 9, m, 24),    // not the exact selector
+            tunnel_policy(DIR_OUT, 8, m, 32),    // other reqid
             guard,
         ];
         let a = attribute(&lease(), &states, &policies, &t);
@@ -248,9 +270,18 @@ mod tests {
     fn record_has_boot_id_and_mode() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
-        let obs = record(dir.path(), &lease(), Attribution::default(), "2025-01-01T00:00:00Z".into()).unwrap();
+        let obs = record(
+            dir.path(),
+            &lease(),
+            Attribution::default(),
+            "2025-01-01T00:00:00Z".into(),
+        )
+        .unwrap();
         assert_eq!(obs.boot_id.len(), 36);
         let p = dir.path().join(OBSERVATIONS_FILE);
-        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 }

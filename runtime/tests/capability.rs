@@ -3,6 +3,9 @@
 //! lacks the marker are refused; stand-ins advertising the marker pass.
 //! A refusal happens before any lease exists.
 
+// Tests and benches fail loudly on any unexpected error.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 
 use kube_ovn_ipsec_runtime::Error;
@@ -27,8 +30,16 @@ async fn gate_refuses_debian_ovn_controller_and_a_running_daemon_without_the_mar
 
     // A real unixctl server without the marker (ovsdb-server's `version`).
     let server = testbed::ovs::OvsdbServer::start_vswitch(dir.path()).unwrap();
-    let marker_ovn = stand_in(dir.path(), "ovn-controller-patched", &format!("ovn-controller 24.03.90\n{CAPABILITY_MARKER}"));
-    let marker_appctl = stand_in(dir.path(), "appctl-patched", &format!("ovn-controller 24.03.90\n{CAPABILITY_MARKER}"));
+    let marker_ovn = stand_in(
+        dir.path(),
+        "ovn-controller-patched",
+        &format!("ovn-controller 24.03.90\n{CAPABILITY_MARKER}"),
+    );
+    let marker_appctl = stand_in(
+        dir.path(),
+        "appctl-patched",
+        &format!("ovn-controller 24.03.90\n{CAPABILITY_MARKER}"),
+    );
 
     // Image: Debian's real ovn-controller --version.
     let cfg = CapabilityConfig {
@@ -36,9 +47,20 @@ async fn gate_refuses_debian_ovn_controller_and_a_running_daemon_without_the_mar
         appctl: marker_appctl.clone().into_os_string(),
         running_ctl: "unused".into(),
     };
-    let err = capability::check(&cfg, &Launcher::direct()).await.unwrap_err();
+    let err = capability::check(&cfg, &Launcher::direct())
+        .await
+        .unwrap_err();
     println!("image refusal: {err}");
-    assert!(matches!(err, Error::CapabilityMissing { which: Which::Image, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::CapabilityMissing {
+                which: Which::Image,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert_eq!(err.metric_label(), "capability_missing");
 
     // Running: a real unixctl socket answering `version` without the marker.
@@ -47,9 +69,20 @@ async fn gate_refuses_debian_ovn_controller_and_a_running_daemon_without_the_mar
         appctl: appctl.into_os_string(),
         running_ctl: server.ctl_path().as_os_str().to_owned(),
     };
-    let err = capability::check(&cfg, &Launcher::direct()).await.unwrap_err();
+    let err = capability::check(&cfg, &Launcher::direct())
+        .await
+        .unwrap_err();
     println!("running refusal: {err}");
-    assert!(matches!(err, Error::CapabilityMissing { which: Which::Running, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::CapabilityMissing {
+                which: Which::Running,
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     // Nothing was allocated or written by a refused gate.
     assert!(!store.path().exists());

@@ -5,6 +5,9 @@
 //! the guards stay in every XFRM dump while the IKE daemon or the monitor
 //! is down.
 
+// Tests and benches fail loudly on any unexpected error.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::Path;
@@ -63,8 +66,10 @@ async fn setup(node: IpsecNode, ca: &TestCa) -> Node {
     )
     .unwrap();
     let sock = node.run_path("openvswitch/db.sock");
-    wait_for(Duration::from_secs(10), Duration::from_millis(20), || sock.exists().then_some(()))
-        .expect("ovsdb-server socket");
+    wait_for(Duration::from_secs(10), Duration::from_millis(20), || {
+        sock.exists().then_some(())
+    })
+    .expect("ovsdb-server socket");
     node.vsctl(&["init"]).unwrap();
     node.vsctl(&[
         "set",
@@ -84,19 +89,44 @@ async fn setup(node: IpsecNode, ca: &TestCa) -> Node {
     let mut keeper = GuardKeeper::new(XfrmHandle::in_netns(node.netns().name()).unwrap());
     let uid = Uid::new(format!("uid-{}", node.chassis())).unwrap();
     let (mut lease, _) = store
-        .obtain(&uid, keeper.xfrm(), &AllocationConfig::default(), &mut OsRandom)
+        .obtain(
+            &uid,
+            keeper.xfrm(),
+            &AllocationConfig::default(),
+            &mut OsRandom,
+        )
         .unwrap();
     let eval = keeper.arm(&mut lease).unwrap();
     assert!(eval.armed, "{eval:?}");
     store.save(&lease).unwrap();
-    let client = ovsdb::Client::connect_str(&format!("unix:{}", sock.display())).await.unwrap();
+    let client = ovsdb::Client::connect_str(&format!("unix:{}", sock.display()))
+        .await
+        .unwrap();
     lease::publish(&client, &lease).await.unwrap();
-    let ids = node.vsctl(&["get", "Open_vSwitch", ".", "external_ids"]).unwrap();
-    assert!(ids.contains(&format!("ovn-ipsec-protection-mark=\"{}\"", lease.mark)), "{ids}");
-    assert!(ids.contains("system-id=") && ids.contains("ovn-ipsec-protection-node-uid"), "{ids}");
+    let ids = node
+        .vsctl(&["get", "Open_vSwitch", ".", "external_ids"])
+        .unwrap();
+    assert!(
+        ids.contains(&format!("ovn-ipsec-protection-mark=\"{}\"", lease.mark)),
+        "{ids}"
+    );
+    assert!(
+        ids.contains("system-id=") && ids.contains("ovn-ipsec-protection-node-uid"),
+        "{ids}"
+    );
     client.close();
 
-    Node { monitor: None, ike: None, _ovsdb: ovsdb, keeper, lease, cert, launcher, _keys: keys, node }
+    Node {
+        monitor: None,
+        ike: None,
+        _ovsdb: ovsdb,
+        keeper,
+        lease,
+        cert,
+        launcher,
+        _keys: keys,
+        node,
+    }
 }
 
 fn ike_config(n: &IpsecNode) -> IkeConfig {
@@ -130,7 +160,11 @@ async fn start_monitor(n: &mut Node) {
     let mut m = Monitor::start(config, n.launcher.clone()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
     while m.probe().await.is_err() {
-        assert!(Instant::now() < deadline, "monitor not answering:\n{}", n.node.diagnostics());
+        assert!(
+            Instant::now() < deadline,
+            "monitor not answering:\n{}",
+            n.node.diagnostics()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     n.monitor = Some(m);
@@ -142,13 +176,15 @@ fn guards_present(n: &mut Node) {
     let guards = policies
         .iter()
         .filter(|p| {
-            kube_ovn_ipsec_runtime::xfrm::model::Family::ALL.iter().any(|f| {
-                kube_ovn_ipsec_runtime::xfrm::model::compare_guard(
-                    &kube_ovn_ipsec_runtime::xfrm::model::Policy::guard(*f, n.lease.mark),
-                    p,
-                )
-                .is_empty()
-            })
+            kube_ovn_ipsec_runtime::xfrm::model::Family::ALL
+                .iter()
+                .any(|f| {
+                    kube_ovn_ipsec_runtime::xfrm::model::compare_guard(
+                        &kube_ovn_ipsec_runtime::xfrm::model::Policy::guard(*f, n.lease.mark),
+                        p,
+                    )
+                    .is_empty()
+                })
         })
         .count();
     assert_eq!(guards, 2, "guards missing from a dump: {policies:#?}");
@@ -171,10 +207,22 @@ async fn guards_through(n: &mut Node, during: Duration) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages() {
-    for p in ["ipsec", "ovsdb-server", "ovsdb-tool", "ovs-vsctl", "ovs-appctl", "openssl", "nsenter", "ip"] {
+    for p in [
+        "ipsec",
+        "ovsdb-server",
+        "ovsdb-tool",
+        "ovs-vsctl",
+        "ovs-appctl",
+        "openssl",
+        "nsenter",
+        "ip",
+    ] {
         testbed::require_program(p).unwrap();
     }
-    assert!(Path::new(DEBIAN_MONITOR_SCRIPT).exists(), "ovs-monitor-ipsec missing: install openvswitch-ipsec");
+    assert!(
+        Path::new(DEBIAN_MONITOR_SCRIPT).exists(),
+        "ovs-monitor-ipsec missing: install openvswitch-ipsec"
+    );
     let t0 = Instant::now();
     let ca = TestCa::create("kube-ovn-ipsec runtime test CA").unwrap();
     let (a, b) = IpsecNode::pair("koi-rt-ike", "chass-a", "chass-b").unwrap();
@@ -184,12 +232,29 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
     for n in [&mut a, &mut b] {
         start_ike(n);
         start_monitor(n).await;
-        let applied = n.ike.as_ref().unwrap().apply_ca_workaround(patch, &ca.cert).await.unwrap();
-        assert!(applied, "Debian's monitor is unpatched: the CA workaround must be applied");
+        let applied = n
+            .ike
+            .as_ref()
+            .unwrap()
+            .apply_ca_workaround(patch, &ca.cert)
+            .await
+            .unwrap();
+        assert!(
+            applied,
+            "Debian's monitor is unpatched: the CA workaround must be applied"
+        );
     }
     // Tunnels as the patched ovn-controller would set them from the lease.
-    let ta = Tunnel { mark: a.lease.mark, reqid: a.lease.reqid, ..Tunnel::to(&b.node, 0) };
-    let tb = Tunnel { mark: b.lease.mark, reqid: b.lease.reqid, ..Tunnel::to(&a.node, 0) };
+    let ta = Tunnel {
+        mark: a.lease.mark,
+        reqid: a.lease.reqid,
+        ..Tunnel::to(&b.node, 0)
+    };
+    let tb = Tunnel {
+        mark: b.lease.mark,
+        reqid: b.lease.reqid,
+        ..Tunnel::to(&a.node, 0)
+    };
     a.node.add_tunnel(&ta).unwrap();
     b.node.add_tunnel(&tb).unwrap();
     for n in [&a, &b] {
@@ -208,17 +273,35 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
         let h = kube_ovn_ipsec_runtime::ike::parse_status(&h);
         h.ike_sas.into_iter().find(|s| s.state == "ESTABLISHED")
     })
-    .unwrap_or_else(|| panic!("no IKE_SA:\n{}\n{}", a.node.diagnostics(), b.node.diagnostics()));
+    .unwrap_or_else(|| {
+        panic!(
+            "no IKE_SA:\n{}\n{}",
+            a.node.diagnostics(),
+            b.node.diagnostics()
+        )
+    });
     println!("IKE_SA {established:?} after {:?}", t0.elapsed());
     let health = a.ike.as_mut().unwrap().probe().await.unwrap();
-    assert!(health.ike_sas.iter().any(|s| s.state == "ESTABLISHED"), "{health:?}");
-    assert!(health.child_sas.iter().all(|c| c.reqid.is_none_or(|r| r == a.lease.reqid)), "{health:?}");
+    assert!(
+        health.ike_sas.iter().any(|s| s.state == "ESTABLISHED"),
+        "{health:?}"
+    );
+    assert!(
+        health
+            .child_sas
+            .iter()
+            .all(|c| c.reqid.is_none_or(|r| r == a.lease.reqid)),
+        "{health:?}"
+    );
 
     if testbed::netns::esp_available().unwrap() {
         let ok = wait_for(Duration::from_secs(10), Duration::from_millis(200), || {
             let states = a.keeper.xfrm().dump_states().ok()?;
             let policies = a.keeper.xfrm().dump_policies().ok()?;
-            let t = [TunnelEndpoints { local: a.node.ip().into(), remote: b_ip.into() }];
+            let t = [TunnelEndpoints {
+                local: a.node.ip().into(),
+                remote: b_ip.into(),
+            }];
             let at = sa::attribute(&a.lease, &states, &policies, &t);
             (at.sas.len() >= 2).then_some(at)
         })
@@ -231,18 +314,34 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
                 .into_iter()
                 .find(|w| log.contains(w))
         })
-        .unwrap_or_else(|| panic!("CHILD_SA did not fail for lack of ESP:\n{}", a.node.diagnostics()));
+        .unwrap_or_else(|| {
+            panic!(
+                "CHILD_SA did not fail for lack of ESP:\n{}",
+                a.node.diagnostics()
+            )
+        });
         println!("CHILD_SA failed as expected without kernel ESP ({why})");
-        println!("SKIPPED: kernel ESP data path (SAs carrying the lease's reqid and mark): this kernel has no ESP");
+        println!(
+            "SKIPPED: kernel ESP data path (SAs carrying the lease's reqid and mark): this kernel has no ESP"
+        );
     }
 
     // The monitor's and the daemon's read-back acknowledge the identity.
-    let raw = a.monitor.as_ref().unwrap().tunnels_show_raw().await.unwrap();
+    let raw = a
+        .monitor
+        .as_ref()
+        .unwrap()
+        .tunnels_show_raw()
+        .await
+        .unwrap();
     println!("--- captured tunnels/show ---\n{raw}--- end ---");
     let active = ActiveIdentity::load(&a.cert.cert, &ca.cert).unwrap();
     let tunnels = monitor::parse_tunnels_show(&raw);
     let ike = a.ike.as_ref().unwrap();
-    let (certs, cacerts) = (ike.loaded_certs().await.unwrap(), ike.loaded_cacerts().await.unwrap());
+    let (certs, cacerts) = (
+        ike.loaded_certs().await.unwrap(),
+        ike.loaded_cacerts().await.unwrap(),
+    );
     let ack = monitor::acknowledge(&active, &tunnels, &certs, &cacerts, &monitor::digest_file);
     assert!(ack.configuration_applied, "{ack:?}\n{certs:?}\n{cacerts:?}");
     assert_eq!(ack.acknowledged_trust_digest, Some(active.trust_digest));

@@ -39,7 +39,12 @@ fn allocation_skips_aliases_and_reserved_bits() {
     .unwrap();
     assert_eq!((lease.mark, lease.reqid), (0x1_0000, 7));
     assert_eq!(lease.node_uid, "u-1");
-    assert_eq!(uuid::Uuid::parse_str(&lease.lease_id).unwrap().get_version_num(), 4);
+    assert_eq!(
+        uuid::Uuid::parse_str(&lease.lease_id)
+            .unwrap()
+            .get_version_num(),
+        4
+    );
 }
 
 #[test]
@@ -77,7 +82,14 @@ fn allocation_gives_up_on_a_systematic_alias() {
         ..marked_policy(0)
     };
     let mut rng = Scripted((0..2 * MAX_CANDIDATES).map(|i| (i + 1) * 2).collect(), 0);
-    let err = allocate(&uid("u"), &[even], &[], &AllocationConfig::default(), &mut rng).unwrap_err();
+    let err = allocate(
+        &uid("u"),
+        &[even],
+        &[],
+        &AllocationConfig::default(),
+        &mut rng,
+    )
+    .unwrap_err();
     assert_eq!(err.metric_label(), "lease_exhausted");
 }
 
@@ -104,17 +116,33 @@ fn store_round_trip_mode_and_foreign_uid() {
     let dir = tempfile::tempdir().unwrap();
     let store = LeaseStore::new(dir.path());
     assert_eq!(store.load_for(&uid("a")).unwrap(), Loaded::None);
-    let mut lease = allocate(&uid("a"), &[], &[], &AllocationConfig::default(), &mut OsRandom).unwrap();
+    let mut lease = allocate(
+        &uid("a"),
+        &[],
+        &[],
+        &AllocationConfig::default(),
+        &mut OsRandom,
+    )
+    .unwrap();
     lease.record_guard(Family::Ipv6, 18);
     lease.record_guard(Family::Ipv4, 10);
     lease.record_guard(Family::Ipv4, 26);
     store.save(&lease).unwrap();
-    let mode = std::fs::metadata(store.path()).unwrap().permissions().mode();
+    let mode = std::fs::metadata(store.path())
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
-    assert_eq!(store.load_for(&uid("a")).unwrap(), Loaded::Mine(lease.clone()));
+    assert_eq!(
+        store.load_for(&uid("a")).unwrap(),
+        Loaded::Mine(lease.clone())
+    );
     assert_eq!(lease.guard(Family::Ipv4).unwrap().index, 26);
     assert_eq!(lease.guards.len(), 2);
-    assert_eq!(store.load_for(&uid("b")).unwrap(), Loaded::Foreign(lease.clone()));
+    assert_eq!(
+        store.load_for(&uid("b")).unwrap(),
+        Loaded::Foreign(lease.clone())
+    );
     let text = std::fs::read_to_string(store.path()).unwrap();
     assert!(text.contains("\"nodeUID\": \"a\""), "{text}");
     assert!(text.contains("\"leaseId\""), "{text}");

@@ -11,8 +11,16 @@ fn parses_captured_tunnels_show() {
     assert_eq!(t.state, "CONFIGURED");
     assert_eq!(t.remote_ip, "10.77.0.2");
     assert_eq!(t.remote_name.as_deref(), Some("chass-b"));
-    assert!(t.local_cert.as_ref().is_some_and(|p| p.ends_with("chass-a.pem")), "{t:?}");
-    assert!(t.ca_cert.as_ref().is_some_and(|p| p.ends_with("ca.pem")), "{t:?}");
+    assert!(
+        t.local_cert
+            .as_ref()
+            .is_some_and(|p| p.ends_with("chass-a.pem")),
+        "{t:?}"
+    );
+    assert!(
+        t.ca_cert.as_ref().is_some_and(|p| p.ends_with("ca.pem")),
+        "{t:?}"
+    );
     assert!(t.custom_options.contains("'reqid': '1955260584'"), "{t:?}");
     assert_eq!(t.policies.len(), 4);
     assert!(!t.policies.is_empty(), "{t:?}");
@@ -70,22 +78,46 @@ fn acknowledgement_needs_paths_digests_and_daemon_view() {
     };
     let a = active();
     let good = [tunnel("/keys/2/cert.pem", "/keys/2/ca.pem")];
-    let ack = acknowledge(&a, &good, &[loaded("01:02", true)], &[loaded("0a", false)], &files);
+    let ack = acknowledge(
+        &a,
+        &good,
+        &[loaded("01:02", true)],
+        &[loaded("0a", false)],
+        &files,
+    );
     assert!(ack.configuration_applied, "{ack:?}");
     assert_eq!(ack.acknowledged_trust_digest, Some(a.trust_digest));
 
     let old = [tunnel("/keys/1/cert.pem", "/keys/2/ca.pem")];
-    let ack = acknowledge(&a, &old, &[loaded("01:02", true)], &[loaded("0a", false)], &files);
+    let ack = acknowledge(
+        &a,
+        &old,
+        &[loaded("01:02", true)],
+        &[loaded("0a", false)],
+        &files,
+    );
     assert!(!ack.configuration_applied);
     assert_eq!(ack.acknowledged_trust_digest, None);
 
-    let ack = acknowledge(&a, &good, &[loaded("01:02", false)], &[loaded("0a", false)], &files);
+    let ack = acknowledge(
+        &a,
+        &good,
+        &[loaded("01:02", false)],
+        &[loaded("0a", false)],
+        &files,
+    );
     assert!(!ack.configuration_applied, "key not loaded");
     let ack = acknowledge(&a, &good, &[loaded("01:02", true)], &[], &files);
     assert!(!ack.configuration_applied, "CA not loaded");
 
     // Same path, different content: the digest catches it.
     let changed = |_: &Path, _: bool| -> Result<Sha256Digest, String> { Ok(digest(b"other")) };
-    let ack = acknowledge(&a, &good, &[loaded("01:02", true)], &[loaded("0a", false)], &changed);
+    let ack = acknowledge(
+        &a,
+        &good,
+        &[loaded("01:02", true)],
+        &[loaded("0a", false)],
+        &changed,
+    );
     assert_eq!(ack.mismatches.len(), 2, "{ack:?}");
 }

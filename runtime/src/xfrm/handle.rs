@@ -54,7 +54,9 @@ pub struct XfrmHandle {
 
 impl std::fmt::Debug for XfrmHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("XfrmHandle").field("seq", &self.seq).finish()
+        f.debug_struct("XfrmHandle")
+            .field("seq", &self.seq)
+            .finish()
     }
 }
 
@@ -92,11 +94,12 @@ impl XfrmHandle {
             source,
         })?;
         std::thread::spawn(move || {
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| Error::Netlink {
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+                Error::Netlink {
                     what: "setns into the network namespace",
                     source: e.into(),
-                })?;
+                }
+            })?;
             XfrmHandle::open()
         })
         .join()

@@ -432,10 +432,13 @@ impl std::fmt::Display for Bypass {
             f,
             "outbound allow policy without ESP template (index {}, family {}, priority {}, mark {})",
             self.index,
-            self.family.map_or_else(|| "?".to_string(), |f| f.to_string()),
+            self.family
+                .map_or_else(|| "?".to_string(), |f| f.to_string()),
             self.priority,
-            self.mark
-                .map_or_else(|| "none".to_string(), |m| format!("{:#x}/{:#x}", m.value, m.mask)),
+            self.mark.map_or_else(
+                || "none".to_string(),
+                |m| format!("{:#x}/{:#x}", m.value, m.mask)
+            ),
         )
     }
 }

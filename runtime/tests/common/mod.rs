@@ -1,5 +1,5 @@
 //! Shared helpers of the runtime's kernel tests.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 
@@ -18,8 +18,11 @@ pub fn netns(prefix: &str) -> (Netns, XfrmHandle) {
 
 /// `ip -n <ns> xfrm <args>`.
 pub fn ip_xfrm(ns: &Netns, args: &str) -> String {
-    let args: Vec<&str> = std::iter::once("xfrm").chain(args.split_whitespace()).collect();
-    ns.ip(&args).unwrap_or_else(|e| panic!("ip xfrm {args:?}: {e}"))
+    let args: Vec<&str> = std::iter::once("xfrm")
+        .chain(args.split_whitespace())
+        .collect();
+    ns.ip(&args)
+        .unwrap_or_else(|e| panic!("ip xfrm {args:?}: {e}"))
 }
 
 /// The `ip xfrm policy list` stanzas, minus the two guards of `mark`.
@@ -52,16 +55,21 @@ pub fn foreign_policy_dump(ns: &Netns, mark: u32) -> Vec<String> {
 pub fn guard_count(ns: &Netns, mark: u32) -> usize {
     let all = ip_xfrm(ns, "policy list");
     let foreign = foreign_policy_dump(ns, mark);
-    let total = all.lines().filter(|l| !l.starts_with(char::is_whitespace)).count();
+    let total = all
+        .lines()
+        .filter(|l| !l.starts_with(char::is_whitespace))
+        .count();
     total - foreign.len()
 }
 
 /// Gives the namespace addresses to send from: a veth pair inside it with
 /// 10.98.0.1/24 and fd98::1/64 (no DAD, so IPv6 is usable at once).
 pub fn addresses(ns: &Netns) {
-    ns.ip(["link", "add", "v0", "type", "veth", "peer", "name", "v1"]).unwrap();
+    ns.ip(["link", "add", "v0", "type", "veth", "peer", "name", "v1"])
+        .unwrap();
     ns.ip(["addr", "add", "10.98.0.1/24", "dev", "v0"]).unwrap();
-    ns.ip(["-6", "addr", "add", "fd98::1/64", "dev", "v0", "nodad"]).unwrap();
+    ns.ip(["-6", "addr", "add", "fd98::1/64", "dev", "v0", "nodad"])
+        .unwrap();
     for l in ["v0", "v1", "lo"] {
         ns.ip(["link", "set", l, "up"]).unwrap();
     }

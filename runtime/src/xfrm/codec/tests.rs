@@ -37,11 +37,17 @@ fn get_by_index_carries_family_mark_and_index() {
     let body = m[0].body;
     // xfrm_userpolicy_id: selector (56 bytes; family at 40), index, dir.
     assert_eq!(u16::from_ne_bytes([body[40], body[41]]), 2);
-    assert_eq!(u32::from_ne_bytes([body[56], body[57], body[58], body[59]]), 1234);
+    assert_eq!(
+        u32::from_ne_bytes([body[56], body[57], body[58], body[59]]),
+        1234
+    );
     assert_eq!(body[60], 1);
     // Followed by XFRMA_MARK {0x42, 0xffffffff}.
     assert_eq!(u16::from_ne_bytes([body[66], body[67]]), 21);
-    assert_eq!(u32::from_ne_bytes([body[68], body[69], body[70], body[71]]), 0x42);
+    assert_eq!(
+        u32::from_ne_bytes([body[68], body[69], body[70], body[71]]),
+        0x42
+    );
 }
 
 #[test]
@@ -71,7 +77,13 @@ fn state_parser_reads_mark_and_skips_key_attributes() {
     assert_eq!(s.proto, 108);
     assert_eq!(s.daddr, "10.0.0.2".parse::<IpAddr>().unwrap());
     assert_eq!(s.saddr, "10.0.0.1".parse::<IpAddr>().unwrap());
-    assert_eq!(s.mark, Some(Mark { value: 0x99, mask: u32::MAX }));
+    assert_eq!(
+        s.mark,
+        Some(Mark {
+            value: 0x99,
+            mask: u32::MAX
+        })
+    );
     assert!(parse_state(&body[..100]).is_err());
 }
 

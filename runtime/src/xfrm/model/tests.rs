@@ -42,13 +42,23 @@ fn state(reqid: u32, mark: Option<Mark>) -> State {
 
 const RESERVED: u32 = 0xc000;
 
+/// (name, policies, states, mark, reqid, expected rejection prefix)
+type Case = (&'static str, Vec<Policy>, Vec<State>, u32, u32, Option<&'static str>);
+
 #[test]
 fn candidate_table() {
     let m = 0x1234_0001;
-    let cases: Vec<(&str, Vec<Policy>, Vec<State>, u32, u32, Option<&str>)> = vec![
+    let cases: Vec<Case> = vec![
         ("clean", vec![], vec![], m, 7, None),
         ("zero mark", vec![], vec![], 0, 7, Some("ZeroMark")),
-        ("kube-proxy bit", vec![], vec![], 0x4001, 7, Some("ReservedBits")),
+        (
+            "kube-proxy bit",
+            vec![],
+            vec![],
+            0x4001,
+            7,
+            Some("ReservedBits"),
+        ),
         ("reqid 0", vec![], vec![], m, 0, Some("ReqidRange")),
         ("reqid 2^31", vec![], vec![], m, 1 << 31, Some("ReqidRange")),
         (
@@ -61,7 +71,15 @@ fn candidate_table() {
         ),
         (
             "policy mark under mask",
-            vec![policy(DIR_IN, ACTION_BLOCK, 5, Some(Mark { value: 0x1, mask: 0xff }))],
+            vec![policy(
+                DIR_IN,
+                ACTION_BLOCK,
+                5,
+                Some(Mark {
+                    value: 0x1,
+                    mask: 0xff,
+                }),
+            )],
             vec![],
             m,
             7,
@@ -69,7 +87,12 @@ fn candidate_table() {
         ),
         (
             "policy similar mark, no alias",
-            vec![policy(DIR_OUT, ACTION_BLOCK, GUARD_PRIORITY, Some(Mark::exact(m + 1)))],
+            vec![policy(
+                DIR_OUT,
+                ACTION_BLOCK,
+                GUARD_PRIORITY,
+                Some(Mark::exact(m + 1)),
+            )],
             vec![],
             m,
             7,
@@ -97,12 +120,25 @@ fn candidate_table() {
         (
             "state mark",
             vec![],
-            vec![state(9, Some(Mark { value: m & 0xffff, mask: 0xffff }))],
+            vec![state(
+                9,
+                Some(Mark {
+                    value: m & 0xffff,
+                    mask: 0xffff,
+                }),
+            )],
             m,
             7,
             Some("StateMarkAlias"),
         ),
-        ("state reqid", vec![], vec![state(7, None)], m, 7, Some("StateReqid")),
+        (
+            "state reqid",
+            vec![],
+            vec![state(7, None)],
+            m,
+            7,
+            Some("StateReqid"),
+        ),
     ];
     for (name, policies, states, mark, reqid, want) in cases {
         let got = check_candidate(mark, reqid, RESERVED, &policies, &states);
@@ -127,11 +163,18 @@ fn bypass_table() {
         ..Selector::wildcard(Family::Ipv6)
     };
     let cases: Vec<(&str, Policy, bool)> = vec![
-        ("unmarked allow any", policy(DIR_OUT, ACTION_ALLOW, 100, None), true),
+        (
+            "unmarked allow any",
+            policy(DIR_OUT, ACTION_ALLOW, 100, None),
+            true,
+        ),
         (
             "allow with only a comp template",
             Policy {
-                templates: vec![Template { proto: 108, ..esp(1) }],
+                templates: vec![Template {
+                    proto: 108,
+                    ..esp(1)
+                }],
                 ..policy(DIR_OUT, ACTION_ALLOW, 100, None)
             },
             true,
@@ -144,7 +187,11 @@ fn bypass_table() {
             },
             false,
         ),
-        ("inbound allow", policy(DIR_IN, ACTION_ALLOW, 100, None), false),
+        (
+            "inbound allow",
+            policy(DIR_IN, ACTION_ALLOW, 100, None),
+            false,
+        ),
         ("block", policy(DIR_OUT, ACTION_BLOCK, 100, None), false),
         (
             "other mark",
@@ -201,7 +248,13 @@ fn bypass_table() {
 fn guard_shape_and_comparison() {
     let g = Policy::guard(Family::Ipv6, 0x10);
     assert_eq!(g.priority, (1 << 31) - 1);
-    assert_eq!(g.mark, Some(Mark { value: 0x10, mask: 0xffff_ffff }));
+    assert_eq!(
+        g.mark,
+        Some(Mark {
+            value: 0x10,
+            mask: 0xffff_ffff
+        })
+    );
     assert_eq!(g.selector.daddr, "::".parse::<IpAddr>().unwrap());
     let mut read = g.clone();
     read.index = 99; // fetched by index: not a difference
