@@ -634,9 +634,12 @@ impl Actor {
         let mut out = Vec::with_capacity(4096);
         let probe = self.config.inactivity_probe;
         let mut last_rx = tokio::time::Instant::now();
-        let mut probe_sent = false;
+        let mut probe_sent_at: Option<tokio::time::Instant> = None;
         loop {
-            let deadline = probe.map(|p| last_rx + if probe_sent { p * 2 } else { p });
+            // The loss deadline counts from when the probe was sent, not from
+            // the last byte: if this task itself was not polled for a while
+            // (a blocked runtime), the server gets a full period to answer.
+            let deadline = probe.map(|p| probe_sent_at.unwrap_or(last_rx) + p);
             let silence = async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d).await,
@@ -644,13 +647,9 @@ impl Actor {
                 }
             };
             tokio::select! {
-                _ = silence => {
-                    if probe_sent {
-                        return Ended::Broken(Error::ConnectionLost { reason: "no reply to inactivity probe".into() });
-                    }
-                    self.request("echo", json!(["probe"]), Pending::Ignore, &mut out);
-                    probe_sent = true;
-                }
+                // Biased so bytes already waiting in the socket are read
+                // before the silence timer can declare the connection lost.
+                biased;
                 cmd = self.rx.recv() => {
                     let Some(cmd) = cmd else { return Ended::Closed };
                     if !self.handle_command(cmd, &mut out) {
@@ -671,7 +670,7 @@ impl Actor {
                         Err(e) => return Ended::Broken(Error::ConnectionLost { reason: e.to_string() }),
                     };
                     last_rx = tokio::time::Instant::now();
-                    probe_sent = false;
+                    probe_sent_at = None;
                     let values = match framer.feed(&buf[..n]) {
                         Ok(v) => v,
                         Err(e) => return Ended::Broken(e),
@@ -685,6 +684,13 @@ impl Actor {
                             return Ended::Broken(e);
                         }
                     }
+                }
+                _ = silence => {
+                    if probe_sent_at.is_some() {
+                        return Ended::Broken(Error::ConnectionLost { reason: "no reply to inactivity probe".into() });
+                    }
+                    self.request("echo", json!(["probe"]), Pending::Ignore, &mut out);
+                    probe_sent_at = Some(tokio::time::Instant::now());
                 }
             }
             if !out.is_empty() {

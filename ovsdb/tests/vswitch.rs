@@ -355,3 +355,27 @@ async fn every_operation_kind_and_typed_failures() {
         .unwrap_err();
     assert!(matches!(err, Error::RowCount { found: 0, .. }), "{err:?}");
 }
+
+/// Regression: a runtime that was blocked for longer than the inactivity
+/// probe must not make the client declare a healthy server lost.
+#[tokio::test(flavor = "current_thread")]
+async fn blocked_runtime_is_not_a_dead_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = OvsdbServer::start_vswitch(dir.path()).unwrap();
+    let config = ovsdb::Config {
+        inactivity_probe: Some(std::time::Duration::from_millis(50)),
+        ..ovsdb::Config::default()
+    };
+    let c = Client::connect(ovsdb::Address::parse(&s.address()), config)
+        .await
+        .unwrap();
+    c.echo().await.unwrap();
+    for _ in 0..3 {
+        // Deliberately blocks this (only) runtime thread.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        c.read_map(&MapColumn::ovs_other_config()).await.unwrap();
+    }
+    // Idle but polled: probes are answered and the connection stays up.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    c.echo().await.unwrap();
+}
