@@ -64,10 +64,10 @@ fn main() {
     });
     let ops = proptest::collection::vec((any::<u8>(), any::<usize>(), any::<u8>()), 1..6);
     let strategy = (0u8..5, ops, proptest::collection::vec(any::<u8>(), 0..256));
-    let mut ran: u64 = 0;
+    let ran = std::sync::atomic::AtomicU64::new(0);
     runner
         .run(&strategy, |(which, ops, random)| {
-            ran += 1;
+            ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match which {
                 0 => drop(inspect_der(&mutate(&ders[0], &ops), &policy)),
                 1 => drop(inspect_der(&mutate(&ders[1], &ops), &policy)),
@@ -78,6 +78,7 @@ fn main() {
             Ok(())
         })
         .unwrap();
+    let ran = ran.into_inner();
     println!(
         "fuzz_csr: {ran} cases without a panic in {:.1} s",
         started.elapsed().as_secs_f64()
