@@ -3,6 +3,8 @@
 //! image gives it before it runs them.
 //!
 //! # Layout
+//! - [`agent`]: `kube-ovn-ipsec run` — the actor tree with its real adapters
+//!   (kube-rs, OVSDB) and the status server.
 //! - [`monitor_patch`]: does the `ovs-monitor-ipsec` script the agent would
 //!   run carry the project's patch (`image/patches/ovs-monitor-ipsec-3.1.patch`)?
 //!   Decides whether the agent keeps its CA workaround.
@@ -22,6 +24,7 @@
 //! - [`fsutil`]: crash-safe writes, the boot ID.
 //! - [`Error`]: the crate's one error type.
 
+pub mod agent;
 pub mod capability;
 pub mod fsutil;
 pub mod guards;

@@ -43,7 +43,14 @@ fn state(reqid: u32, mark: Option<Mark>) -> State {
 const RESERVED: u32 = 0xc000;
 
 /// (name, policies, states, mark, reqid, expected rejection prefix)
-type Case = (&'static str, Vec<Policy>, Vec<State>, u32, u32, Option<&'static str>);
+type Case = (
+    &'static str,
+    Vec<Policy>,
+    Vec<State>,
+    u32,
+    u32,
+    Option<&'static str>,
+);
 
 #[test]
 fn candidate_table() {

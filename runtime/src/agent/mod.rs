@@ -1,0 +1,24 @@
+//! `kube-ovn-ipsec run`: the agent's wiring. The actors (crate `actors`)
+//! hold the logic; this module gives them their real adapters — kube-rs for
+//! the CSR API and the trust ConfigMap, the `ovsdb` crate for the identity
+//! keys — serves `/status`, `/readyz`, `/healthz` and `/metrics`, and stops
+//! the tree on SIGTERM.
+//!
+//! # Layout
+//! - [`config`]: flags with environment fallbacks (downward API).
+//! - [`kube_csr`]: [`actors::ports::CsrApi`] over `certificates.k8s.io/v1`.
+//! - [`ovsdb_identity`]: [`actors::ports::OvsdbIdentity`] over the guarded
+//!   `other_config` write.
+//! - [`trust`]: follows ConfigMap `ovn-ipsec-trust` into a watch channel.
+//! - [`http`]: the status server.
+//! - [`run`]: start-up order and shutdown.
+
+pub mod config;
+pub mod http;
+pub mod kube_csr;
+pub mod ovsdb_identity;
+pub mod run;
+pub mod trust;
+
+pub use config::RunArgs;
+pub use run::{Agent, AgentError};

@@ -1,0 +1,129 @@
+//! `kube-ovn-ipsec run` as a process against the embedded Kubernetes API
+//! server, a minimal test signer and a real ovsdb-server: cold start →
+//! generation 1 active → renewal → generation 2 active, the unrelated
+//! `other_config` key intact, no PEM in `/status` or the logs, clean exit on
+//! SIGTERM.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::cluster::{Cluster, http_get};
+
+async fn status(port: u16) -> Option<serde_json::Value> {
+    let (code, body) = http_get(port, "/status").await?;
+    if code != 200 {
+        return None;
+    }
+    serde_json::from_str(&body).ok()
+}
+
+/// Waits for `/status` to show `generation >= min` with readyz 200.
+async fn wait_generation(
+    cluster: &Cluster,
+    port: u16,
+    min: u64,
+    timeout: Duration,
+) -> serde_json::Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(s) = status(port).await {
+            let generation = s["generation"].as_u64().unwrap_or(0);
+            let ready = http_get(port, "/readyz").await.map(|(c, _)| c) == Some(200);
+            if generation >= min && ready {
+                return s;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "generation {min} not active and ready within {timeout:?}; last status: {:?}\nagent logs:\n{}",
+            status(port).await,
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_start_activates_then_renews_keeping_other_keys() {
+    // 12 s certificates (requested: the API minimum of 600 s): renewal lands
+    // 4.8–7.2 s after issuance.
+    let cluster = Cluster::start(Duration::from_secs(12)).await;
+    let key_dir = cluster.dir.path().join("keys");
+    let port = Cluster::free_port();
+    let mut agent = cluster.spawn_agent(&key_dir, port, 600, &["--key-algorithm", "ecdsa-p256"]);
+
+    let t = Instant::now();
+    let s1 = wait_generation(&cluster, port, 1, Duration::from_secs(60)).await;
+    println!("generation 1 active and ready after {:?}", t.elapsed());
+    assert_eq!(s1["chassis"], support::cluster::CHASSIS);
+    assert_eq!(s1["nodeUID"], cluster.node_uid.as_str());
+    let g1 = s1["generation"].as_u64().unwrap();
+    let oc = cluster.other_config();
+    assert_eq!(
+        oc.get("unrelated").map(String::as_str),
+        Some("keep-me"),
+        "other_config: {oc:?}"
+    );
+    let dir1 = format!("gen-{g1:06}");
+    for k in ["private_key", "certificate", "ca_cert"] {
+        assert!(
+            oc.get(k).is_some_and(|v| v.contains(&dir1)),
+            "{k} not on {dir1}: {oc:?}"
+        );
+    }
+
+    let s2 = wait_generation(&cluster, port, g1 + 1, Duration::from_secs(60)).await;
+    println!(
+        "generation {} active after {:?}",
+        s2["generation"],
+        t.elapsed()
+    );
+    let g2 = s2["generation"].as_u64().unwrap();
+    assert_ne!(
+        s1["certificateDigest"], s2["certificateDigest"],
+        "renewal must bring a new certificate"
+    );
+    let oc = cluster.other_config();
+    assert_eq!(
+        oc.get("unrelated").map(String::as_str),
+        Some("keep-me"),
+        "other_config: {oc:?}"
+    );
+    let dir2 = format!("gen-{g2:06}");
+    for k in ["private_key", "certificate", "ca_cert"] {
+        assert!(
+            oc.get(k).is_some_and(|v| v.contains(&dir2)),
+            "{k} not on {dir2}: {oc:?}"
+        );
+    }
+
+    let (_, metrics) = http_get(port, "/metrics").await.unwrap();
+    assert!(metrics.contains("kube_ovn_ipsec"), "metrics: {metrics}");
+    let (_, body) = http_get(port, "/status").await.unwrap();
+    assert!(!body.contains("-----BEGIN"), "PEM in /status: {body}");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let code = loop {
+        if let Some(c) = agent.try_wait().unwrap() {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "agent did not stop on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let logs = cluster.agent_logs();
+    assert!(code.success(), "agent exit {code:?}; logs:\n{logs}");
+    assert!(!logs.contains("-----BEGIN"), "PEM in the agent's logs");
+    assert!(
+        logs.lines()
+            .all(|l| l.trim().is_empty() || serde_json::from_str::<serde_json::Value>(l).is_ok()),
+        "non-JSON log line:\n{logs}"
+    );
+}

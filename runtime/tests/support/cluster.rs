@@ -1,0 +1,301 @@
+//! A one-node "cluster" for the agent's integration tests: the embedded
+//! Kubernetes API server (lab), a real Open_vSwitch ovsdb-server (testbed),
+//! a Node, the trust ConfigMap and a minimal in-test signer that approves and
+//! signs every `kubeovn.io/signer` CSR with a test CA — without backdating,
+//! so that a short requested lifetime gives a renewal within seconds.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube_ovn_ipsec_api::names::k8s as names;
+use lab::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType, IsCa, Issuer,
+    KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,
+};
+use testbed::ovs::OvsdbServer;
+use tokio::task::JoinHandle;
+
+/// Node name used by the tests.
+pub const NODE: &str = "node-a";
+/// Chassis (OVS system-id) used by the tests.
+pub const CHASSIS: &str = "chassis-a";
+
+/// Everything one agent needs, running.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub api: ApiServerHandle,
+    pub ovs: OvsdbServer,
+    pub kubeconfig: PathBuf,
+    pub node_uid: String,
+    pub ca_pem: String,
+    signer: JoinHandle<()>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.signer.abort();
+    }
+}
+
+fn test_ca() -> (String, Issuer<'static, KeyPair>) {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name
+        .push(DnType::OrganizationName, "kube-ovn");
+    p.distinguished_name
+        .push(DnType::CommonName, "agent test CA");
+    p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let cert = p.self_signed(&key).unwrap();
+    let pem = cert.pem();
+    (pem, Issuer::from_ca_cert_der(cert.der(), key).unwrap())
+}
+
+fn sign(
+    issuer: &Issuer<'static, KeyPair>,
+    csr: &CertificateSigningRequest,
+    cap: Duration,
+) -> Option<Vec<u8>> {
+    let pem = String::from_utf8(csr.spec.request.0.clone()).ok()?;
+    let mut req = CertificateSigningRequestParams::from_pem(&pem).ok()?;
+    // A signer may issue a shorter lifetime than requested (the API server
+    // refuses requests under 600 s, so this is how a test sees a renewal
+    // within seconds).
+    let lifetime =
+        Duration::from_secs(csr.spec.expiration_seconds.unwrap_or(3600).max(1) as u64).min(cap);
+    let now = SystemTime::now();
+    req.params.not_before = now.into();
+    req.params.not_after = (now + lifetime).into();
+    req.params.is_ca = IsCa::ExplicitNoCa;
+    Some(req.signed_by(issuer).ok()?.pem().into_bytes())
+}
+
+/// Approves and signs every pending CSR of our signer, once.
+async fn signer_loop(
+    api: Api<CertificateSigningRequest>,
+    issuer: Issuer<'static, KeyPair>,
+    cap: Duration,
+) {
+    let stream = watcher::watcher(
+        api.clone(),
+        watcher::Config::default().fields(&format!("spec.signerName={}", names::SIGNER_NAME)),
+    );
+    futures::pin_mut!(stream);
+    while let Some(ev) = stream.next().await {
+        let Ok(watcher::Event::Apply(csr) | watcher::Event::InitApply(csr)) = ev else {
+            continue;
+        };
+        let done = csr.status.as_ref().is_some_and(|s| s.certificate.is_some());
+        let Some(name) = csr.metadata.name.clone() else {
+            continue;
+        };
+        if done {
+            continue;
+        }
+        let Some(cert) = sign(&issuer, &csr, cap) else {
+            continue;
+        };
+        let approved = CertificateSigningRequestStatus {
+            conditions: Some(vec![CertificateSigningRequestCondition {
+                type_: "Approved".into(),
+                status: "True".into(),
+                reason: Some("TestSigner".into()),
+                message: Some("approved by the agent test signer".into()),
+                ..Default::default()
+            }]),
+            certificate: None,
+        };
+        let body = serde_json::json!({"status": approved});
+        if api
+            .patch_approval(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        let body = serde_json::json!({"status": {"certificate": ByteString(cert)}});
+        let _ = api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await;
+    }
+}
+
+impl Cluster {
+    /// Starts the API server, ovsdb-server, the Node, the trust ConfigMap
+    /// and the signer, which issues at most `issue_lifetime`.
+    pub async fn start(issue_lifetime: Duration) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let api = ApiServer::builder().start().await.unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig, ADMIN_TOKEN).unwrap();
+        let client = api.client(ADMIN_TOKEN).await.unwrap();
+
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": NODE, "annotations": {names::ANNOTATION_OVN_CHASSIS: CHASSIS}}
+        }))
+        .unwrap();
+        let node = Api::<Node>::all(client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+        let node_uid = node.metadata.uid.unwrap();
+
+        let (ca_pem, issuer) = test_ca();
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(names::TRUST_CONFIGMAP.into()),
+                ..Default::default()
+            },
+            data: Some([(names::TRUST_CONFIGMAP_KEY.to_string(), ca_pem.clone())].into()),
+            ..Default::default()
+        };
+        Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
+            .create(&PostParams::default(), &cm)
+            .await
+            .unwrap();
+
+        let ovs = OvsdbServer::start_vswitch(dir.path()).unwrap();
+        ovs.vsctl(&[
+            "set",
+            "Open_vSwitch",
+            ".",
+            &format!("external_ids:system-id={CHASSIS}"),
+            "other_config:unrelated=keep-me",
+        ])
+        .unwrap();
+
+        let signer = tokio::spawn(signer_loop(Api::all(client), issuer, issue_lifetime));
+        Cluster {
+            dir,
+            api,
+            ovs,
+            kubeconfig,
+            node_uid,
+            ca_pem,
+            signer,
+        }
+    }
+
+    /// An unused loopback port for the agent's status server.
+    pub fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// Starts `kube-ovn-ipsec run` as a process against this cluster.
+    pub fn spawn_agent(
+        &self,
+        key_dir: &Path,
+        status_port: u16,
+        lifetime_secs: u32,
+        extra: &[&str],
+    ) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
+            .args([
+                "run",
+                "--node-name",
+                NODE,
+                "--pod-name",
+                "kube-ovn-cni-abcde",
+                "--pod-namespace",
+                "kube-system",
+            ])
+            .args(["--pod-uid", "0b0e6a3c-1111-4222-8333-444455556666"])
+            .arg("--key-dir")
+            .arg(key_dir)
+            .args(["--ovsdb", &self.ovs.address()])
+            .args(["--status-addr", &format!("127.0.0.1:{status_port}")])
+            .args(["--certificate-lifetime", &lifetime_secs.to_string()])
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.agent_log())
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap()
+    }
+
+    /// Where spawned agents' stderr (JSON logs) goes, appended across runs.
+    pub fn agent_log(&self) -> PathBuf {
+        self.dir.path().join("agent.log")
+    }
+
+    /// The agents' logs so far.
+    pub fn agent_logs(&self) -> String {
+        std::fs::read_to_string(self.agent_log()).unwrap_or_default()
+    }
+
+    /// The three identity keys and one unrelated key of other_config.
+    pub fn other_config(&self) -> std::collections::BTreeMap<String, String> {
+        let out = self
+            .ovs
+            .vsctl(&["--format=json", "get", "Open_vSwitch", ".", "other_config"])
+            .unwrap();
+        // ovs-vsctl prints {key=value, ...} with quoted values when needed.
+        parse_ovs_map(out.trim())
+    }
+}
+
+/// Parses `ovs-vsctl get`'s `{a="x", b=y}` map rendering.
+pub fn parse_ovs_map(s: &str) -> std::collections::BTreeMap<String, String> {
+    let inner = s.trim_start_matches('{').trim_end_matches('}');
+    inner
+        .split(", ")
+        .filter(|kv| !kv.is_empty())
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((
+                k.trim_matches('"').to_string(),
+                v.trim_matches('"').to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// GETs `path` from the agent's status server: (HTTP code, body).
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((code, body))
+}

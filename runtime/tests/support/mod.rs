@@ -1,0 +1,2 @@
+//! Shared fixtures of the runtime integration tests.
+pub mod cluster;
