@@ -24,7 +24,9 @@ use std::path::PathBuf;
 /// Tests call [`require_program`] and unwrap its result, so the test fails
 /// with the program's name and the install hint instead of passing silently.
 #[derive(Debug, thiserror::Error)]
-#[error("required program `{name}` not found on PATH or in /usr/sbin, /usr/bin, /usr/lib/ipsec: run scripts/install-deps.sh (as root) to install it")]
+#[error(
+    "required program `{name}` not found on PATH or in /usr/sbin, /usr/bin, /usr/lib/ipsec: run scripts/install-deps.sh (as root) to install it"
+)]
 pub struct MissingProgram {
     /// The program that was looked for.
     pub name: String,
@@ -35,12 +37,20 @@ pub struct MissingProgram {
 /// Returns the absolute path, or [`MissingProgram`] naming the program.
 pub fn require_program(name: &str) -> Result<PathBuf, MissingProgram> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let extra = ["/usr/sbin", "/usr/bin", "/sbin", "/usr/lib/ipsec", "/usr/share/openvswitch/scripts"];
+    let extra = [
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/usr/lib/ipsec",
+        "/usr/share/openvswitch/scripts",
+    ];
     std::env::split_paths(&path)
         .chain(extra.iter().map(PathBuf::from))
         .map(|dir| dir.join(name))
         .find(|p| p.is_file())
-        .ok_or_else(|| MissingProgram { name: name.to_string() })
+        .ok_or_else(|| MissingProgram {
+            name: name.to_string(),
+        })
 }
 
 #[cfg(test)]
@@ -50,7 +60,10 @@ mod tests {
     #[test]
     fn missing_program_names_itself() {
         let err = require_program("definitely-not-a-real-program-xyz").unwrap_err();
-        assert!(err.to_string().contains("definitely-not-a-real-program-xyz"));
+        assert!(
+            err.to_string()
+                .contains("definitely-not-a-real-program-xyz")
+        );
     }
 
     #[test]
