@@ -96,6 +96,23 @@ pub enum Error {
     /// A message could not be delivered or an RPC timed out.
     #[error("actor messaging: {0}")]
     Messaging(String),
+    /// The lease or the guards could not be obtained, armed or published.
+    #[error("output protection: {detail}")]
+    Protection {
+        /// The status reason it maps to.
+        reason: kube_ovn_ipsec_api::status::Reason,
+        /// What failed (no keys).
+        detail: String,
+    },
+    /// A runtime process (IKE daemon, monitor) exited, failed its probe or
+    /// could not be started.
+    #[error("{process}: {reason}")]
+    Process {
+        /// `ike` or `monitor`.
+        process: &'static str,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -118,6 +135,8 @@ impl Error {
             Error::ActivationConflict => "activation_conflict",
             Error::Spawn { .. } => "spawn",
             Error::Messaging(_) => "messaging",
+            Error::Protection { .. } => "protection",
+            Error::Process { .. } => "process",
         }
     }
 
@@ -138,6 +157,11 @@ impl Error {
             Error::Ovsdb(_) | Error::ActivationConflict => Reason::ActivationFailed,
             Error::KeyDirIo { .. } => Reason::KeyDirReadOnly,
             Error::Spawn { .. } | Error::Messaging(_) => Reason::Unknown,
+            Error::Protection { reason, .. } => *reason,
+            Error::Process { process, .. } => match *process {
+                "ike" => Reason::IkeDaemonUnhealthy,
+                _ => Reason::MonitorUnhealthy,
+            },
         }
     }
 }

@@ -1,7 +1,8 @@
-//! The kube-ovn-ipsec agent's actor core (issue 4): a node supervisor that
-//! respawns its children with backoff, the identity actor (key, CSR, key
-//! directory), the renewal-jitter timer, the OVSDB writer and the status
-//! board. The runtime (`kube-ovn-ipsec run`) implements the [`ports`] traits
+//! The kube-ovn-ipsec agent's actor core: a node supervisor that respawns
+//! its children with backoff, the identity actor (key, CSR, key directory),
+//! the renewal-jitter timer, the OVSDB writer and the status board
+//! (issue 4), and the runtime actors — output protection, IKE daemon,
+//! monitor (issue 5). The runtime (`kube-ovn-ipsec run`) implements the [`ports`] traits
 //! with kube-rs and the `ovsdb` crate and wires the tree together.
 //!
 //! # Layout
@@ -23,6 +24,13 @@
 //! - [`identity`] — [`identity::IdentityActor`].
 //! - [`renewal_timer`] — [`renewal_timer::RenewalTimer`].
 //! - [`ovsdb_writer`] — [`ovsdb_writer::OvsdbWriter`].
+//! - [`protection`] — [`protection::ProtectionActor`]: lease, XFRM guards
+//!   and their periodic read-back, publication.
+//! - [`ike`] — [`ike::IkeActor`]: the IKE daemon as a foreground child.
+//! - [`monitor`] — [`monitor::MonitorActor`]: ovs-monitor-ipsec as a
+//!   foreground child, and the acknowledgement of each activation.
+//!
+//! The IKE and monitor actors share their probe policy (`process_watch`).
 //!
 //! Wiring: [`tree`] builds the child specs of these actors and starts the
 //! supervisor; the runtime calls [`tree::start`] with its adapters.
@@ -35,11 +43,15 @@ pub mod bus;
 pub mod clock;
 mod error;
 pub mod identity;
+pub mod ike;
 pub mod keydir;
 pub mod metrics;
+pub mod monitor;
 pub mod ovsdb_writer;
 pub mod pki;
 pub mod ports;
+mod process_watch;
+pub mod protection;
 pub mod renewal_timer;
 pub mod status;
 pub mod supervisor;

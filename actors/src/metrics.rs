@@ -23,6 +23,15 @@ pub trait Metrics: Send + Sync + Debug + 'static {
     fn actor_restart(&self, actor: &str);
     /// Seconds until the active certificate expires (negative once expired).
     fn seconds_to_expiry(&self, seconds: f64);
+    /// Something happened to a guard: `kind` is a
+    /// [`crate::ports::GuardChange::kind`] (`readded`, `conflict`, ...).
+    fn guard_event(&self, kind: &str) {
+        let _ = kind;
+    }
+    /// A runtime process (`ike`, `monitor`) exited or failed its probe.
+    fn process_failure(&self, process: &str) {
+        let _ = process;
+    }
 }
 
 /// Metrics that go nowhere.
@@ -53,6 +62,18 @@ pub struct PrometheusMetrics {
     activation_latency: Histogram,
     restarts: Family<ActorLabel, Counter>,
     expiry: Gauge<f64, AtomicU64>,
+    guard_events: Family<KindLabel, Counter>,
+    process_failures: Family<ProcessLabel, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProcessLabel {
+    process: String,
 }
 
 impl PrometheusMetrics {
@@ -64,6 +85,8 @@ impl PrometheusMetrics {
             activation_latency: Histogram::new([0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0]),
             restarts: Family::default(),
             expiry: Gauge::default(),
+            guard_events: Family::default(),
+            process_failures: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kube_ovn_ipsec");
         r.register(
@@ -85,6 +108,16 @@ impl PrometheusMetrics {
             "certificate_seconds_to_expiry",
             "Seconds until the active certificate expires",
             m.expiry.clone(),
+        );
+        r.register(
+            "guard_events",
+            "XFRM guard events by kind (armed, readded, adopted, conflict)",
+            m.guard_events.clone(),
+        );
+        r.register(
+            "process_failures",
+            "Runtime process exits and failed health probes by process",
+            m.process_failures.clone(),
         );
         m
     }
@@ -110,6 +143,20 @@ impl Metrics for PrometheusMetrics {
     }
     fn seconds_to_expiry(&self, seconds: f64) {
         self.expiry.set(seconds);
+    }
+    fn guard_event(&self, kind: &str) {
+        self.guard_events
+            .get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+    fn process_failure(&self, process: &str) {
+        self.process_failures
+            .get_or_create(&ProcessLabel {
+                process: process.to_owned(),
+            })
+            .inc();
     }
 }
 

@@ -1,6 +1,8 @@
 //! The side effects the actors need, as small traits the runtime implements:
 //! the Kubernetes CSR API (kube-rs) and the OVSDB identity keys (`ovsdb`
-//! crate). Fakes for tests live in `testing` (feature `test-util`).
+//! crate); and (submodule `runtime`, re-exported here) the lease and XFRM
+//! guards, the IKE daemon and the monitor. Fakes for tests live in
+//! `testing` (feature `test-util`).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -153,3 +155,9 @@ pub trait OvsdbIdentity: Send + Sync + Debug + 'static {
     /// [`crate::Error::ActivationConflict`] when the guard did not hold.
     async fn activate(&self, expected: &OvsdbIdentityKeys, new: &OvsdbIdentityKeys) -> Result<()>;
 }
+
+mod runtime;
+pub use self::runtime::{
+    Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,
+    ProtectionPort, RunningMonitor, RunningProcess, protection_reason,
+};

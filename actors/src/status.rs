@@ -55,6 +55,39 @@ struct Board {
     trust: Option<Sha256Digest>,
     /// Failing supervised children and the reason each maps to.
     failing: BTreeMap<String, Reason>,
+    /// Health of the runtime processes, as their actors last saw it.
+    runtime: BTreeMap<RuntimeComponent, bool>,
+    /// Why the guards are not armed, when known (missing, conflict).
+    protection_problem: Option<Reason>,
+    /// The generation the monitor's read-back matched, with the trust
+    /// digest it acknowledged.
+    acknowledged: Option<(u64, Sha256Digest)>,
+    /// Coordination says `Prepare` (hook for the coordination actor).
+    prepare: bool,
+    /// The capability gate failed.
+    capability_missing: bool,
+}
+
+/// A runtime process whose health feeds `runtimeHealthy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RuntimeComponent {
+    /// The IKE daemon (strongSwan).
+    IkeDaemon,
+    /// `ovs-monitor-ipsec`.
+    Monitor,
+}
+
+impl RuntimeComponent {
+    /// Both components; `runtimeHealthy` needs each of them healthy.
+    pub const ALL: [RuntimeComponent; 2] = [RuntimeComponent::IkeDaemon, RuntimeComponent::Monitor];
+
+    /// The reason shown while this component is unhealthy.
+    pub fn reason(self) -> Reason {
+        match self {
+            RuntimeComponent::IkeDaemon => Reason::IkeDaemonUnhealthy,
+            RuntimeComponent::Monitor => Reason::MonitorUnhealthy,
+        }
+    }
 }
 
 /// The shared status board. Cheap to clone.
@@ -77,6 +110,11 @@ impl StatusBoard {
                 activated: None,
                 trust: None,
                 failing: BTreeMap::new(),
+                runtime: BTreeMap::new(),
+                protection_problem: None,
+                acknowledged: None,
+                prepare: false,
+                capability_missing: false,
             })),
             tx: Arc::new(tx),
             clock,
@@ -109,10 +147,51 @@ impl StatusBoard {
         self.tx.subscribe()
     }
 
-    /// The readiness rule for now (issue 4): an unexpired active identity
-    /// whose OVSDB activation was confirmed. Later issues add processes,
-    /// guards and the monitor's acknowledgement (`Status::is_ready`).
+    /// The `/readyz` rule (SPEC §5): 200 only when the active certificate
+    /// is unexpired and either
+    ///
+    /// - coordination says `Prepare` and the identity is ready (activation
+    ///   confirmed) — the hook [`StatusBoard::set_coordination_prepare`]
+    ///   that the coordination actor (a later issue) drives; nothing sets
+    ///   it yet, or
+    /// - the IKE daemon and the monitor are healthy, the guards were read
+    ///   back from the kernel, and the monitor acknowledged the active
+    ///   generation with the current trust digest.
+    ///
+    /// The error names the first condition that does not hold.
     pub fn readyz(&self) -> Result<(), Reason> {
+        self.identity_ready()?;
+        let b = self.lock();
+        if b.prepare {
+            return Ok(());
+        }
+        for c in RuntimeComponent::ALL {
+            if b.runtime.get(&c) != Some(&true) {
+                return Err(c.reason());
+            }
+        }
+        if !b.status.protection_armed {
+            return Err(b.protection_problem.unwrap_or(Reason::GuardMissing));
+        }
+        let current_trust = b.trust;
+        match b.acknowledged {
+            Some((generation, trust))
+                if Some(generation) == b.activated
+                    && b.status.configuration_applied
+                    // Until the first bundle arrives the active generation's
+                    // own ca.pem is the trust: what the monitor acknowledged.
+                    && current_trust.is_none_or(|t| t == trust) =>
+            {
+                Ok(())
+            }
+            _ => Err(Reason::MonitorNotAcknowledged),
+        }
+    }
+
+    /// The identity half of readiness: an unexpired active identity whose
+    /// OVSDB activation was confirmed (the whole of `readyz` before the
+    /// runtime actors existed; identity tests use it).
+    pub fn identity_ready(&self) -> Result<(), Reason> {
         let now = timestamp(self.clock.now());
         let b = self.lock();
         let s = &b.status;
@@ -128,6 +207,68 @@ impl StatusBoard {
             return Err(Reason::ActivationFailed);
         }
         Ok(())
+    }
+
+    /// The generation OVSDB was confirmed to point at, if any.
+    pub fn activated_generation(&self) -> Option<u64> {
+        self.lock().activated
+    }
+
+    /// A runtime process's health (`runtimeHealthy` is all of them).
+    pub fn set_runtime_health(&self, component: RuntimeComponent, healthy: bool) {
+        self.update(|b| {
+            b.runtime.insert(component, healthy);
+            b.status.runtime_healthy = RuntimeComponent::ALL
+                .iter()
+                .all(|c| b.runtime.get(c) == Some(&true));
+        });
+    }
+
+    /// The guards' read-back: `protectionArmed` is `armed`; `problem` says
+    /// why not (kept for `readyz`'s answer).
+    pub fn set_protection(&self, armed: bool, problem: Option<Reason>) {
+        self.update(|b| {
+            b.status.protection_armed = armed;
+            b.protection_problem = if armed { None } else { problem };
+        });
+    }
+
+    /// The monitor's read-back of `generation`: `configurationApplied`
+    /// and, when applied, the acknowledged trust digest. A read-back of a
+    /// generation that is no longer the active one is ignored.
+    pub fn set_acknowledgement(&self, generation: u64, applied: Option<Sha256Digest>) {
+        self.update(|b| {
+            if b.activated != Some(generation) {
+                return;
+            }
+            match applied {
+                Some(trust) => {
+                    b.status.configuration_applied = true;
+                    b.status.trust_digest = Some(trust);
+                    b.acknowledged = Some((generation, trust));
+                }
+                None => {
+                    b.status.configuration_applied = false;
+                    b.acknowledged = None;
+                }
+            }
+        });
+    }
+
+    /// The generation the monitor acknowledged, with its trust digest.
+    pub fn acknowledged(&self) -> Option<(u64, Sha256Digest)> {
+        self.lock().acknowledged
+    }
+
+    /// Coordination hook: the node is in `Prepare` (identity ready is then
+    /// enough for `readyz`). Driven by the coordination actor (SPEC §7).
+    pub fn set_coordination_prepare(&self, prepare: bool) {
+        self.update(|b| b.prepare = prepare);
+    }
+
+    /// The capability gate failed: phase `CapabilityMissing`.
+    pub fn set_capability_missing(&self) {
+        self.update(|b| b.capability_missing = true);
     }
 
     /// Records who this node is.
@@ -160,6 +301,12 @@ impl StatusBoard {
             b.status.generation = Some(generation);
             b.status.certificate_digest = Some(certificate_digest);
             b.status.expires = Some(expires);
+            if b.activated != Some(generation) {
+                // A new generation is applied only once the monitor's
+                // read-back says so.
+                b.status.configuration_applied = false;
+                b.acknowledged = None;
+            }
             b.activated = Some(generation);
             b.identity = IdentityCondition::Working(None);
         });
@@ -199,7 +346,9 @@ fn derive_phase(b: &mut Board, now: Timestamp) {
     let s = &mut b.status;
     let active = s.generation.is_some() && b.activated == s.generation;
     let expired = s.expires.is_some_and(|e| now >= e);
-    let (phase, reason) = if let IdentityCondition::Blocked(r) = b.identity {
+    let (phase, reason) = if b.capability_missing {
+        (Phase::CapabilityMissing, Some(Reason::CapabilityMissing))
+    } else if let IdentityCondition::Blocked(r) = b.identity {
         (Phase::Failed, Some(r))
     } else if expired {
         (Phase::Expired, Some(Reason::Expired))
@@ -241,10 +390,79 @@ mod tests {
         let expires = Timestamp::from_unix(1_800_000_000 + 3600).unwrap();
         b.set_active(1, Sha256Digest::of(b"c"), expires);
         assert_eq!(b.snapshot().phase, Phase::Active);
+        assert_eq!(b.identity_ready(), Ok(()));
+        runtime_ready(&b, 1);
         assert_eq!(b.readyz(), Ok(()));
         tokio::time::advance(Duration::from_secs(3600)).await;
         assert_eq!(b.readyz(), Err(Reason::Expired));
         assert_eq!(b.snapshot().phase, Phase::Expired);
+    }
+
+    fn runtime_ready(b: &StatusBoard, generation: u64) {
+        b.set_trust(Sha256Digest::of(b"trust"));
+        b.set_runtime_health(RuntimeComponent::IkeDaemon, true);
+        b.set_runtime_health(RuntimeComponent::Monitor, true);
+        b.set_protection(true, None);
+        b.set_acknowledgement(generation, Some(Sha256Digest::of(b"trust")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn readyz_needs_runtime_guards_and_the_current_trust_acknowledged() {
+        let b = board();
+        let expires = Timestamp::from_unix(1_800_000_000 + 3600).unwrap();
+        b.set_active(1, Sha256Digest::of(b"c"), expires);
+        assert_eq!(b.readyz(), Err(Reason::IkeDaemonUnhealthy));
+        b.set_runtime_health(RuntimeComponent::IkeDaemon, true);
+        assert_eq!(b.readyz(), Err(Reason::MonitorUnhealthy));
+        b.set_runtime_health(RuntimeComponent::Monitor, true);
+        assert!(b.snapshot().runtime_healthy);
+        assert_eq!(b.readyz(), Err(Reason::GuardMissing));
+        b.set_protection(false, Some(Reason::GuardConflict));
+        assert_eq!(b.readyz(), Err(Reason::GuardConflict));
+        b.set_protection(true, None);
+        assert!(b.snapshot().protection_armed);
+        assert_eq!(b.readyz(), Err(Reason::MonitorNotAcknowledged));
+        b.set_trust(Sha256Digest::of(b"trust-1"));
+        // An acknowledgement of another trust digest does not count.
+        b.set_acknowledgement(1, Some(Sha256Digest::of(b"trust-0")));
+        assert!(b.snapshot().configuration_applied);
+        assert_eq!(b.readyz(), Err(Reason::MonitorNotAcknowledged));
+        b.set_acknowledgement(1, Some(Sha256Digest::of(b"trust-1")));
+        assert_eq!(b.readyz(), Ok(()));
+        assert_eq!(
+            b.snapshot().trust_digest,
+            Some(Sha256Digest::of(b"trust-1"))
+        );
+        // A read-back of a generation that is not the active one is ignored.
+        b.set_acknowledgement(7, None);
+        assert_eq!(b.readyz(), Ok(()));
+        // A new generation needs its own acknowledgement.
+        b.set_active(2, Sha256Digest::of(b"c2"), expires);
+        assert!(!b.snapshot().configuration_applied);
+        assert_eq!(b.readyz(), Err(Reason::MonitorNotAcknowledged));
+        b.set_acknowledgement(2, Some(Sha256Digest::of(b"trust-1")));
+        assert_eq!(b.readyz(), Ok(()));
+        // The monitor going down makes it not ready, the guards untouched.
+        b.set_runtime_health(RuntimeComponent::Monitor, false);
+        assert!(!b.snapshot().runtime_healthy);
+        assert_eq!(b.readyz(), Err(Reason::MonitorUnhealthy));
+        // The Prepare hook: identity ready is enough.
+        b.set_coordination_prepare(true);
+        assert_eq!(b.readyz(), Ok(()));
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!(b.readyz(), Err(Reason::Expired));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn capability_missing_is_its_own_phase() {
+        let b = board();
+        b.set_capability_missing();
+        let s = b.snapshot();
+        assert_eq!(
+            (s.phase, s.reason),
+            (Phase::CapabilityMissing, Some(Reason::CapabilityMissing))
+        );
+        assert!(b.readyz().is_err());
     }
 
     #[tokio::test(start_paused = true)]

@@ -25,6 +25,10 @@ use crate::backoff::{Backoff, BackoffPolicy};
 use crate::metrics::Metrics;
 use crate::status::StatusBoard;
 
+/// How long the supervisor waits for each child to stop when it is
+/// stopped itself (a process actor's grace period fits in it).
+pub const CHILD_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// What a factory returns: the spawned child's cell.
 pub type SpawnFuture = Pin<Box<dyn Future<Output = Result<ActorCell, SpawnErr>> + Send>>;
 
@@ -282,11 +286,16 @@ impl Actor for NodeSupervisor {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        // Children are stopped with us; stop them explicitly so none outlives
-        // a supervisor that is shut down by its caller.
-        for c in &state.children {
-            if let Some(cell) = &c.cell {
-                cell.stop(Some("supervisor stopped".into()));
+        // Stop the children explicitly, last started first, and wait for
+        // each: their `post_stop` stops the processes they own (SIGTERM,
+        // then SIGKILL), which must happen before the agent exits.
+        for c in state.children.iter().rev() {
+            if let Some(cell) = &c.cell
+                && let Err(e) = cell
+                    .stop_and_wait(Some("supervisor stopped".into()), Some(CHILD_STOP_TIMEOUT))
+                    .await
+            {
+                tracing::warn!(child = c.spec.name, error = %e, "child did not stop in time");
             }
         }
         Ok(())

@@ -16,6 +16,8 @@ use rcgen::{
     DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, date_time_ymd,
 };
 
+pub mod runtime;
+
 use crate::clock::WallClock;
 use crate::error::{Error, Result};
 use crate::ports::{CsrApi, CsrOutcome, CsrRef, CsrSubmission, OvsdbIdentity, OvsdbIdentityKeys};

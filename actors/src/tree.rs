@@ -3,8 +3,9 @@
 //!
 //! Order matters only at first start: the OVSDB writer and the renewal timer
 //! subscribe to the bus before the identity actor publishes. Later respawns
-//! reconnect through the bus (see `bus`). The IKE, monitor and XFRM-guard
-//! actors of the next issue are passed in `extra_children`.
+//! reconnect through the bus (see `bus`). The runtime actors (protection,
+//! IKE, monitor: [`runtime_child_specs`]) are passed in `extra_children`,
+//! in that order: the guards are armed before the IKE daemon starts.
 
 use std::sync::Arc;
 
@@ -16,9 +17,12 @@ use crate::bus::Bus;
 use crate::clock::WallClock;
 use crate::error::Result;
 use crate::identity::{IdentityActor, IdentityArgs, IdentityConfig};
+use crate::ike::{IkeActor, IkeArgs, ProcessConfig};
 use crate::metrics::Metrics;
+use crate::monitor::{MonitorActor, MonitorArgs};
 use crate::ovsdb_writer::{OvsdbWriter, OvsdbWriterArgs};
-use crate::ports::{CsrApi, OvsdbIdentity};
+use crate::ports::{CsrApi, IkePort, MonitorPort, OvsdbIdentity, ProtectionPort};
+use crate::protection::{ProtectionActor, ProtectionArgs, ProtectionConfig};
 use crate::renewal_timer::{RenewalTimer, RenewalTimerArgs};
 use crate::status::StatusBoard;
 use crate::supervisor::{self, ChildSpec, SupervisorArgs, SupervisorConfig, SupervisorMsg};
@@ -31,6 +35,66 @@ pub mod names {
     pub const RENEWAL_TIMER: &str = "renewal-timer";
     /// The identity actor.
     pub const IDENTITY: &str = "identity";
+    /// The protection (lease, XFRM guard) actor.
+    pub const PROTECTION: &str = "protection";
+    /// The IKE daemon actor.
+    pub const IKE: &str = "ike";
+    /// The monitor actor.
+    pub const MONITOR: &str = "monitor";
+}
+
+/// The runtime's adapters for the runtime actors, and their tuning.
+#[derive(Debug, Clone)]
+pub struct RuntimePorts {
+    /// Lease and guards.
+    pub protection: Arc<dyn ProtectionPort>,
+    /// The IKE daemon.
+    pub ike: Arc<dyn IkePort>,
+    /// The monitor.
+    pub monitor: Arc<dyn MonitorPort>,
+    /// Guard read-back period.
+    pub protection_config: ProtectionConfig,
+    /// Probe tuning of both processes.
+    pub process_config: ProcessConfig,
+    /// Delay between monitor acknowledgement attempts.
+    pub ack_retry: std::time::Duration,
+}
+
+/// The child specs of the runtime actors (protection, IKE, monitor), for
+/// [`AgentTreeArgs::extra_children`].
+pub fn runtime_child_specs(a: &AgentTreeArgs, ports: RuntimePorts) -> Vec<ChildSpec> {
+    let protection = ProtectionArgs {
+        port: ports.protection,
+        board: a.board.clone(),
+        metrics: a.metrics.clone(),
+        config: ports.protection_config,
+    };
+    let ike = IkeArgs {
+        port: ports.ike,
+        board: a.board.clone(),
+        metrics: a.metrics.clone(),
+        config: ports.process_config,
+    };
+    let monitor = MonitorArgs {
+        port: ports.monitor,
+        ovsdb: a.ovsdb.clone(),
+        board: a.board.clone(),
+        metrics: a.metrics.clone(),
+        bus: a.bus.clone(),
+        config: ports.process_config,
+        ack_retry: ports.ack_retry,
+    };
+    vec![
+        ChildSpec::actor(names::PROTECTION, Reason::GuardMissing, move || {
+            (ProtectionActor, protection.clone())
+        }),
+        ChildSpec::actor(names::IKE, Reason::IkeDaemonUnhealthy, move || {
+            (IkeActor, ike.clone())
+        }),
+        ChildSpec::actor(names::MONITOR, Reason::MonitorUnhealthy, move || {
+            (MonitorActor, monitor.clone())
+        }),
+    ]
 }
 
 /// Everything the runtime hands the tree.
@@ -54,7 +118,8 @@ pub struct AgentTreeArgs {
     pub trust: watch::Receiver<Option<Vec<u8>>>,
     /// Restart tuning.
     pub supervisor: SupervisorConfig,
-    /// Further children (IKE, monitor, XFRM guard), started after these.
+    /// Further children, started after these: the runtime actors
+    /// ([`runtime_child_specs`]).
     pub extra_children: Vec<ChildSpec>,
 }
 
@@ -113,3 +178,6 @@ pub async fn start(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod runtime_tests;

@@ -173,7 +173,7 @@ impl Harness {
 
     async fn until_generation(&self, g: u64, limit: Duration) {
         self.until(&format!("generation {g}"), limit, |h| {
-            h.board.snapshot().generation == Some(g) && h.board.readyz().is_ok()
+            h.board.snapshot().generation == Some(g) && h.board.identity_ready().is_ok()
         })
         .await;
     }
@@ -297,7 +297,7 @@ async fn denial_surfaces_reason_and_retries_with_backoff() {
     .await;
     let t0 = Instant::now();
     assert_eq!(h.board.snapshot().phase, Phase::Pending);
-    assert!(h.board.readyz().is_err());
+    assert!(h.board.identity_ready().is_err());
     h.until_generation(3, Duration::from_secs(30)).await;
     // Two retries: 1 s then 2 s.
     assert!(
@@ -429,17 +429,17 @@ async fn failed_renewal_keeps_identity_until_expiry_flips_readyz() {
     // Still the same valid identity, still ready.
     let s = h.board.snapshot();
     assert_eq!((s.phase, s.generation), (Phase::Active, Some(1)));
-    assert_eq!(h.board.readyz(), Ok(()));
+    assert_eq!(h.board.identity_ready(), Ok(()));
     assert!(h.ovsdb_points_at(1));
     let attempts = h.csr.objects();
     // Retries continue with backoff until expiry …
     let left = u64::try_from(sched.expires.secs_since(timestamp(h.clock.now()))).unwrap();
     tokio::time::sleep(Duration::from_secs(left - 2)).await;
     assert!(h.csr.objects() > attempts + 5, "kept retrying");
-    assert_eq!(h.board.readyz(), Ok(()));
+    assert_eq!(h.board.identity_ready(), Ok(()));
     // … and expiry makes the phase Expired and readyz false.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(h.board.readyz(), Err(Reason::Expired));
+    assert_eq!(h.board.identity_ready(), Err(Reason::Expired));
     assert_eq!(h.board.snapshot().phase, Phase::Expired);
     assert_eq!(
         h.state().active.unwrap().generation,
@@ -468,7 +468,7 @@ async fn trust_changes_garbage_kept_untrusted_renews_compatible_refreshes() {
     })
     .await;
     assert_eq!(h.board.trust(), Some(old_trust));
-    assert_eq!(h.board.readyz(), Ok(()));
+    assert_eq!(h.board.identity_ready(), Ok(()));
 
     // A rotation bundle (old + new CA): the leaf still verifies, so the new
     // trust is activated as a trust-only generation with the same cert.

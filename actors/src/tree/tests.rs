@@ -58,7 +58,7 @@ async fn supervised_tree_issues_rsa_identity_and_survives_child_kills() {
     .unwrap();
 
     until("generation 1", Duration::from_secs(20), || {
-        board.snapshot().generation == Some(1) && board.readyz().is_ok()
+        board.snapshot().generation == Some(1) && board.identity_ready().is_ok()
     })
     .await;
     assert_eq!(ovsdb.transactions(), 1);

@@ -1,0 +1,165 @@
+//! Ports of the runtime actors (issue 5): the output-protection lease and
+//! guards, and the two foreground processes (IKE daemon, monitor). The
+//! runtime implements them with `runtime::lease`, `runtime::guards`,
+//! `runtime::ike` and `runtime::monitor`; the actors hold the policy
+//! (when to arm, probe, restart, acknowledge).
+
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+use kube_ovn_ipsec_api::digest::Sha256Digest;
+use kube_ovn_ipsec_api::status::Reason;
+
+use super::OvsdbIdentityKeys;
+use crate::error::Result;
+
+/// The node's lease as the protection actor reports it (no secrets: the
+/// mark and reqid are published in OVSDB anyway).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSummary {
+    /// The lease's random id.
+    pub lease_id: String,
+    /// The output mark.
+    pub mark: u32,
+    /// The reqid.
+    pub reqid: u32,
+    /// Allocated now (as opposed to loaded from the key directory).
+    pub allocated: bool,
+}
+
+/// Something that happened to a guard during an evaluation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuardChange {
+    /// Installed for the first time.
+    Armed {
+        /// `ipv4` / `ipv6`.
+        family: String,
+        /// Kernel index.
+        index: u32,
+    },
+    /// Had vanished from the kernel and was added again.
+    Readded {
+        /// `ipv4` / `ipv6`.
+        family: String,
+        /// The index it had.
+        old_index: u32,
+        /// The index it has now.
+        new_index: u32,
+    },
+    /// An identical guard under another index was adopted.
+    Adopted {
+        /// `ipv4` / `ipv6`.
+        family: String,
+        /// The index found.
+        new_index: u32,
+    },
+    /// Another policy occupies the guard's place; nothing was changed.
+    Conflict {
+        /// `ipv4` / `ipv6`.
+        family: String,
+        /// The conflicting policy's index.
+        index: u32,
+        /// How it differs (field names, no keys).
+        detail: String,
+    },
+}
+
+impl GuardChange {
+    /// A metric label for the change.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GuardChange::Armed { .. } => "armed",
+            GuardChange::Readded { .. } => "readded",
+            GuardChange::Adopted { .. } => "adopted",
+            GuardChange::Conflict { .. } => "conflict",
+        }
+    }
+}
+
+/// The result of one guard evaluation (arm or read back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardReadback {
+    /// Every guard was read back from the kernel identical.
+    pub armed: bool,
+    /// What happened.
+    pub changes: Vec<GuardChange>,
+}
+
+/// The lease and the XFRM guards (SPEC §4).
+///
+/// The runtime implements it with `LeaseStore::obtain`, `GuardKeeper` over
+/// netlink XFRM, and the guarded `external_ids` write. Nothing in it
+/// removes a guard: that is the cleanup path's, not the agent's.
+#[async_trait]
+pub trait ProtectionPort: Send + Sync + Debug + 'static {
+    /// This node's lease: the persisted one, or a fresh allocation.
+    /// Errors carry the status reason (`BypassPolicyPresent`,
+    /// `LeaseAllocationFailed`, `NodeUidMismatch`) in
+    /// [`crate::Error::Protection`].
+    async fn obtain_lease(&self) -> Result<LeaseSummary>;
+    /// Arms the lease's guards if needed and reads each back by index,
+    /// persisting the lease when its recorded indexes changed.
+    async fn evaluate_guards(&self) -> Result<GuardReadback>;
+    /// Publishes the lease in `Open_vSwitch . external_ids` (one guarded
+    /// transaction, other keys untouched).
+    async fn publish_lease(&self) -> Result<()>;
+}
+
+/// A foreground process an actor owns (IKE daemon or monitor).
+#[async_trait]
+pub trait RunningProcess: Send + Debug {
+    /// Its PID (also its process group).
+    fn pid(&self) -> u32;
+    /// `Some(exit status text)` once it has exited (non-blocking).
+    fn try_exited(&mut self) -> Option<String>;
+    /// The health probe; an error says why it failed.
+    async fn probe(&mut self) -> Result<()>;
+    /// SIGTERM to its process group, SIGKILL after the grace period.
+    async fn stop(&mut self) -> Result<()>;
+}
+
+/// Starts the IKE daemon.
+#[async_trait]
+pub trait IkePort: Send + Sync + Debug + 'static {
+    /// Starts a fresh daemon in the foreground.
+    async fn start(&self) -> Result<Box<dyn RunningProcess>>;
+}
+
+/// The monitor's and the IKE daemon's view of the active identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acknowledgement {
+    /// Certificate, CA paths and digests matched, the daemon loaded them.
+    pub configuration_applied: bool,
+    /// The trust digest acknowledged (only when applied).
+    pub trust_digest: Option<Sha256Digest>,
+    /// Why not, when not (paths and digests; no PEM).
+    pub mismatches: Vec<String>,
+}
+
+/// A running `ovs-monitor-ipsec`.
+#[async_trait]
+pub trait RunningMonitor: RunningProcess {
+    /// Reads the monitor back (`tunnels/show`) and the IKE daemon's loaded
+    /// certificates and compares them with the identity OVSDB points at
+    /// (`keys`). Applies the CA workaround first where the monitor is
+    /// unpatched.
+    async fn acknowledge(&mut self, keys: &OvsdbIdentityKeys) -> Result<Acknowledgement>;
+}
+
+/// Starts the monitor.
+#[async_trait]
+pub trait MonitorPort: Send + Sync + Debug + 'static {
+    /// Starts a fresh `ovs-monitor-ipsec --no-restart-ike-daemon`.
+    async fn start(&self) -> Result<Box<dyn RunningMonitor>>;
+}
+
+/// The status reason a failed protection step maps to, for ports that
+/// only have a text.
+pub fn protection_reason(label: &str) -> Reason {
+    match label {
+        "bypass_present" => Reason::BypassPolicyPresent,
+        "lease_exhausted" => Reason::LeaseAllocationFailed,
+        "ovsdb" => Reason::OvsdbUnavailable,
+        _ => Reason::GuardMissing,
+    }
+}

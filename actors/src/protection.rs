@@ -1,0 +1,199 @@
+//! The protection actor (SPEC §4): obtains the node's lease, arms the XFRM
+//! guards and reads them back, publishes the lease in OVSDB, and keeps
+//! reading the guards back every `readback_period` (and on demand).
+//!
+//! Order: lease → guards armed and read back → publication. The patched
+//! ovn-controller marks tunnel traffic only once the lease is published, so
+//! by then every marked packet already meets a guard. `protectionArmed` is
+//! set only after a read-back in which every guard matched. A re-added
+//! guard or a conflicting policy is logged, counted
+//! ([`Metrics::guard_event`]) and shown as a reason; a conflicting policy is
+//! never overwritten. Nothing here removes a guard: not on stop, not on
+//! failure (the guards outlive the agent; only cleanup withdraws them).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube_ovn_ipsec_api::status::Reason;
+use ractor::concurrency::JoinHandle;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::ports::{GuardChange, GuardReadback, LeaseSummary, ProtectionPort};
+use crate::status::StatusBoard;
+
+/// Tuning of the protection actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProtectionConfig {
+    /// Between guard read-backs.
+    pub readback_period: Duration,
+}
+
+impl Default for ProtectionConfig {
+    fn default() -> Self {
+        Self {
+            readback_period: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Start-up arguments (cloned for every incarnation).
+#[derive(Debug, Clone)]
+pub struct ProtectionArgs {
+    /// Lease, guards, publication.
+    pub port: Arc<dyn ProtectionPort>,
+    /// Where `protectionArmed` goes.
+    pub board: StatusBoard,
+    /// Guard event counter.
+    pub metrics: Arc<dyn Metrics>,
+    /// Tuning.
+    pub config: ProtectionConfig,
+}
+
+/// Messages of the protection actor.
+#[derive(Debug)]
+pub enum ProtectionMsg {
+    /// Read the guards back now (the periodic tick, or on demand).
+    Evaluate,
+    /// Read the guards back now and answer whether protection is armed.
+    Readback(RpcReplyPort<bool>),
+}
+
+/// The protection actor's state.
+#[derive(Debug)]
+pub struct ProtectionState {
+    args: ProtectionArgs,
+    lease: LeaseSummary,
+    published: bool,
+    ticker: Option<JoinHandle<()>>,
+}
+
+/// The protection actor.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProtectionActor;
+
+fn report(metrics: &dyn Metrics, changes: &[GuardChange]) -> Option<Reason> {
+    let mut problem = None;
+    for c in changes {
+        metrics.guard_event(c.kind());
+        match c {
+            GuardChange::Armed { family, index } => {
+                tracing::info!(%family, index, "guard armed");
+            }
+            GuardChange::Adopted { family, new_index } => {
+                tracing::info!(%family, index = new_index, "identical guard adopted");
+            }
+            GuardChange::Readded {
+                family,
+                old_index,
+                new_index,
+            } => {
+                tracing::warn!(%family, old_index, new_index, "guard had vanished from the kernel; re-added");
+            }
+            GuardChange::Conflict {
+                family,
+                index,
+                detail,
+            } => {
+                tracing::error!(%family, index, %detail, "a foreign policy occupies the guard's place; not overwritten, protection not armed");
+                problem = Some(Reason::GuardConflict);
+            }
+        }
+    }
+    problem
+}
+
+async fn evaluate(state: &mut ProtectionState) -> Result<bool, ActorProcessingErr> {
+    let readback: GuardReadback = match state.args.port.evaluate_guards().await {
+        Ok(r) => r,
+        Err(e) => {
+            state
+                .args
+                .board
+                .set_protection(false, Some(Reason::GuardMissing));
+            return Err(Box::new(e));
+        }
+    };
+    let problem = report(state.args.metrics.as_ref(), &readback.changes);
+    state.args.board.set_protection(
+        readback.armed,
+        problem.or((!readback.armed).then_some(Reason::GuardMissing)),
+    );
+    if readback.armed && !state.published {
+        state.args.port.publish_lease().await.map_err(Box::new)?;
+        state.published = true;
+        tracing::info!(lease_id = %state.lease.lease_id, mark = state.lease.mark, reqid = state.lease.reqid, "lease published in OVSDB external_ids");
+    }
+    Ok(readback.armed)
+}
+
+impl Actor for ProtectionActor {
+    type Msg = ProtectionMsg;
+    type State = ProtectionState;
+    type Arguments = ProtectionArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ProtectionMsg>,
+        args: ProtectionArgs,
+    ) -> Result<ProtectionState, ActorProcessingErr> {
+        let lease = match args.port.obtain_lease().await {
+            Ok(l) => l,
+            Err(e) => {
+                let reason = match &e {
+                    Error::Protection { reason, .. } => *reason,
+                    _ => Reason::GuardMissing,
+                };
+                args.board.set_protection(false, Some(reason));
+                tracing::error!(error = %e, "no output-protection lease");
+                return Err(Box::new(e));
+            }
+        };
+        tracing::info!(lease_id = %lease.lease_id, mark = lease.mark, reqid = lease.reqid, allocated = lease.allocated, "output-protection lease");
+        let mut state = ProtectionState {
+            args,
+            lease,
+            published: false,
+            ticker: None,
+        };
+        let armed = evaluate(&mut state).await?;
+        if !armed {
+            tracing::warn!("guards not armed after arming; retrying every read-back period");
+        }
+        state.ticker = Some(myself.send_interval(state.args.config.readback_period, || {
+            ProtectionMsg::Evaluate
+        }));
+        Ok(state)
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<ProtectionMsg>,
+        state: &mut ProtectionState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Deliberately nothing else: the guards stay.
+        if let Some(h) = state.ticker.take() {
+            h.abort();
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<ProtectionMsg>,
+        msg: ProtectionMsg,
+        state: &mut ProtectionState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ProtectionMsg::Evaluate => {
+                evaluate(state).await?;
+            }
+            ProtectionMsg::Readback(reply) => {
+                let armed = evaluate(state).await?;
+                let _ = reply.send(armed);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,313 @@
+//! Fakes of the runtime ports: output protection whose guards a test can
+//! make vanish or conflict, and processes a test can kill or make fail
+//! their probe. Every call is recorded with tokio's (pausable) time.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use kube_ovn_ipsec_api::digest::Sha256Digest;
+use kube_ovn_ipsec_api::status::Reason;
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::ports::{
+    Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,
+    OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess,
+};
+
+#[derive(Debug, Default)]
+struct ProtectionInner {
+    refuse: Option<Reason>,
+    guards_present: bool,
+    ever_armed: bool,
+    conflict: bool,
+    published: u32,
+    evaluations: u32,
+    readds: u32,
+    /// A publication happened while the guards were not armed.
+    published_before_armed: bool,
+}
+
+/// A fake [`ProtectionPort`].
+#[derive(Debug, Clone, Default)]
+pub struct FakeProtection {
+    inner: Arc<Mutex<ProtectionInner>>,
+}
+
+impl FakeProtection {
+    /// A port that hands out a lease and arms guards.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProtectionInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// Lease allocation refuses with `reason` (a bypass, exhaustion).
+    pub fn refuse(&self, reason: Option<Reason>) {
+        self.lock().refuse = reason;
+    }
+    /// The guards vanish from the "kernel" (someone flushed them).
+    pub fn remove_guards(&self) {
+        let mut i = self.lock();
+        i.guards_present = false;
+    }
+    /// A foreign policy occupies the guards' place.
+    pub fn set_conflict(&self, conflict: bool) {
+        self.lock().conflict = conflict;
+    }
+    /// Whether the guards are in the "kernel" now.
+    pub fn guards_present(&self) -> bool {
+        self.lock().guards_present
+    }
+    /// Publications so far.
+    pub fn published(&self) -> u32 {
+        self.lock().published
+    }
+    /// Whether a publication ever happened before the guards were armed.
+    pub fn published_before_armed(&self) -> bool {
+        self.lock().published_before_armed
+    }
+    /// Evaluations so far.
+    pub fn evaluations(&self) -> u32 {
+        self.lock().evaluations
+    }
+    /// Re-adds so far.
+    pub fn readds(&self) -> u32 {
+        self.lock().readds
+    }
+}
+
+#[async_trait]
+impl ProtectionPort for FakeProtection {
+    async fn obtain_lease(&self) -> Result<LeaseSummary> {
+        if let Some(reason) = self.lock().refuse {
+            return Err(Error::Protection {
+                reason,
+                detail: "refused by the fake".into(),
+            });
+        }
+        Ok(LeaseSummary {
+            lease_id: "00000000-0000-4000-8000-000000000001".into(),
+            mark: 0x1234_0001,
+            reqid: 4242,
+            allocated: false,
+        })
+    }
+
+    async fn evaluate_guards(&self) -> Result<GuardReadback> {
+        let mut i = self.lock();
+        i.evaluations += 1;
+        if i.conflict {
+            return Ok(GuardReadback {
+                armed: false,
+                changes: vec![GuardChange::Conflict {
+                    family: "ipv4".into(),
+                    index: 99,
+                    detail: "action allow".into(),
+                }],
+            });
+        }
+        let mut changes = Vec::new();
+        if !i.guards_present {
+            i.guards_present = true;
+            if i.ever_armed {
+                i.readds += 1;
+                changes.push(GuardChange::Readded {
+                    family: "ipv4".into(),
+                    old_index: 1,
+                    new_index: 2,
+                });
+            } else {
+                changes.push(GuardChange::Armed {
+                    family: "ipv4".into(),
+                    index: 1,
+                });
+            }
+            i.ever_armed = true;
+        }
+        Ok(GuardReadback {
+            armed: true,
+            changes,
+        })
+    }
+
+    async fn publish_lease(&self) -> Result<()> {
+        let mut i = self.lock();
+        if !i.guards_present {
+            i.published_before_armed = true;
+        }
+        i.published += 1;
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default)]
+struct ProcInner {
+    next_pid: u32,
+    running: Option<u32>,
+    killed: Vec<u32>,
+    starts: Vec<Instant>,
+    stops: Vec<u32>,
+    probe_fails: bool,
+    refuse_start: bool,
+    ack: Option<Sha256Digest>,
+    acks: u32,
+}
+
+/// A fake foreground process (for [`IkePort`] and [`MonitorPort`]) and
+/// the test's handle on it.
+#[derive(Debug, Clone, Default)]
+pub struct FakeProcess {
+    name: &'static str,
+    inner: Arc<Mutex<ProcInner>>,
+}
+
+impl FakeProcess {
+    /// A fake process called `name`.
+    pub fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            inner: Arc::new(Mutex::new(ProcInner {
+                next_pid: 1000,
+                ..Default::default()
+            })),
+        }
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProcInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// The running incarnation "dies" (SIGKILL from outside).
+    pub fn kill(&self) {
+        let mut i = self.lock();
+        if let Some(pid) = i.running.take() {
+            i.killed.push(pid);
+        }
+    }
+    /// Probes fail (true) or pass.
+    pub fn set_probe_fails(&self, fails: bool) {
+        self.lock().probe_fails = fails;
+    }
+    /// Starting fails (true) or works.
+    pub fn set_refuse_start(&self, refuse: bool) {
+        self.lock().refuse_start = refuse;
+    }
+    /// What the monitor read-back acknowledges: `Some(trust)` applied.
+    pub fn set_ack(&self, ack: Option<Sha256Digest>) {
+        self.lock().ack = ack;
+    }
+    /// When each incarnation started.
+    pub fn starts(&self) -> Vec<Instant> {
+        self.lock().starts.clone()
+    }
+    /// PIDs stopped through the port (SIGTERM then SIGKILL).
+    pub fn stops(&self) -> Vec<u32> {
+        self.lock().stops.clone()
+    }
+    /// The running PID, if any.
+    pub fn running(&self) -> Option<u32> {
+        self.lock().running
+    }
+    /// Read-backs so far.
+    pub fn acks(&self) -> u32 {
+        self.lock().acks
+    }
+
+    fn start_one(&self) -> Result<FakeRunning> {
+        let mut i = self.lock();
+        if i.refuse_start {
+            return Err(Error::Process {
+                process: self.name,
+                reason: "fake refuses to start".into(),
+            });
+        }
+        i.next_pid += 1;
+        let pid = i.next_pid;
+        i.running = Some(pid);
+        i.starts.push(Instant::now());
+        Ok(FakeRunning {
+            pid,
+            name: self.name,
+            inner: self.inner.clone(),
+            exited: None,
+        })
+    }
+}
+
+/// One incarnation of a [`FakeProcess`].
+#[derive(Debug)]
+pub struct FakeRunning {
+    pid: u32,
+    name: &'static str,
+    inner: Arc<Mutex<ProcInner>>,
+    exited: Option<String>,
+}
+
+impl FakeRunning {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProcInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl RunningProcess for FakeRunning {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+    fn try_exited(&mut self) -> Option<String> {
+        if self.exited.is_none() && self.lock().killed.contains(&self.pid) {
+            self.exited = Some("signal: 9 (SIGKILL)".into());
+        }
+        self.exited.clone()
+    }
+    async fn probe(&mut self) -> Result<()> {
+        if self.lock().probe_fails {
+            return Err(Error::Process {
+                process: self.name,
+                reason: "fake probe fails".into(),
+            });
+        }
+        Ok(())
+    }
+    async fn stop(&mut self) -> Result<()> {
+        let mut i = self.lock();
+        i.stops.push(self.pid);
+        if i.running == Some(self.pid) {
+            i.running = None;
+        }
+        drop(i);
+        self.exited = Some("stopped".into());
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl RunningMonitor for FakeRunning {
+    async fn acknowledge(&mut self, keys: &OvsdbIdentityKeys) -> Result<Acknowledgement> {
+        let mut i = self.lock();
+        i.acks += 1;
+        let applied = keys.certificate.is_some() && i.ack.is_some();
+        Ok(Acknowledgement {
+            configuration_applied: applied,
+            trust_digest: if applied { i.ack } else { None },
+            mismatches: if applied {
+                vec![]
+            } else {
+                vec!["fake: not applied".into()]
+            },
+        })
+    }
+}
+
+#[async_trait]
+impl IkePort for FakeProcess {
+    async fn start(&self) -> Result<Box<dyn RunningProcess>> {
+        Ok(Box::new(self.start_one()?))
+    }
+}
+
+#[async_trait]
+impl MonitorPort for FakeProcess {
+    async fn start(&self) -> Result<Box<dyn RunningMonitor>> {
+        Ok(Box::new(self.start_one()?))
+    }
+}
