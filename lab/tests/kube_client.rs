@@ -639,3 +639,56 @@ async fn rbac_allows_and_denies() {
         "kubeconfig for an unknown token is refused"
     );
 }
+
+#[tokio::test]
+async fn kube_discovery_and_streaming_lists() {
+    let s = server(false, &[]).await;
+    let client = s.client(ADMIN_TOKEN).await.unwrap();
+    let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
+    let mut kinds = Vec::new();
+    for group in discovery.groups() {
+        for (ar, caps) in group.recommended_resources() {
+            kinds.push((
+                ar.kind.clone(),
+                caps.scope == kube::discovery::Scope::Namespaced,
+            ));
+        }
+    }
+    for want in [
+        ("CertificateSigningRequest", false),
+        ("DaemonSet", true),
+        ("Lease", true),
+        ("ClusterIssuer", false),
+        ("Pod", true),
+    ] {
+        assert!(
+            kinds.contains(&(want.0.to_string(), want.1)),
+            "{want:?} missing from {kinds:?}"
+        );
+    }
+
+    // kube-runtime's streaming list (sendInitialEvents + initial-events-end bookmark).
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    cms.create(&PostParams::default(), &cm("s1", &[]))
+        .await
+        .unwrap();
+    let (reader, writer) = reflector::store::<ConfigMap>();
+    let stream = reflector(
+        writer,
+        watcher(cms.clone(), watcher::Config::default().streaming_lists()),
+    )
+    .default_backoff()
+    .applied_objects();
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            item.unwrap();
+        }
+    });
+    reader.wait_until_ready().await.unwrap();
+    cms.create(&PostParams::default(), &cm("s2", &[]))
+        .await
+        .unwrap();
+    eventually("streamed objects", || reader.state().len() == 2).await;
+    task.abort();
+}

@@ -102,7 +102,8 @@ impl LabelSelector {
 
     /// Whether an object's `metadata.labels` satisfy the selector.
     pub fn matches(&self, obj: &Value) -> bool {
-        let labels = obj.pointer("/metadata/labels");
+        // `get` chains, not `pointer`: this runs for every event on every watch.
+        let labels = obj.get("metadata").and_then(|m| m.get("labels"));
         let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
         self.0.iter().all(|r| match r {
             Requirement::Eq(k, v) => get(k) == Some(v.as_str()),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::ApiError;
 use super::resources::RESOURCES;
 use super::selectors::{FieldSelector, LabelSelector};
-use super::store::{EventType, StoredEvent, Subscription, encode_event, key_of};
+use super::store::{EventType, StoredEvent, Subscription, encode_event};
 
 /// What one watch asked for.
 #[derive(Debug, Clone)]
@@ -36,10 +36,15 @@ pub struct WatchSpec {
 
 impl WatchSpec {
     fn matches(&self, obj: &Value) -> bool {
-        if let Some(ns) = &self.namespace
-            && key_of(obj).0 != *ns
-        {
-            return false;
+        if let Some(ns) = &self.namespace {
+            // No allocation here: this runs for every event on every watch.
+            let have = obj
+                .get("metadata")
+                .and_then(|m| m.get("namespace"))
+                .and_then(Value::as_str);
+            if have != Some(ns.as_str()) {
+                return false;
+            }
         }
         self.labels.matches(obj) && self.fields.matches(obj)
     }
@@ -149,22 +154,49 @@ async fn run(
                     return;
                 }
             }
-            got = rx.recv() => match got {
-                Ok(ev) => {
-                    if ev.rv <= last_rv {
-                        continue;
-                    }
-                    last_rv = ev.rv;
-                    if let Some(line) = spec.render(&ev)
-                        && tx.send(line).await.is_err() {
+            got = rx.recv() => {
+                // Under load, drain what is already queued and send it as one
+                // chunk: one body frame and one TLS record instead of dozens.
+                let mut batch = BytesMut::new();
+                let mut next = Some(got);
+                while let Some(got) = next.take() {
+                    match got {
+                        Ok(ev) => {
+                            if ev.rv > last_rv {
+                                last_rv = ev.rv;
+                                if let Some(line) = spec.render(&ev) {
+                                    batch.extend_from_slice(&line);
+                                }
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_))
+                        | Err(broadcast::error::RecvError::Closed) => {
+                            if !batch.is_empty() {
+                                let _ = tx.send(batch.freeze()).await;
+                            }
                             return;
                         }
+                    }
+                    if batch.len() < MAX_BATCH {
+                        match rx.try_recv() {
+                            Ok(ev) => next = Some(Ok(ev)),
+                            Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                                next = Some(Err(broadcast::error::RecvError::Lagged(n)))
+                            }
+                            Err(_) => {}
+                        }
+                    }
                 }
-                Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
-            },
+                if !batch.is_empty() && tx.send(batch.freeze()).await.is_err() {
+                    return;
+                }
+            }
         }
     }
 }
+
+/// Upper bound of one batched chunk of watch events.
+const MAX_BATCH: usize = 64 * 1024;
 
 #[cfg(test)]
 mod tests {
@@ -192,12 +224,18 @@ mod tests {
         }
     }
 
-    async fn next(rx: &mut WatchRx) -> Value {
-        let b = tokio::time::timeout(Duration::from_secs(1), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        serde_json::from_slice(&b).unwrap()
+    /// Next event line; chunks may carry several lines.
+    async fn next(rx: &mut WatchRx, pending: &mut std::collections::VecDeque<Value>) -> Value {
+        while pending.is_empty() {
+            let b = tokio::time::timeout(Duration::from_secs(1), rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            for line in b.split(|c| *c == b'\n').filter(|l| !l.is_empty()) {
+                pending.push_back(serde_json::from_slice(line).unwrap());
+            }
+        }
+        pending.pop_front().unwrap()
     }
 
     #[tokio::test]
@@ -205,6 +243,7 @@ mod tests {
         let store = Arc::new(Store::new(100));
         let sub = store.subscribe(3, Some("ns"), Some(0)).unwrap();
         let mut rx = spawn(spec("app=x"), sub, CancellationToken::new());
+        let mut q = std::collections::VecDeque::new();
         store
             .write(3, "ns", "a", |_| Ok(Write::Put(cm("a", "y"))))
             .unwrap();
@@ -217,7 +256,7 @@ mod tests {
         store
             .write(3, "ns", "b", |_| Ok(Write::Put(cm("b", "x"))))
             .unwrap();
-        let e = next(&mut rx).await;
+        let e = next(&mut rx, &mut q).await;
         assert_eq!(
             (
                 e["type"].as_str(),
@@ -225,9 +264,12 @@ mod tests {
             ),
             (Some("ADDED"), Some("2"))
         );
-        assert_eq!(next(&mut rx).await["type"], "DELETED");
-        assert_eq!(next(&mut rx).await["object"]["metadata"]["name"], "b");
-        let bm = next(&mut rx).await;
+        assert_eq!(next(&mut rx, &mut q).await["type"], "DELETED");
+        assert_eq!(
+            next(&mut rx, &mut q).await["object"]["metadata"]["name"],
+            "b"
+        );
+        let bm = next(&mut rx, &mut q).await;
         assert_eq!(bm["type"], "BOOKMARK");
         assert_eq!(bm["object"]["metadata"]["resourceVersion"], "4");
         assert!(
@@ -248,8 +290,9 @@ mod tests {
         let mut s = spec("");
         s.initial_events_end = true;
         let mut rx = spawn(s, sub, CancellationToken::new());
-        assert_eq!(next(&mut rx).await["type"], "ADDED");
-        let bm = next(&mut rx).await;
+        let mut q = std::collections::VecDeque::new();
+        assert_eq!(next(&mut rx, &mut q).await["type"], "ADDED");
+        let bm = next(&mut rx, &mut q).await;
         assert_eq!(
             bm["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
             "true"
