@@ -219,11 +219,16 @@ impl Sink {
     }
 
     fn disconnected(&self, e: &Error) {
-        // A dropped receiver is cleaned up by CancelMonitor; nothing to do.
-        let _ = match self {
-            Sink::V1(s) => s.send(MonitorEvent::Disconnected(e.clone())).is_ok(),
-            Sink::V2(s) => s.send(MonitorEvent::Disconnected(e.clone())).is_ok(),
-        };
+        // A receiver that is gone is cleaned up by CancelMonitor, so a failed
+        // send needs no handling here.
+        match self {
+            Sink::V1(s) => {
+                let _ = s.send(MonitorEvent::Disconnected(e.clone()));
+            }
+            Sink::V2(s) => {
+                let _ = s.send(MonitorEvent::Disconnected(e.clone()));
+            }
+        }
     }
 }
 

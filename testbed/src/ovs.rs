@@ -236,7 +236,7 @@ impl OvsdbServer {
     pub fn start(kind: DbKind, dir: &Path) -> Result<Self, Error> {
         let stem = kind.stem();
         let db = dir.join(format!("{stem}.db"));
-        let server = Self {
+        let mut server = Self {
             kind,
             socket: dir.join(format!("{stem}.sock")),
             ctl: dir.join(format!("{stem}.ctl")),
@@ -251,7 +251,6 @@ impl OvsdbServer {
             "ovsdb-tool",
             &["create", &path_str(&server.db), kind.schema()],
         )?;
-        let mut server = server;
         server.launch()?;
         Ok(server)
     }
