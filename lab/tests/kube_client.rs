@@ -692,3 +692,22 @@ async fn kube_discovery_and_streaming_lists() {
     eventually("streamed objects", || reader.state().len() == 2).await;
     task.abort();
 }
+
+#[tokio::test]
+async fn shutdown_ends_open_watches() {
+    let s = server(false, &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(s.client(ADMIN_TOKEN).await.unwrap(), "default");
+    let mut stream = cms
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let started = std::time::Instant::now();
+    s.shutdown().await;
+    let end = tokio::time::timeout(Duration::from_secs(3), async {
+        while let Ok(Some(_)) = stream.try_next().await {}
+    })
+    .await;
+    assert!(end.is_ok(), "the watch stream did not end on shutdown");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}

@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -177,6 +178,7 @@ async fn serve(
     router: axum::Router,
     shutdown: CancellationToken,
 ) {
+    let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
@@ -188,21 +190,22 @@ async fn serve(
                 let _ = tcp.set_nodelay(true);
                 let acceptor = acceptor.clone();
                 let service = TowerToHyperService::new(router.clone());
+                let watcher = graceful.watcher();
                 conns.spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let _ = auto::Builder::new(TokioExecutor::new())
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let conn = builder
                         .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                        .await;
+                        .into_owned();
+                    let _ = watcher.watch(conn).await;
                 });
             }
         }
     }
     drop(listener);
-    // Watches end on the cancelled token; give in-flight requests a moment to finish.
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        while conns.join_next().await.is_some() {}
-    })
-    .await;
+    // Watches end on the cancelled token; idle keep-alive connections close at
+    // once; in-flight requests get a moment to finish before being dropped.
+    let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
     conns.abort_all();
 }
 
