@@ -711,3 +711,49 @@ async fn shutdown_ends_open_watches() {
     assert!(end.is_ok(), "the watch stream did not end on shutdown");
     assert!(started.elapsed() < Duration::from_secs(3));
 }
+
+#[tokio::test]
+async fn pod_bound_token_is_stamped_on_csr() {
+    let s = server(false, &[]).await;
+    let admin = s.client(ADMIN_TOKEN).await.unwrap();
+    let node = Api::<Node>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "node1"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pod = Api::<Pod>::namespaced(admin, "kube-system")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "kube-ovn-cni-x"},
+                "spec": {"nodeName": "node1", "serviceAccountName": "kube-ovn-cni", "containers": [{"name": "c", "image": "i"}]}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let token = s.token_for_pod("kube-system", "kube-ovn-cni-x").unwrap();
+    assert!(s.token_for_pod("kube-system", "missing").is_err());
+    let csrs: Api<CertificateSigningRequest> = Api::all(s.client(&token).await.unwrap());
+    let created = csrs
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(csr("c1", "node1")).unwrap(),
+        )
+        .await
+        .unwrap();
+    let extra = created.spec.extra.unwrap();
+    assert_eq!(
+        created.spec.username.as_deref(),
+        Some("system:serviceaccount:kube-system:kube-ovn-cni")
+    );
+    assert_eq!(extra[EXTRA_POD_UID], vec![pod.metadata.uid.unwrap()]);
+    assert_eq!(
+        extra[lab::apiserver::EXTRA_NODE_NAME],
+        vec!["node1".to_string()]
+    );
+    assert_eq!(
+        extra[lab::apiserver::EXTRA_NODE_UID],
+        vec![node.metadata.uid.unwrap()]
+    );
+}

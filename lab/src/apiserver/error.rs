@@ -29,6 +29,9 @@ pub enum Error {
     /// A token was used that the server does not know.
     #[error("unknown token {0:?}")]
     UnknownToken(String),
+    /// A bound token was asked for a Pod that is not stored.
+    #[error("no pod {0}")]
+    UnknownPod(String),
 }
 
 impl Error {
@@ -41,6 +44,7 @@ impl Error {
             Error::Kubeconfig(_) => "kubeconfig",
             Error::Client(_) => "client",
             Error::UnknownToken(_) => "unknown_token",
+            Error::UnknownPod(_) => "unknown_pod",
         }
     }
 }

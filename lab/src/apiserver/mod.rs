@@ -246,6 +246,46 @@ impl ApiServerHandle {
         self.tokens.insert(token, identity);
     }
 
+    /// Issues a ServiceAccount token bound to a stored Pod, as the kubelet's
+    /// projected token would be: the Pod's ServiceAccount (default `default`),
+    /// its name and UID, and its Node's name and UID (if the Node exists) in
+    /// `extra`. Returns the new bearer token.
+    pub fn token_for_pod(&self, namespace: &str, pod: &str) -> Result<String, Error> {
+        let obj = self
+            .store
+            .get(resources::idx::PODS, namespace, pod)
+            .ok_or_else(|| Error::UnknownPod(format!("{namespace}/{pod}")))?;
+        let s = |p: &str| {
+            obj.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let sa = match s("/spec/serviceAccountName") {
+            n if n.is_empty() => "default".to_string(),
+            n => n,
+        };
+        let node = s("/spec/nodeName");
+        let node_uid = self
+            .store
+            .get(resources::idx::NODES, "", &node)
+            .and_then(|n| {
+                n.pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        let identity = Identity::service_account(namespace, &sa).bound_to_pod(
+            pod,
+            &s("/metadata/uid"),
+            &node,
+            &node_uid,
+        );
+        let token = format!("pod-{}", uuid::Uuid::new_v4());
+        self.tokens.insert(&token, identity);
+        Ok(token)
+    }
+
     /// Stops accepting a token.
     pub fn remove_token(&self, token: &str) {
         self.tokens.remove(token);

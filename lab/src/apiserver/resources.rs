@@ -250,8 +250,9 @@ pub static RESOURCES: &[ResourceDef] = &[
 pub mod idx {
     /// Namespace.
     pub const NAMESPACES: usize = 0;
+    /// Node.
+    pub const NODES: usize = 1;
     /// Pod.
-    #[cfg(test)]
     pub const PODS: usize = 2;
     /// CertificateSigningRequest.
     pub const CSRS: usize = 9;
@@ -291,6 +292,7 @@ mod tests {
     fn indices_match_table() {
         assert_eq!(RESOURCES[idx::NAMESPACES].kind, "Namespace");
         assert_eq!(RESOURCES[idx::PODS].kind, "Pod");
+        assert_eq!(RESOURCES[idx::NODES].kind, "Node");
         assert_eq!(RESOURCES[idx::CSRS].kind, "CertificateSigningRequest");
         assert_eq!(RESOURCES[idx::ROLES].kind, "Role");
         assert_eq!(RESOURCES[idx::CLUSTER_ROLES].kind, "ClusterRole");
