@@ -89,14 +89,22 @@ impl MonitorActor {
         let Some(generation) = state.pending else {
             return Ok(());
         };
-        if state.args.board.activated_generation() != Some(generation) {
-            // Replaced by a newer activation (whose event follows).
-            state.pending = state.args.board.activated_generation();
-            if state.pending.is_none() {
+        let active = state.args.board.activated_generation();
+        let generation = match active {
+            // The board records the activation after the identity actor has
+            // persisted it, which can be after this event: try again soon.
+            Some(a) if a < generation => {
+                schedule_retry(myself, state);
                 return Ok(());
             }
-        }
-        let generation = state.pending.unwrap_or(generation);
+            // Replaced by a newer activation: acknowledge that one.
+            Some(a) => a,
+            None => {
+                schedule_retry(myself, state);
+                return Ok(());
+            }
+        };
+        state.pending = Some(generation);
         let outcome = match state.args.ovsdb.read().await {
             Ok(keys) => state.process.acknowledge(&keys).await,
             Err(e) => Err(e),
@@ -120,11 +128,15 @@ impl MonitorActor {
                 state.args.board.set_acknowledgement(generation, None);
             }
         }
-        if !state.retry_scheduled {
-            state.retry_scheduled = true;
-            myself.send_after(state.args.ack_retry, || MonitorMsg::AckRetry);
-        }
+        schedule_retry(myself, state);
         Ok(())
+    }
+}
+
+fn schedule_retry(myself: &ActorRef<MonitorMsg>, state: &mut MonitorState) {
+    if !state.retry_scheduled {
+        state.retry_scheduled = true;
+        myself.send_after(state.args.ack_retry, || MonitorMsg::AckRetry);
     }
 }
 
@@ -233,6 +245,14 @@ impl Actor for MonitorActor {
                             .board
                             .set_runtime_health(RuntimeComponent::Monitor, healthy);
                         myself.send_after(state.watch.next_probe(), || MonitorMsg::Probe);
+                        // Every probe also checks that the active generation
+                        // is the acknowledged one (nothing is missed if an
+                        // event raced with the board).
+                        let active = state.args.board.activated_generation();
+                        let acked = state.args.board.acknowledged().map(|(g, _)| g);
+                        if active.is_some() && active != acked && state.pending.is_none() {
+                            state.pending = active;
+                        }
                         if healthy {
                             self.try_acknowledge(&myself, state).await?;
                         }

@@ -57,8 +57,8 @@ async fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %e, "agent failed");
-            std::process::ExitCode::FAILURE
+            tracing::error!(error = %e, exit_code = e.exit_code(), "agent failed");
+            std::process::ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
         }
     }
 }

@@ -2,7 +2,8 @@
 //! server, a minimal test signer and a real ovsdb-server: cold start →
 //! generation 1 active → renewal → generation 2 active, the unrelated
 //! `other_config` key intact, no PEM in `/status` or the logs, clean exit on
-//! SIGTERM.
+//! SIGTERM. The runtime actors run against the cluster's stand-ins
+//! (`support::cluster`), so readyz means the full SPEC §5 rule.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -61,6 +62,17 @@ async fn cold_start_activates_then_renews_keeping_other_keys() {
     assert_eq!(s1["chassis"], support::cluster::CHASSIS);
     assert_eq!(s1["nodeUID"], cluster.node_uid.as_str());
     let g1 = s1["generation"].as_u64().unwrap();
+    // readyz covers the runtime (stand-ins here): guards read back from the
+    // kernel, processes healthy, the monitor acknowledged the trust.
+    assert_eq!(s1["protectionArmed"], true, "{s1}");
+    assert_eq!(s1["runtimeHealthy"], true, "{s1}");
+    assert_eq!(s1["configurationApplied"], true, "{s1}");
+    assert!(s1["trustDigest"].is_string(), "{s1}");
+    let ids = cluster.external_ids();
+    assert!(
+        ids.contains_key("ovn-ipsec-protection-mark") && ids.contains_key("system-id"),
+        "lease not published: {ids:?}"
+    );
     let oc = cluster.other_config();
     assert_eq!(
         oc.get("unrelated").map(String::as_str),

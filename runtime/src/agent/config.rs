@@ -29,6 +29,17 @@ impl From<KeyAlgorithm> for KeyType {
     }
 }
 
+/// The IKE daemon the monitor drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IkeDaemonKind {
+    /// strongSwan (`ipsec start --nofork`): the default and the only one
+    /// supported so far.
+    Strongswan,
+    /// libreswan: accepted by the flag, refused at start-up as not yet
+    /// supported.
+    Libreswan,
+}
+
 /// `kube-ovn-ipsec run` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
@@ -87,6 +98,92 @@ pub struct RunArgs {
     /// OVSDB before start-up gives up, in seconds.
     #[arg(long, default_value_t = 120)]
     pub chassis_timeout: u64,
+
+    // --- Capability gate (SPEC §4) ---
+    /// The image's ovn-controller program (probed with `--version`).
+    #[arg(
+        long,
+        env = "OVN_IPSEC_OVN_CONTROLLER",
+        default_value = "ovn-controller"
+    )]
+    pub ovn_controller: std::ffi::OsString,
+    /// `ovs-appctl` (capability probe, monitor `tunnels/show`).
+    #[arg(long, env = "OVN_IPSEC_OVS_APPCTL", default_value = "ovs-appctl")]
+    pub ovs_appctl: std::ffi::OsString,
+    /// The running ovn-controller's unixctl socket. Default: discovered
+    /// from `--ovn-controller-pidfile` as `<its dir>/ovn-controller.<pid>.ctl`.
+    #[arg(long, env = "OVN_IPSEC_OVN_CONTROLLER_CTL")]
+    pub ovn_controller_ctl: Option<std::ffi::OsString>,
+    /// The running ovn-controller's pidfile (kube-ovn-cni Pod layout).
+    #[arg(long, default_value = "/var/run/ovn/ovn-controller.pid")]
+    pub ovn_controller_pidfile: PathBuf,
+
+    // --- IKE daemon (SPEC §3) ---
+    /// The IKE daemon.
+    #[arg(
+        long,
+        env = "OVN_IPSEC_IKE_DAEMON",
+        value_enum,
+        default_value = "strongswan"
+    )]
+    pub ike_daemon: IkeDaemonKind,
+    /// strongSwan's `ipsec` script.
+    #[arg(long, env = "OVN_IPSEC_IPSEC", default_value = "ipsec")]
+    pub ipsec: std::ffi::OsString,
+    /// strongSwan's run directory as the agent sees it (stale
+    /// `charon.pid` / `starter.charon.pid` of a killed daemon are removed
+    /// from it before a restart).
+    #[arg(long, default_value = "/var/run")]
+    pub ike_rundir: PathBuf,
+    /// strongSwan's CA directory (the CA workaround for an unpatched
+    /// monitor copies the trust bundle there).
+    #[arg(long, default_value = "/etc/ipsec.d/cacerts")]
+    pub ipsec_cacerts_dir: PathBuf,
+    /// File receiving the IKE daemon's output (default: inherited).
+    #[arg(long)]
+    pub ike_log_file: Option<PathBuf>,
+
+    // --- ovs-monitor-ipsec ---
+    /// The monitor script (its patch marker decides the CA workaround).
+    #[arg(long, env = "OVN_IPSEC_MONITOR_SCRIPT", default_value = crate::monitor_patch::DEFAULT_MONITOR_SCRIPT)]
+    pub monitor_script: PathBuf,
+    /// Interpreter for the script (default: execute the script itself).
+    #[arg(long)]
+    pub monitor_python: Option<std::ffi::OsString>,
+    /// The monitor's run directory (pidfile, control socket).
+    #[arg(long, default_value = "/var/run/openvswitch")]
+    pub monitor_rundir: PathBuf,
+    /// The database the monitor watches (default: `--ovsdb`).
+    #[arg(long)]
+    pub monitor_database: Option<String>,
+    /// The monitor's `--log-file`.
+    #[arg(long)]
+    pub monitor_log_file: Option<PathBuf>,
+    /// File receiving the monitor's output (default: inherited).
+    #[arg(long)]
+    pub monitor_output_file: Option<PathBuf>,
+
+    // --- Supervision of the runtime ---
+    /// Seconds between guard read-backs.
+    #[arg(long, default_value_t = 5)]
+    pub guard_readback_period: u64,
+    /// Seconds between health probes of the IKE daemon and the monitor.
+    #[arg(long, default_value_t = 5)]
+    pub probe_period: u64,
+    /// Seconds between SIGTERM and SIGKILL when stopping a process group.
+    #[arg(long, default_value_t = 10)]
+    pub stop_grace: u64,
+
+    // --- Lab and tests: a simulated node's namespaces ---
+    /// Open the XFRM socket in this named network namespace
+    /// (`/run/netns/<name>`) instead of the agent's own. Lab and tests.
+    #[arg(long)]
+    pub xfrm_netns: Option<String>,
+    /// Run every program (probes, IKE daemon, monitor) in the network and
+    /// mount namespaces of this process (`nsenter -t <pid> -m -n`). Lab and
+    /// tests.
+    #[arg(long)]
+    pub node_netns_pid: Option<u32>,
 }
 
 impl RunArgs {

@@ -1,7 +1,8 @@
 //! `kube-ovn-ipsec run`: the agent's wiring. The actors (crate `actors`)
 //! hold the logic; this module gives them their real adapters — kube-rs for
 //! the CSR API and the trust ConfigMap, the `ovsdb` crate for the identity
-//! keys — serves `/status`, `/readyz`, `/healthz` and `/metrics`, and stops
+//! keys, netlink XFRM, strongSwan and ovs-monitor-ipsec for the runtime
+//! actors — runs the capability gate first, serves `/status`, `/readyz`, `/healthz` and `/metrics`, and stops
 //! the tree on SIGTERM.
 //!
 //! # Layout
@@ -9,6 +10,8 @@
 //! - [`kube_csr`]: [`actors::ports::CsrApi`] over `certificates.k8s.io/v1`.
 //! - [`ovsdb_identity`]: [`actors::ports::OvsdbIdentity`] over the guarded
 //!   `other_config` write.
+//! - [`ports`]: the runtime actors' ports — lease and XFRM guards, the IKE
+//!   daemon, the monitor and its acknowledgement.
 //! - [`trust`]: follows ConfigMap `ovn-ipsec-trust` into a watch channel.
 //! - [`http`]: the status server.
 //! - [`run`]: start-up order and shutdown.
@@ -17,6 +20,7 @@ pub mod config;
 pub mod http;
 pub mod kube_csr;
 pub mod ovsdb_identity;
+pub mod ports;
 pub mod run;
 pub mod trust;
 

@@ -1,10 +1,19 @@
 //! Start-up order and shutdown of `kube-ovn-ipsec run`.
 //!
 //! Order: Kubernetes client, OVSDB, who this node is (chassis from OVSDB,
-//! Node UID from the API), status server, trust follower, actor tree. The
-//! status server comes up before the tree so a node stuck early (no
-//! chassis yet, CSR denied) is visible through `/status` instead of a
-//! crash loop.
+//! Node UID from the API), status server, **capability gate**, trust
+//! follower, actor tree (identity actors, then protection, IKE daemon,
+//! monitor). The status server comes up before the tree so a node stuck
+//! early (no chassis yet, CSR denied) is visible through `/status` instead
+//! of a crash loop.
+//!
+//! The capability gate (SPEC §4) runs before any actor that creates a key,
+//! a CSR or a lease. On failure the agent exits at once with
+//! [`crate::capability::CAPABILITY_MISSING_EXIT_CODE`]: the board shows
+//! `CapabilityMissing` for the log line, but the status server is not kept
+//! up — the container's exit code and its last log line are what the
+//! kubelet and an operator see, and lingering would only delay the
+//! restart that picks up a fixed image (docs/decisions.md).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,11 +34,23 @@ use ovsdb::MapColumn;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use super::config::RunArgs;
+use actors::ike::ProcessConfig;
+use actors::protection::ProtectionConfig;
+use actors::tree::RuntimePorts;
+
+use super::config::{IkeDaemonKind, RunArgs};
 use super::http;
 use super::kube_csr::KubeCsrApi;
 use super::ovsdb_identity::OvsdbIdentityAdapter;
+use super::ports::{IkeAdapter, MonitorAdapter, ProtectionAdapter};
 use super::trust;
+use crate::capability::{self, CapabilityConfig};
+use crate::ike::IkeConfig;
+use crate::lease::AllocationConfig;
+use crate::monitor::MonitorConfig;
+use crate::monitor_patch;
+use crate::process::Launcher;
+use crate::xfrm::XfrmHandle;
 
 /// Why the agent could not start (after start-up, failures are the
 /// supervisor's and show in `/status`).
@@ -78,6 +99,27 @@ pub enum AgentError {
     /// The actor tree failed to start.
     #[error("actor tree: {0}")]
     Tree(#[from] actors::Error),
+    /// The capability gate failed: exit with
+    /// [`crate::capability::CAPABILITY_MISSING_EXIT_CODE`].
+    #[error("{0}")]
+    CapabilityMissing(crate::Error),
+    /// A configured choice this build does not support.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A runtime adapter could not be set up (monitor script, XFRM socket).
+    #[error("runtime: {0}")]
+    Runtime(crate::Error),
+}
+
+impl AgentError {
+    /// The process exit code: the contract's distinct code for a failed
+    /// capability gate, 1 for everything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            AgentError::CapabilityMissing(_) => crate::capability::CAPABILITY_MISSING_EXIT_CODE,
+            _ => 1,
+        }
+    }
 }
 
 /// A started agent.
@@ -124,9 +166,29 @@ async fn chassis(client: &ovsdb::Client, timeout: Duration) -> Result<Chassis, A
     }
 }
 
+/// The running ovn-controller's control socket from its pidfile:
+/// `<pidfile dir>/ovn-controller.<pid>.ctl`. Without a readable pidfile the
+/// pidfile's own path is returned, so the probe fails naming it.
+fn discover_ctl(pidfile: &std::path::Path) -> std::ffi::OsString {
+    match std::fs::read_to_string(pidfile) {
+        Ok(pid) if pid.trim().parse::<u32>().is_ok() => pidfile
+            .with_file_name(format!("ovn-controller.{}.ctl", pid.trim()))
+            .into_os_string(),
+        _ => {
+            tracing::warn!(pidfile = %pidfile.display(), "no readable ovn-controller pidfile");
+            pidfile.as_os_str().to_owned()
+        }
+    }
+}
+
 /// Runs the agent until `shutdown` turns true, then stops the actor tree
 /// (which never removes guards or identity state: SPEC §4).
 pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
+    if args.ike_daemon == IkeDaemonKind::Libreswan {
+        return Err(AgentError::Unsupported(
+            "--ike-daemon=libreswan is not supported yet; use strongswan".into(),
+        ));
+    }
     let client = kube_client(&args).await?;
     let ovs = ovsdb::Client::connect_str(&args.ovsdb)
         .await
@@ -172,6 +234,85 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     let server = tokio::spawn(serve);
     tracing::info!(%status_addr, "status server listening");
 
+    // The capability gate: before any key, CSR or lease exists.
+    let launcher = match args.node_netns_pid {
+        Some(pid) => Launcher::nsenter(pid),
+        None => Launcher::direct(),
+    };
+    let capability = CapabilityConfig {
+        ovn_controller: args.ovn_controller.clone(),
+        appctl: args.ovs_appctl.clone(),
+        running_ctl: match &args.ovn_controller_ctl {
+            Some(ctl) => ctl.clone(),
+            None => discover_ctl(&args.ovn_controller_pidfile),
+        },
+    };
+    if let Err(e) = capability::check(&capability, &launcher).await {
+        board.set_capability_missing();
+        tracing::error!(error = %e, exit_code = capability::CAPABILITY_MISSING_EXIT_CODE, "capability gate failed: ovn-controller lacks the IPsec output protection patch; no key, CSR or lease was created");
+        return Err(AgentError::CapabilityMissing(e));
+    }
+    tracing::info!("capability gate passed: both ovn-controllers advertise output protection");
+    let patch = monitor_patch::inspect(&args.monitor_script).map_err(AgentError::Runtime)?;
+    tracing::info!(?patch, ca_workaround = patch.needs_ca_workaround(), script = %args.monitor_script.display(), "ovs-monitor-ipsec");
+    let xfrm = match &args.xfrm_netns {
+        Some(ns) => XfrmHandle::in_netns(ns),
+        None => XfrmHandle::open(),
+    }
+    .map_err(AgentError::Runtime)?;
+    let stop_grace = Duration::from_secs(args.stop_grace);
+    let ike = IkeConfig {
+        ipsec: args.ipsec.clone(),
+        log_file: args.ike_log_file.clone(),
+        stop_grace,
+        cacerts_dir: args.ipsec_cacerts_dir.clone(),
+    };
+    let monitor = MonitorConfig {
+        python: args.monitor_python.clone(),
+        script: args.monitor_script.clone(),
+        database: args
+            .monitor_database
+            .clone()
+            .unwrap_or_else(|| args.ovsdb.clone()),
+        rundir: args.monitor_rundir.clone(),
+        log_file: args.monitor_log_file.clone(),
+        output_file: args.monitor_output_file.clone(),
+        appctl: args.ovs_appctl.clone(),
+        stop_grace,
+    };
+    let runtime_ports = RuntimePorts {
+        protection: Arc::new(ProtectionAdapter::new(
+            &args.key_dir,
+            node_uid.clone(),
+            AllocationConfig::default(),
+            xfrm,
+            ovs.clone(),
+        )),
+        ike: Arc::new(IkeAdapter {
+            config: ike.clone(),
+            launcher: launcher.clone(),
+            stale_pidfiles: vec![
+                args.ike_rundir.join("charon.pid"),
+                args.ike_rundir.join("starter.charon.pid"),
+            ],
+        }),
+        monitor: Arc::new(MonitorAdapter {
+            config: monitor,
+            ike,
+            launcher,
+            patch,
+        }),
+        protection_config: ProtectionConfig {
+            readback_period: Duration::from_secs(args.guard_readback_period.max(1)),
+        },
+        process_config: ProcessConfig {
+            probe_period: Duration::from_secs(args.probe_period.max(1)),
+            start_timeout: Duration::from_secs(30).max(stop_grace),
+            ..ProcessConfig::default()
+        },
+        ack_retry: Duration::from_secs(1),
+    };
+
     let (trust_tx, trust_rx) = watch::channel(None);
     let follower = tokio::spawn(trust::follow(
         client.clone(),
@@ -191,7 +332,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     identity.key_type = args.key_algorithm.into();
     identity.expiration_seconds = args.certificate_lifetime;
     identity.request_timeout = args.request_timeout();
-    let (supervisor, join) = tree::start(AgentTreeArgs {
+    let mut tree_args = AgentTreeArgs {
         identity,
         csr_api: Arc::new(KubeCsrApi::new(client)),
         ovsdb: Arc::new(OvsdbIdentityAdapter::new(ovs)),
@@ -202,8 +343,9 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         trust: trust_rx,
         supervisor: SupervisorConfig::default(),
         extra_children: Vec::new(),
-    })
-    .await?;
+    };
+    tree_args.extra_children = tree::runtime_child_specs(&tree_args, runtime_ports);
+    let (supervisor, join) = tree::start(tree_args).await?;
 
     while !*shutdown.borrow() {
         if shutdown.changed().await.is_err() {

@@ -3,6 +3,16 @@
 //! a Node, the trust ConfigMap and a minimal in-test signer that approves and
 //! signs every `kubeovn.io/signer` CSR with a test CA — without backdating,
 //! so that a short requested lifetime gives a renewal within seconds.
+//!
+//! The agent always runs its runtime actors (capability gate, lease and
+//! XFRM guards, IKE daemon, monitor). [`Cluster::spawn_agent`] gives it
+//! clearly named stand-ins for the programs (an ovn-controller that
+//! advertises the output-protection marker, an `ipsec` and an
+//! ovs-monitor-ipsec that idle and answer the probes and listings) and a
+//! private network namespace for its guards, so identity-focused tests run
+//! the real agent without strongSwan. [`Cluster::spawn_agent_with`] takes
+//! the runtime flags from the caller (real strongSwan and monitor in a
+//! simulated node's namespaces).
 
 #![allow(dead_code)]
 
@@ -41,7 +51,76 @@ pub struct Cluster {
     pub kubeconfig: PathBuf,
     pub node_uid: String,
     pub ca_pem: String,
+    /// The agent's network namespace (its guards live there).
+    pub netns: testbed::netns::Netns,
+    /// Directory of the stand-in programs.
+    pub standins: PathBuf,
     signer: JoinHandle<()>,
+}
+
+/// `raw_serial` as colon hex, the way strongSwan lists it.
+fn serial_of(pem: &str) -> String {
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
+    let (_, cert) = x509_parser::parse_x509_certificate(&p.contents).unwrap();
+    cert.raw_serial()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// Writes the stand-in programs into `dir`.
+fn write_standins(dir: &Path, ca_pem: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let marker = kube_ovn_ipsec_runtime::capability::CAPABILITY_MARKER;
+    // Idle until the agent (our parent) is gone, so a SIGKILLed agent
+    // leaves nothing behind.
+    let idle = "parent=$PPID\nwhile kill -0 \"$parent\" 2>/dev/null; do sleep 0.2; done\n";
+    script(
+        dir,
+        "ovn-controller",
+        &format!(
+            "#!/bin/sh\n# Stand-in for the patched ovn-controller (tests).\nprintf 'ovn-controller 24.03.90 (stand-in)\\n{marker}\\n'\n"
+        ),
+    );
+    script(
+        dir,
+        "ovs-appctl",
+        &format!(
+            "#!/bin/sh\n# Stand-in ovs-appctl (tests): -t <target> <command>.\ncase \"$3\" in\n\
+             version) printf 'ovn-controller 24.03.90 (stand-in)\\n{marker}\\n' ;;\n\
+             tunnels/show) ;;\n*) echo \"stand-in: $3 unsupported\" >&2; exit 2 ;;\nesac\n"
+        ),
+    );
+    script(
+        dir,
+        "ipsec",
+        &format!(
+            "#!/bin/sh\n# Stand-in for strongSwan's ipsec (tests): idles, answers the probe\n\
+             # and lists the test CA as loaded.\ncase \"$1\" in\nstart) {idle} ;;\n\
+             statusall) printf 'Security Associations (0 up, 0 connecting):\\n  none\\n' ;;\n\
+             listcerts|rereadcacerts) ;;\n\
+             listcacerts) printf '  subject:  \"CN=agent test CA, O=kube-ovn\"\\n  serial:    {}\\n' ;;\n\
+             *) exit 1 ;;\nesac\n",
+            serial_of(ca_pem)
+        ),
+    );
+    script(
+        dir,
+        "ovs-monitor-ipsec",
+        &format!(
+            "#!/bin/sh\n# Stand-in, not the real class IPsecMonitor (tests).\n\
+             # kube-ovn-ipsec: ovs-monitor-ipsec-patch v1\n{idle}"
+        ),
+    );
 }
 
 impl Drop for Cluster {
@@ -183,6 +262,9 @@ impl Cluster {
         .unwrap();
 
         let signer = tokio::spawn(signer_loop(Api::all(client), issuer, issue_lifetime));
+        let standins = dir.path().join("standins");
+        write_standins(&standins, &ca_pem);
+        let netns = testbed::netns::Netns::create("koi-agent").unwrap();
         Cluster {
             dir,
             api,
@@ -190,6 +272,8 @@ impl Cluster {
             kubeconfig,
             node_uid,
             ca_pem,
+            netns,
+            standins,
             signer,
         }
     }
@@ -203,8 +287,52 @@ impl Cluster {
             .port()
     }
 
-    /// Starts `kube-ovn-ipsec run` as a process against this cluster.
+    /// Starts `kube-ovn-ipsec run` as a process against this cluster, with
+    /// the stand-in runtime programs and the cluster's network namespace
+    /// for the guards (a flag given in `extra` replaces the stand-in's).
     pub fn spawn_agent(
+        &self,
+        key_dir: &Path,
+        status_port: u16,
+        lifetime_secs: u32,
+        extra: &[&str],
+    ) -> Child {
+        let mut args: Vec<String> = Vec::new();
+        for (flag, value) in self.standin_flags() {
+            if !extra.contains(&flag.as_str()) {
+                args.push(flag);
+                args.push(value);
+            }
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.spawn_agent_with(key_dir, status_port, lifetime_secs, &args)
+    }
+
+    /// The runtime flags `spawn_agent` passes: stand-in programs, private
+    /// run directories, the cluster's network namespace.
+    pub fn standin_flags(&self) -> Vec<(String, String)> {
+        let s = |p: &str| self.standins.join(p).display().to_string();
+        let run = self.dir.path().join("run");
+        std::fs::create_dir_all(&run).unwrap();
+        vec![
+            ("--ovn-controller".into(), s("ovn-controller")),
+            ("--ovs-appctl".into(), s("ovs-appctl")),
+            ("--ovn-controller-ctl".into(), "ovn-controller".into()),
+            ("--ipsec".into(), s("ipsec")),
+            ("--ike-rundir".into(), run.display().to_string()),
+            ("--ipsec-cacerts-dir".into(), run.display().to_string()),
+            ("--monitor-script".into(), s("ovs-monitor-ipsec")),
+            ("--monitor-rundir".into(), run.display().to_string()),
+            ("--xfrm-netns".into(), self.netns.name().to_string()),
+            ("--probe-period".into(), "1".into()),
+            ("--stop-grace".into(), "3".into()),
+        ]
+    }
+
+    /// Starts `kube-ovn-ipsec run` against this cluster with exactly the
+    /// runtime flags in `extra` (no stand-ins): the full-runtime variant.
+    pub fn spawn_agent_with(
         &self,
         key_dir: &Path,
         status_port: u16,
@@ -241,6 +369,15 @@ impl Cluster {
             )
             .spawn()
             .unwrap()
+    }
+
+    /// `Open_vSwitch . external_ids`.
+    pub fn external_ids(&self) -> std::collections::BTreeMap<String, String> {
+        let out = self
+            .ovs
+            .vsctl(&["get", "Open_vSwitch", ".", "external_ids"])
+            .unwrap();
+        parse_ovs_map(out.trim())
     }
 
     /// Where spawned agents' stderr (JSON logs) goes, appended across runs.

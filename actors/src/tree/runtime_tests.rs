@@ -1,0 +1,328 @@
+//! The runtime actors in the whole tree, with fakes under paused time:
+//! a killed IKE daemon or monitor is restarted on the 1 s, 2 s, 4 s
+//! schedule while the guards stay; readyz is false during the outage and
+//! true after; vanished guards are re-added, conflicts are not overwritten.
+
+use super::*;
+use crate::clock::TokioClock;
+use crate::metrics::PrometheusMetrics;
+use crate::testing::runtime::{FakeProcess, FakeProtection};
+use crate::testing::{CsrScript, FakeCsrApi, FakeOvsdb, TestCa};
+use kube_ovn_ipsec_api::ident::{Chassis, Uid};
+use kube_ovn_ipsec_api::pki::TrustBundle;
+use std::time::{Duration, UNIX_EPOCH};
+use tokio::time::Instant;
+
+async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+struct Harness {
+    _tmp: tempfile::TempDir,
+    board: StatusBoard,
+    sup: ActorRef<SupervisorMsg>,
+    protection: FakeProtection,
+    ike: FakeProcess,
+    monitor: FakeProcess,
+    registry: prometheus_client::registry::Registry,
+}
+
+async fn harness() -> Harness {
+    let tmp = tempfile::tempdir().unwrap();
+    let clock = Arc::new(TokioClock::starting_at(
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+    ));
+    let ca = Arc::new(TestCa::new("runtime tree CA"));
+    let csr = FakeCsrApi::new(ca.clone(), clock.clone());
+    csr.then(CsrScript::Issue);
+    let ovsdb = FakeOvsdb::with_other_config(&[]);
+    let board = StatusBoard::new(clock.clone());
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Arc::new(PrometheusMetrics::register(&mut registry));
+    let (_trust_tx, trust_rx) = watch::channel(Some(ca.trust_pem()));
+    std::mem::forget(_trust_tx);
+    let mut config = IdentityConfig::new(
+        "node-7".into(),
+        Uid::new("11111111-2222-4333-8444-555555555555").unwrap(),
+        Uid::new("66666666-7777-4888-8999-000000000000").unwrap(),
+        Chassis::new("chassis-7").unwrap(),
+        tmp.path().join("keys"),
+    );
+    config.key_type = crate::pki::KeyType::EcdsaP256;
+    config.request_timeout = Duration::from_secs(1);
+    let protection = FakeProtection::new();
+    let ike = FakeProcess::new("ike");
+    let monitor = FakeProcess::new("monitor");
+    let trust = TrustBundle::from_pem(&ca.trust_pem()).unwrap().digest();
+    monitor.set_ack(Some(trust));
+    let mut args = AgentTreeArgs {
+        identity: config,
+        csr_api: Arc::new(csr),
+        ovsdb: Arc::new(ovsdb),
+        clock,
+        metrics,
+        board: board.clone(),
+        bus: Bus::default(),
+        trust: trust_rx,
+        supervisor: SupervisorConfig::default(),
+        extra_children: vec![],
+    };
+    args.extra_children = runtime_child_specs(
+        &args,
+        RuntimePorts {
+            protection: Arc::new(protection.clone()),
+            ike: Arc::new(ike.clone()),
+            monitor: Arc::new(monitor.clone()),
+            protection_config: ProtectionConfig::default(),
+            process_config: ProcessConfig::default(),
+            ack_retry: Duration::from_secs(1),
+        },
+    );
+    let (sup, _) = start(args).await.unwrap();
+    Harness {
+        _tmp: tmp,
+        board,
+        sup,
+        protection,
+        ike,
+        monitor,
+        registry,
+    }
+}
+
+fn metrics_text(h: &Harness) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &h.registry).unwrap();
+    out
+}
+
+/// Kills `p` three times in a row (each time right after it came back)
+/// and checks the restart delays 1 s, 2 s, 4 s, the guards at every step
+/// and readyz false throughout; then readyz true again.
+async fn outage(h: &Harness, p: &FakeProcess, reason: Reason) {
+    let before = p.starts().len();
+    let mut kills = Vec::new();
+    for (i, expected) in [1u64, 2, 4].into_iter().enumerate() {
+        p.kill();
+        let killed = Instant::now();
+        kills.push(killed);
+        until("not ready after the kill", Duration::from_secs(1), || {
+            h.board.readyz() == Err(reason)
+        })
+        .await;
+        while p.starts().len() < before + i + 1 {
+            assert!(
+                h.protection.guards_present(),
+                "guards gone during the outage"
+            );
+            assert!(h.board.snapshot().protection_armed);
+            assert!(h.board.readyz().is_err(), "ready while {reason:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(
+                killed.elapsed() < Duration::from_secs(expected + 2),
+                "no restart"
+            );
+        }
+        let delay = p.starts()[before + i].duration_since(killed);
+        assert!(
+            delay >= Duration::from_secs(expected)
+                && delay <= Duration::from_millis(expected * 1000 + 400),
+            "restart {i} after {delay:?}, expected {expected} s"
+        );
+    }
+    // The failed incarnations were stopped (their group signalled).
+    assert!(p.stops().len() >= 3, "stops: {:?}", p.stops());
+    until("ready after the restarts", Duration::from_secs(10), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    assert!(h.protection.guards_present());
+}
+
+#[tokio::test(start_paused = true)]
+async fn killed_ike_daemon_restarts_on_backoff_guards_stay_readyz_flips() {
+    let h = harness().await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    let s = h.board.snapshot();
+    assert!(s.runtime_healthy && s.protection_armed && s.configuration_applied);
+    assert!(s.trust_digest.is_some());
+    assert_eq!(h.protection.published(), 1);
+    assert!(!h.protection.published_before_armed());
+
+    outage(&h, &h.ike, Reason::IkeDaemonUnhealthy).await;
+    let m = metrics_text(&h);
+    assert!(
+        m.contains("kube_ovn_ipsec_process_failures_total{process=\"ike\"} 3"),
+        "{m}"
+    );
+    assert!(
+        m.contains("kube_ovn_ipsec_actor_restarts_total{actor=\"ike\"} 3"),
+        "{m}"
+    );
+    // Three consecutive failures: Degraded until the incarnation ran 60 s.
+    assert_eq!(
+        h.board.snapshot().phase,
+        kube_ovn_ipsec_api::status::Phase::Degraded
+    );
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(
+        h.board.snapshot().phase,
+        kube_ovn_ipsec_api::status::Phase::Active
+    );
+
+    // The schedule started over after 60 s healthy: 1 s again.
+    let n = h.ike.starts().len();
+    h.ike.kill();
+    let killed = Instant::now();
+    until("restart", Duration::from_secs(3), || {
+        h.ike.starts().len() > n
+    })
+    .await;
+    assert!(h.ike.starts()[n].duration_since(killed) < Duration::from_millis(1400));
+}
+
+#[tokio::test(start_paused = true)]
+async fn killed_monitor_restarts_on_backoff_and_reacknowledges() {
+    let h = harness().await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    let acks = h.monitor.acks();
+    outage(&h, &h.monitor, Reason::MonitorUnhealthy).await;
+    assert!(
+        h.monitor.acks() > acks,
+        "a restarted monitor reads back again"
+    );
+    assert_eq!(
+        h.protection.published(),
+        1,
+        "published once, never withdrawn"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_probe_restarts_and_unacknowledged_monitor_is_not_ready() {
+    let h = harness().await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    // Two failed probes in a row (5 s apart) fail the actor.
+    let n = h.ike.starts().len();
+    h.ike.set_probe_fails(true);
+    until(
+        "restart after failed probes",
+        Duration::from_secs(20),
+        || h.ike.starts().len() > n,
+    )
+    .await;
+    assert_eq!(h.board.readyz(), Err(Reason::IkeDaemonUnhealthy));
+    h.ike.set_probe_fails(false);
+    until("ready", Duration::from_secs(10), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+
+    // A monitor whose read-back no longer matches: a new activation (a
+    // restarted monitor re-reads) is not acknowledged.
+    h.monitor.set_ack(None);
+    h.monitor.kill();
+    until("not acknowledged", Duration::from_secs(10), || {
+        h.board.readyz() == Err(Reason::MonitorNotAcknowledged)
+    })
+    .await;
+    assert!(!h.board.snapshot().configuration_applied);
+    h.monitor.set_ack(
+        TrustBundle::from_pem(&TestCa::new("x").trust_pem())
+            .ok()
+            .map(|t| t.digest()),
+    );
+    // An acknowledgement of another trust digest does not make it ready.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(h.board.readyz(), Err(Reason::MonitorNotAcknowledged));
+}
+
+#[tokio::test(start_paused = true)]
+async fn vanished_guards_are_readded_conflicts_are_not_overwritten() {
+    let h = harness().await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    h.protection.remove_guards();
+    until("re-added", Duration::from_secs(6), || {
+        h.protection.readds() == 1
+    })
+    .await;
+    assert!(h.protection.guards_present());
+    assert!(h.board.readyz().is_ok());
+    let m = metrics_text(&h);
+    assert!(
+        m.contains("kube_ovn_ipsec_guard_events_total{kind=\"readded\"} 1"),
+        "{m}"
+    );
+
+    // On-demand read-back through the actor.
+    let cell = supervisor::child_cell(&h.sup, names::PROTECTION)
+        .await
+        .unwrap()
+        .unwrap();
+    let prot: ActorRef<crate::protection::ProtectionMsg> = cell.into();
+    let armed = ractor::call_t!(prot, crate::protection::ProtectionMsg::Readback, 1000).unwrap();
+    assert!(armed);
+
+    h.protection.set_conflict(true);
+    until("conflict shown", Duration::from_secs(6), || {
+        h.board.readyz() == Err(Reason::GuardConflict)
+    })
+    .await;
+    assert!(!h.board.snapshot().protection_armed);
+    h.protection.set_conflict(false);
+    until("armed again", Duration::from_secs(6), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_lease_keeps_protection_unarmed_and_stop_leaves_guards() {
+    let h = harness().await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    h.sup.stop(Some("test".into()));
+    until("processes stopped", Duration::from_secs(15), || {
+        h.ike.running().is_none() && h.monitor.running().is_none()
+    })
+    .await;
+    assert!(h.protection.guards_present(), "stop never removes guards");
+
+    let h = harness().await;
+    h.protection.refuse(Some(Reason::BypassPolicyPresent));
+    // The first lease is obtained at start; kill the actor to make it ask
+    // again against a refusing port.
+    until("armed", Duration::from_secs(30), || {
+        h.board.snapshot().protection_armed
+    })
+    .await;
+    let cell = supervisor::child_cell(&h.sup, names::PROTECTION)
+        .await
+        .unwrap()
+        .unwrap();
+    cell.kill();
+    until("refusal shown", Duration::from_secs(5), || {
+        !h.board.snapshot().protection_armed
+    })
+    .await;
+    assert_eq!(h.board.readyz().err().map(|_| ()), Some(()));
+    assert_eq!(h.protection.published(), 1);
+}

@@ -1,0 +1,375 @@
+//! The runtime actors' ports over this crate's adapters: lease and guards
+//! ([`crate::lease`], [`crate::guards`] over netlink XFRM), the IKE daemon
+//! ([`crate::ike`]) and the monitor ([`crate::monitor`], with the
+//! acknowledgement and, for an unpatched monitor only, the CA workaround).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use actors::ports::{
+    Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,
+    OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess,
+};
+use async_trait::async_trait;
+use kube_ovn_ipsec_api::Uid;
+use kube_ovn_ipsec_api::digest::Sha256Digest;
+use kube_ovn_ipsec_api::status::Reason;
+
+use crate::guards::{GuardEvent, GuardKeeper};
+use crate::ike::{IkeConfig, IkeDaemon, parse_listcerts};
+use crate::lease::{self, AllocationConfig, Lease, LeaseStore, OsRandom};
+use crate::monitor::{self, ActiveIdentity, Monitor, MonitorConfig};
+use crate::monitor_patch::MonitorPatch;
+use crate::process::Launcher;
+use crate::xfrm::XfrmHandle;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn protection_err(e: crate::Error) -> actors::Error {
+    let reason = match &e {
+        crate::Error::BypassPresent { .. } => Reason::BypassPolicyPresent,
+        crate::Error::LeaseExhausted { .. } => Reason::LeaseAllocationFailed,
+        crate::Error::Ovsdb(_) => Reason::OvsdbUnavailable,
+        _ => Reason::GuardMissing,
+    };
+    actors::Error::Protection {
+        reason,
+        detail: e.to_string(),
+    }
+}
+
+fn process_err(process: &'static str, e: crate::Error) -> actors::Error {
+    actors::Error::Process {
+        process,
+        reason: e.to_string(),
+    }
+}
+
+fn create_key_dir(dir: Option<&Path>) -> Result<(), crate::Error> {
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(dir) = dir else { return Ok(()) };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| crate::Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// [`ProtectionPort`] over the lease file, netlink XFRM and OVSDB.
+#[derive(Debug)]
+pub struct ProtectionAdapter {
+    store: LeaseStore,
+    node_uid: Uid,
+    allocation: AllocationConfig,
+    keeper: Mutex<GuardKeeper<XfrmHandle>>,
+    lease: Mutex<Option<Lease>>,
+    ovs: ovsdb::Client,
+}
+
+impl ProtectionAdapter {
+    /// The lease of `node_uid` in `key_dir`, guards through `xfrm`,
+    /// publication through `ovs`.
+    pub fn new(
+        key_dir: &Path,
+        node_uid: Uid,
+        allocation: AllocationConfig,
+        xfrm: XfrmHandle,
+        ovs: ovsdb::Client,
+    ) -> Self {
+        Self {
+            store: LeaseStore::new(key_dir),
+            node_uid,
+            allocation,
+            keeper: Mutex::new(GuardKeeper::new(xfrm)),
+            lease: Mutex::new(None),
+            ovs,
+        }
+    }
+
+    fn current(&self) -> actors::Result<Lease> {
+        lock(&self.lease)
+            .clone()
+            .ok_or_else(|| actors::Error::Protection {
+                reason: Reason::GuardMissing,
+                detail: "no lease obtained yet".into(),
+            })
+    }
+}
+
+fn change_of(e: &GuardEvent) -> GuardChange {
+    match e {
+        GuardEvent::Armed { family, index } => GuardChange::Armed {
+            family: family.to_string(),
+            index: *index,
+        },
+        GuardEvent::Readded {
+            family,
+            old_index,
+            new_index,
+        } => GuardChange::Readded {
+            family: family.to_string(),
+            old_index: *old_index,
+            new_index: *new_index,
+        },
+        GuardEvent::Adopted {
+            family, new_index, ..
+        } => GuardChange::Adopted {
+            family: family.to_string(),
+            new_index: *new_index,
+        },
+        GuardEvent::Conflict {
+            family,
+            index,
+            mismatches,
+        } => GuardChange::Conflict {
+            family: family.to_string(),
+            index: *index,
+            detail: format!("{mismatches:?}"),
+        },
+    }
+}
+
+#[async_trait]
+impl ProtectionPort for ProtectionAdapter {
+    async fn obtain_lease(&self) -> actors::Result<LeaseSummary> {
+        // The identity actor may not have created the key directory yet.
+        create_key_dir(self.store.path().parent()).map_err(protection_err)?;
+        // Netlink requests here are short, local and bounded: done inline.
+        let (lease, allocated) = {
+            let mut keeper = lock(&self.keeper);
+            self.store
+                .obtain(
+                    &self.node_uid,
+                    keeper.xfrm(),
+                    &self.allocation,
+                    &mut OsRandom,
+                )
+                .map_err(protection_err)?
+        };
+        let summary = LeaseSummary {
+            lease_id: lease.lease_id.clone(),
+            mark: lease.mark,
+            reqid: lease.reqid,
+            allocated,
+        };
+        *lock(&self.lease) = Some(lease);
+        Ok(summary)
+    }
+
+    async fn evaluate_guards(&self) -> actors::Result<GuardReadback> {
+        let mut lease_slot = lock(&self.lease);
+        let Some(lease) = lease_slot.as_mut() else {
+            return Err(actors::Error::Protection {
+                reason: Reason::GuardMissing,
+                detail: "no lease obtained yet".into(),
+            });
+        };
+        let eval = lock(&self.keeper).evaluate(lease).map_err(protection_err)?;
+        if eval.lease_changed {
+            self.store.save(lease).map_err(protection_err)?;
+        }
+        Ok(GuardReadback {
+            armed: eval.armed,
+            changes: eval.events.iter().map(change_of).collect(),
+        })
+    }
+
+    async fn publish_lease(&self) -> actors::Result<()> {
+        let lease = self.current()?;
+        lease::publish(&self.ovs, &lease)
+            .await
+            .map(|_| ())
+            .map_err(protection_err)
+    }
+}
+
+/// [`IkePort`] over [`IkeDaemon`].
+#[derive(Debug, Clone)]
+pub struct IkeAdapter {
+    /// How the daemon runs.
+    pub config: IkeConfig,
+    /// Where (namespaces) it runs.
+    pub launcher: Launcher,
+    /// Pidfiles a killed daemon leaves behind (as the agent sees them);
+    /// removed before each start, since starter refuses to start over them.
+    pub stale_pidfiles: Vec<PathBuf>,
+}
+
+#[derive(Debug)]
+struct RunningIke(IkeDaemon);
+
+#[async_trait]
+impl RunningProcess for RunningIke {
+    fn pid(&self) -> u32 {
+        self.0.pid()
+    }
+    fn try_exited(&mut self) -> Option<String> {
+        self.0.process().try_exited().map(|s| s.to_string())
+    }
+    async fn probe(&mut self) -> actors::Result<()> {
+        self.0
+            .probe()
+            .await
+            .map(|_| ())
+            .map_err(|e| process_err("ike", e))
+    }
+    async fn stop(&mut self) -> actors::Result<()> {
+        self.0
+            .stop()
+            .await
+            .map(|_| ())
+            .map_err(|e| process_err("ike", e))
+    }
+}
+
+#[async_trait]
+impl IkePort for IkeAdapter {
+    async fn start(&self) -> actors::Result<Box<dyn RunningProcess>> {
+        for p in &self.stale_pidfiles {
+            match std::fs::remove_file(p) {
+                Ok(()) => tracing::info!(path = %p.display(), "removed a stale IKE pidfile"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(path = %p.display(), error = %e, "stale IKE pidfile"),
+            }
+        }
+        let d = IkeDaemon::start(self.config.clone(), self.launcher.clone())
+            .map_err(|e| process_err("ike", e))?;
+        Ok(Box::new(RunningIke(d)))
+    }
+}
+
+/// [`MonitorPort`] over [`Monitor`], with the IKE daemon's certificate
+/// listing for the acknowledgement.
+#[derive(Debug, Clone)]
+pub struct MonitorAdapter {
+    /// How the monitor runs.
+    pub config: MonitorConfig,
+    /// The IKE daemon's configuration (`ipsec` program, CA directory).
+    pub ike: IkeConfig,
+    /// Where (namespaces) they run.
+    pub launcher: Launcher,
+    /// Whether the monitor script carries the project's patch.
+    pub patch: MonitorPatch,
+}
+
+#[derive(Debug)]
+struct RunningMon {
+    monitor: Monitor,
+    pid: u32,
+    adapter: MonitorAdapter,
+    /// The trust bundle last copied for the CA workaround.
+    workaround_applied: Option<Sha256Digest>,
+}
+
+impl RunningMon {
+    async fn ipsec(&self, cmd: &str) -> actors::Result<String> {
+        let (status, out) = self
+            .adapter
+            .launcher
+            .output(
+                self.adapter.ike.ipsec.clone(),
+                [OsString::from(cmd)],
+                crate::ike::COMMAND_TIMEOUT,
+            )
+            .await
+            .map_err(|e| process_err("ike", e))?;
+        if !status.success() {
+            return Err(actors::Error::Process {
+                process: "ike",
+                reason: format!("`ipsec {cmd}` exited with {status}"),
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl RunningProcess for RunningMon {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+    fn try_exited(&mut self) -> Option<String> {
+        self.monitor.process().try_exited().map(|s| s.to_string())
+    }
+    async fn probe(&mut self) -> actors::Result<()> {
+        self.monitor
+            .probe()
+            .await
+            .map(|_| ())
+            .map_err(|e| process_err("monitor", e))
+    }
+    async fn stop(&mut self) -> actors::Result<()> {
+        self.monitor
+            .stop()
+            .await
+            .map(|_| ())
+            .map_err(|e| process_err("monitor", e))
+    }
+}
+
+#[async_trait]
+impl RunningMonitor for RunningMon {
+    async fn acknowledge(&mut self, keys: &OvsdbIdentityKeys) -> actors::Result<Acknowledgement> {
+        let (Some(cert), Some(ca)) = (&keys.certificate, &keys.ca_cert) else {
+            return Ok(Acknowledgement {
+                configuration_applied: false,
+                trust_digest: None,
+                mismatches: vec!["OVSDB names no certificate or CA".into()],
+            });
+        };
+        let active = ActiveIdentity::load(Path::new(cert), Path::new(ca))
+            .map_err(|e| process_err("monitor", e))?;
+        if self.adapter.patch.needs_ca_workaround()
+            && self.workaround_applied != Some(active.trust_digest)
+        {
+            // Unpatched monitor only: its `ca` section is never loaded.
+            let pem = std::fs::read(ca).map_err(|e| actors::Error::Process {
+                process: "monitor",
+                reason: format!("reading {ca}: {e}"),
+            })?;
+            let dst = self
+                .adapter
+                .ike
+                .cacerts_dir
+                .join("kube-ovn-ipsec-trust.pem");
+            crate::fsutil::write_atomic(&dst, &pem, 0o644).map_err(|e| process_err("ike", e))?;
+            self.ipsec("rereadcacerts").await?;
+            tracing::info!(dst = %dst.display(), "CA workaround applied (unpatched ovs-monitor-ipsec)");
+            self.workaround_applied = Some(active.trust_digest);
+        }
+        let tunnels = self
+            .monitor
+            .tunnels()
+            .await
+            .map_err(|e| process_err("monitor", e))?;
+        let certs = parse_listcerts(&self.ipsec("listcerts").await?);
+        let cacerts = parse_listcerts(&self.ipsec("listcacerts").await?);
+        let ack = monitor::acknowledge(&active, &tunnels, &certs, &cacerts, &monitor::digest_file);
+        Ok(Acknowledgement {
+            configuration_applied: ack.configuration_applied,
+            trust_digest: ack.acknowledged_trust_digest,
+            mismatches: ack.mismatches,
+        })
+    }
+}
+
+#[async_trait]
+impl MonitorPort for MonitorAdapter {
+    async fn start(&self) -> actors::Result<Box<dyn RunningMonitor>> {
+        let mut m = Monitor::start(self.config.clone(), self.launcher.clone())
+            .map_err(|e| process_err("monitor", e))?;
+        let pid = m.process().pid();
+        Ok(Box::new(RunningMon {
+            monitor: m,
+            pid,
+            adapter: self.clone(),
+            workaround_applied: None,
+        }))
+    }
+}
