@@ -167,12 +167,27 @@ pub struct ActiveIdentity {
 
 fn serial_of(der: &[u8]) -> Result<String, String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| e.to_string())?;
-    Ok(cert
-        .raw_serial()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":"))
+    Ok(normalize_serial(
+        &cert
+            .raw_serial()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":"),
+    ))
+}
+
+/// One spelling for a serial from either side: lowercase colon hex without
+/// the DER sign-padding `00` that a serial with its top bit set carries
+/// (x509-parser keeps it, strongSwan prints the integer without it). Without
+/// this, half of all random serials never compared equal.
+pub fn normalize_serial(s: &str) -> String {
+    let lower = s.trim().to_ascii_lowercase();
+    let mut parts: Vec<&str> = lower.split(':').collect();
+    while parts.len() > 1 && parts[0] == "00" {
+        parts.remove(0);
+    }
+    parts.join(":")
 }
 
 impl ActiveIdentity {
@@ -262,12 +277,15 @@ pub fn acknowledge(
     if !ipsec.is_empty()
         && !loaded_certs
             .iter()
-            .any(|c| c.serial == active.certificate_serial && c.has_private_key)
+            .any(|c| normalize_serial(&c.serial) == active.certificate_serial && c.has_private_key)
     {
         mismatches.push("IKE daemon has not loaded the active certificate with its key".into());
     }
     for s in &active.ca_serials {
-        if !loaded_cacerts.iter().any(|c| &c.serial == s) {
+        if !loaded_cacerts
+            .iter()
+            .any(|c| normalize_serial(&c.serial) == *s)
+        {
             mismatches.push(format!("IKE daemon has not loaded CA serial {s}"));
         }
     }

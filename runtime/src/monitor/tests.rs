@@ -121,3 +121,13 @@ fn acknowledgement_needs_paths_digests_and_daemon_view() {
     );
     assert_eq!(ack.mismatches.len(), 2, "{ack:?}");
 }
+
+#[test]
+fn serials_compare_without_der_sign_padding() {
+    // x509-parser's raw serial of 0xbf83cbee is 00:bf:83:cb:ee; strongSwan
+    // prints bf:83:cb:ee. Both must meet in one spelling.
+    assert_eq!(normalize_serial("00:bf:83:cb:ee"), "bf:83:cb:ee");
+    assert_eq!(normalize_serial("BF:83:CB:EE"), "bf:83:cb:ee");
+    assert_eq!(normalize_serial("00"), "00");
+    assert_eq!(normalize_serial("0a:1b"), "0a:1b");
+}
