@@ -26,6 +26,6 @@ echo "== cargo test (real daemons; a missing program fails by name)"
 # run by `cargo test` without `--bench`, criterion runs each benchmark once as a
 # smoke test, so a bench that no longer works fails here (figures come from
 # scripts/bench.sh, in release).
-RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}" cargo test --workspace --all-targets --locked
+RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}" cargo test --workspace --all-targets --locked --no-fail-fast
 
 echo "== all tests passed"
