@@ -81,6 +81,15 @@ pub struct Config {
     /// How often the CA Secret and trust bundle are re-read (rotation pick-up).
     #[arg(long, env = "OVN_IPSEC_CA_RELOAD", default_value = "30s", value_parser = parse_duration)]
     pub ca_reload: Duration,
+    /// Validate against watch-fed caches of the CNI Pods, Nodes, DaemonSet
+    /// and ControllerRevisions (denials are still decided on direct reads);
+    /// `false` reads everything with direct GETs per CSR.
+    #[arg(long, env = "OVN_IPSEC_LIVE_CACHE", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub live_cache: bool,
+    /// CSRs reconciled at once (0: unbounded).
+    #[arg(long, env = "OVN_IPSEC_CONCURRENCY", default_value_t = 16)]
+    pub concurrency: u16,
     /// This replica's name in events.
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,

@@ -82,6 +82,20 @@ pub async fn run(
         let (ca, trust) = ca::ensure_ca(&client, &settings, clock.as_ref()).await?;
         (SignerMode::BuiltIn(RwLock::new(Arc::new(ca))), trust)
     };
+    let (cache, feed) = if config.live_cache {
+        let (cache, feed) = live::LiveCache::start(&client, &policy.cni_namespace);
+        (Some(cache), Some(tokio::spawn(feed)))
+    } else {
+        (None, None)
+    };
+    if let Some(cache) = &cache
+        && tokio::time::timeout(LIVE_CACHE_SYNC, cache.ready())
+            .await
+            .is_err()
+    {
+        // Not fatal: until the stores are synced every CSR is read directly.
+        tracing::warn!("live-state cache not synced yet; reading directly meanwhile");
+    }
     tracing::info!(
         trust_digest = %trust.digest(),
         cert_manager = config.cert_manager,
@@ -96,6 +110,8 @@ pub async fn run(
         trust: RwLock::new(trust),
         metrics,
         clock: clock.clone(),
+        cache: cache.clone(),
+        concurrency: config.concurrency,
     });
     let reload = tokio::spawn(reload_loop(
         shared.clone(),
@@ -106,8 +122,14 @@ pub async fn run(
     ));
     reconcile::run_controller(shared, shutdown).await;
     reload.abort();
+    if let Some(feed) = feed {
+        feed.abort();
+    }
     Ok(())
 }
+
+/// How long start-up waits for the live-state cache's initial lists.
+const LIVE_CACHE_SYNC: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Re-reads the CA Secret and the trust bundle so a rotation done with
 /// `kube-ovn-ipsec-controller ca rotate` is picked up without a restart.

@@ -1,14 +1,24 @@
 //! Kube glue for validation: API objects to the pure views of
 //! [`crate::validate`], and the live reads behind a [`LiveContext`].
 //!
-//! Every read is a direct GET/LIST against the API server at reconcile time
-//! (no informer cache): "live Pod" and "current template" mean what the API
-//! server says now, not what a watch delivered a moment ago.
+//! Two sources, one meaning ("what the API server says now"):
+//! - [`fetch_live`]: direct GETs/LIST at reconcile time;
+//! - [`LiveCache`]: watch-fed reflector stores of the CNI Pods, the Nodes,
+//!   the DaemonSet and its ControllerRevisions. A store lags the API server
+//!   by the watch delivery delay, so the reconciler uses it to *approve* and
+//!   re-reads with [`fetch_live`] before it *denies* (a lagging cache can
+//!   cost an extra GET, never a wrongful denial). docs/controller.md
+//!   ("Live state") has the staleness reasoning.
 
+use std::future::Future;
+
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use crate::error::Result;
@@ -69,10 +79,13 @@ pub fn node_view(node: &Node) -> NodeView {
 
 /// The current template hash of a DaemonSet: the `controller-revision-hash`
 /// of the newest ControllerRevision it controls.
-pub fn current_template_hash(ds: &DaemonSet, revisions: &[ControllerRevision]) -> Option<String> {
+pub fn current_template_hash<'a>(
+    ds: &DaemonSet,
+    revisions: impl IntoIterator<Item = &'a ControllerRevision>,
+) -> Option<String> {
     let uid = ds.metadata.uid.as_deref()?;
     revisions
-        .iter()
+        .into_iter()
         .filter(|r| {
             r.metadata
                 .owner_references
@@ -83,9 +96,24 @@ pub fn current_template_hash(ds: &DaemonSet, revisions: &[ControllerRevision]) -
         .and_then(|r| r.labels().get(names::TEMPLATE_HASH_LABEL).cloned())
 }
 
-/// Reads the live objects a CSR's validation needs. Reads nothing for a
-/// requester that is not the CNI ServiceAccount or for a CSR without a token
-/// binding: validation denies those before it looks at live state.
+/// The token-bound Pod and Node names, when the requester is the CNI
+/// ServiceAccount and the binding is complete. `None` means validation denies
+/// before it looks at live state, so nothing needs to be read.
+fn binding(csr: &CsrView, policy: &Policy) -> Option<(String, String)> {
+    if csr.username != policy.requester() {
+        return None;
+    }
+    let one = |key: &str| match csr.extra.get(key).map(Vec::as_slice) {
+        Some([v]) if !v.is_empty() => Some(v.clone()),
+        _ => None,
+    };
+    Some((one(names::EXTRA_POD_NAME)?, one(names::EXTRA_NODE_NAME)?))
+}
+
+/// Reads the live objects a CSR's validation needs with direct GETs/LIST.
+/// Reads nothing for a requester that is not the CNI ServiceAccount or for a
+/// CSR without a token binding: validation denies those before it looks at
+/// live state.
 pub async fn fetch_live(
     client: &Client,
     csr: &CsrView,
@@ -93,16 +121,7 @@ pub async fn fetch_live(
     daemon_set: &str,
 ) -> Result<LiveContext> {
     let mut ctx = LiveContext::default();
-    if csr.username != policy.requester() {
-        return Ok(ctx);
-    }
-    let one = |key: &str| match csr.extra.get(key).map(Vec::as_slice) {
-        Some([v]) if !v.is_empty() => Some(v.clone()),
-        _ => None,
-    };
-    let (Some(pod_name), Some(node_name)) =
-        (one(names::EXTRA_POD_NAME), one(names::EXTRA_NODE_NAME))
-    else {
+    let Some((pod_name, node_name)) = binding(csr, policy) else {
         return Ok(ctx);
     };
     let pods: Api<Pod> = Api::namespaced(client.clone(), &policy.cni_namespace);
@@ -134,4 +153,132 @@ pub async fn fetch_live(
         });
     }
     Ok(ctx)
+}
+
+/// Watch-fed stores of everything [`fetch_live`] reads: the Pods, DaemonSets
+/// and ControllerRevisions of the CNI namespace, and the Nodes. Cheap to
+/// clone (the stores are shared).
+#[derive(Clone)]
+pub struct LiveCache {
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    daemon_sets: Store<DaemonSet>,
+    revisions: Store<ControllerRevision>,
+    namespace: String,
+}
+
+impl LiveCache {
+    /// Creates the stores and the future that keeps them fed (four watches,
+    /// each relisting with backoff after an error). Drive the future for as
+    /// long as the cache is used; the stores are empty and not ready until
+    /// each watch has delivered its initial list.
+    pub fn start(
+        client: &Client,
+        namespace: &str,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let (pods, pods_w) = reflector::store();
+        let (nodes, nodes_w) = reflector::store();
+        let (daemon_sets, daemon_sets_w) = reflector::store();
+        let (revisions, revisions_w) = reflector::store();
+        let cfg = watcher::Config::default;
+        let feed = futures::future::join4(
+            drive(reflector::reflector(
+                pods_w,
+                watcher(Api::<Pod>::namespaced(client.clone(), namespace), cfg()),
+            )),
+            drive(reflector::reflector(
+                nodes_w,
+                watcher(Api::<Node>::all(client.clone()), cfg()),
+            )),
+            drive(reflector::reflector(
+                daemon_sets_w,
+                watcher(
+                    Api::<DaemonSet>::namespaced(client.clone(), namespace),
+                    cfg(),
+                ),
+            )),
+            drive(reflector::reflector(
+                revisions_w,
+                watcher(
+                    Api::<ControllerRevision>::namespaced(client.clone(), namespace),
+                    cfg(),
+                ),
+            )),
+        )
+        .map(drop);
+        let cache = Self {
+            pods,
+            nodes,
+            daemon_sets,
+            revisions,
+            namespace: namespace.to_owned(),
+        };
+        (cache, feed)
+    }
+
+    /// Waits until every store holds its initial list.
+    pub async fn ready(&self) {
+        let _ = futures::future::join4(
+            self.pods.wait_until_ready(),
+            self.nodes.wait_until_ready(),
+            self.daemon_sets.wait_until_ready(),
+            self.revisions.wait_until_ready(),
+        )
+        .await;
+    }
+
+    fn is_ready(&self) -> bool {
+        self.ready().now_or_never().is_some()
+    }
+
+    /// The live context from the stores, as [`fetch_live`] would build it
+    /// from direct reads; `None` while a store has not received its initial
+    /// list (the caller then reads directly).
+    pub fn lookup(&self, csr: &CsrView, policy: &Policy, daemon_set: &str) -> Option<LiveContext> {
+        if !self.is_ready() {
+            return None;
+        }
+        let mut ctx = LiveContext::default();
+        let Some((pod_name, node_name)) = binding(csr, policy) else {
+            return Some(ctx);
+        };
+        ctx.pod = self
+            .pods
+            .get(&ObjectRef::new(&pod_name).within(&self.namespace))
+            .map(|p| pod_view(&p));
+        ctx.node = self
+            .nodes
+            .get(&ObjectRef::new(&node_name))
+            .map(|n| node_view(&n));
+        ctx.daemon_set = self
+            .daemon_sets
+            .get(&ObjectRef::new(daemon_set).within(&self.namespace))
+            .map(|ds| {
+                // current_template_hash keeps only the revisions the
+                // DaemonSet controls (owner UID), like the labelled LIST.
+                let revisions = self.revisions.state();
+                DaemonSetView {
+                    uid: ds.metadata.uid.clone().unwrap_or_default(),
+                    current_template_hash: current_template_hash(
+                        &ds,
+                        revisions.iter().map(|r| &**r),
+                    ),
+                }
+            });
+        Some(ctx)
+    }
+}
+
+async fn drive<K, S>(stream: S)
+where
+    S: futures::Stream<Item = std::result::Result<watcher::Event<K>, watcher::Error>> + Send,
+{
+    stream
+        .default_backoff()
+        .for_each(|ev| async move {
+            if let Err(e) = ev {
+                tracing::warn!(error = %e, "live-state watch failed; relisting");
+            }
+        })
+        .await;
 }

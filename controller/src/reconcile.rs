@@ -22,7 +22,7 @@ use kube::{Api, Client, ResourceExt};
 use crate::certmanager::{CertManagerForwarder, Forwarded, KubeCertificateRequests};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::live::{csr_view, fetch_live};
+use crate::live::{LiveCache, csr_view, fetch_live};
 use crate::metrics::Metrics;
 use crate::names;
 use crate::signer::CertificateAuthority;
@@ -55,6 +55,10 @@ pub struct Shared {
     pub clock: Arc<dyn Clock>,
     /// `source.component` of the events this controller writes.
     pub component: String,
+    /// Watch-fed live state; `None` reads everything directly per CSR.
+    pub cache: Option<LiveCache>,
+    /// Reconciles running at once (0: unbounded).
+    pub concurrency: u16,
 }
 
 impl Shared {
@@ -71,6 +75,7 @@ pub async fn run_controller(
     let csrs: Api<CertificateSigningRequest> = Api::all(shared.client.clone());
     let selector = format!("spec.signerName={}", names::SIGNER_NAME);
     Controller::new(csrs, watcher::Config::default().fields(&selector))
+        .with_config(kube::runtime::Config::default().concurrency(shared.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, shared)
         .for_each(|res| async move {
@@ -112,9 +117,24 @@ pub async fn reconcile(csr: Arc<CertificateSigningRequest>, shared: Arc<Shared>)
     let started = tokio::time::Instant::now();
     let name = csr.name_any();
     let view = csr_view(&csr);
-    let live = fetch_live(&shared.client, &view, &shared.policy, &shared.daemon_set).await?;
+    let from_cache = shared
+        .cache
+        .as_ref()
+        .and_then(|c| c.lookup(&view, &shared.policy, &shared.daemon_set))
+        .map(|live| validate(&view, &live, &shared.policy));
+    let result = match from_cache {
+        Some(Ok(validated)) => Ok(validated),
+        // No cache (or not synced yet), or the cache says no: a watch may
+        // lag the API server (a new Pod not delivered yet), so a denial is
+        // only ever decided on direct reads.
+        _ => {
+            let live =
+                fetch_live(&shared.client, &view, &shared.policy, &shared.daemon_set).await?;
+            validate(&view, &live, &shared.policy)
+        }
+    };
     let approved = has_condition(&csr, "Approved");
-    let validated = match validate(&view, &live, &shared.policy) {
+    let validated = match result {
         Ok(v) => v,
         Err(denial) => {
             let (reason, message) = (denial.reason(), denial.to_string());
