@@ -359,3 +359,51 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     let _ = server.await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    #[tokio::test]
+    async fn libreswan_is_accepted_by_the_flag_and_refused_clearly() {
+        let cli = Cli::try_parse_from([
+            "run",
+            "--node-name",
+            "n",
+            "--pod-name",
+            "p",
+            "--pod-namespace",
+            "kube-system",
+            "--pod-uid",
+            "0b0e6a3c-1111-4222-8333-444455556666",
+            "--ike-daemon",
+            "libreswan",
+        ])
+        .unwrap();
+        let (_tx, rx) = watch::channel(false);
+        let err = run(cli.run, rx).await.unwrap_err();
+        assert!(matches!(err, AgentError::Unsupported(_)), "{err}");
+        assert!(err.to_string().contains("libreswan"), "{err}");
+        assert_eq!(err.exit_code(), 1);
+    }
+
+    #[test]
+    fn ctl_is_discovered_from_the_pidfile() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("ovn-controller.pid");
+        std::fs::write(&pidfile, "4242\n").unwrap();
+        assert_eq!(
+            discover_ctl(&pidfile),
+            dir.path().join("ovn-controller.4242.ctl").into_os_string()
+        );
+        let missing = dir.path().join("nope.pid");
+        assert_eq!(discover_ctl(&missing), missing.into_os_string());
+    }
+}
