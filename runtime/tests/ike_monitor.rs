@@ -277,7 +277,7 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
         // states (never the host's) so the next marked packet acquires.
         // If that is not enough (the unpatched monitor's refresh tore the
         // trap down in between), initiate explicitly, without blocking.
-        if attempt % 5 == 0 {
+        if attempt.is_multiple_of(5) {
             let _ = a.node.flush_xfrm_states();
             for conn in a.node.routed_conns().unwrap_or_default() {
                 if conn.contains("-out-") {
