@@ -272,3 +272,45 @@ async fn approval_by_someone_else_does_not_bypass_validation() {
     );
     c.stop().await;
 }
+
+/// `--live-cache=false`: every check reads the API server directly (the
+/// path the cached mode also takes before any denial).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_reads_without_the_live_cache_sign_and_deny() {
+    let mut c = Cluster::start(2).await;
+    let mut config = c.config();
+    config.live_cache = false;
+    c.start_controller(config).await;
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.admin.clone(), NS);
+    let n1 = &c.nodes[1];
+    pods.patch(
+        &n1.pod_name,
+        &PatchParams::default(),
+        &Patch::Merge(
+            serde_json::json!({"metadata": {"labels": {"controller-revision-hash": "oldhash"}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let n0 = &c.nodes[0];
+    submit(
+        &n0.client,
+        &csr_object("ovn-ipsec-ok", n0, &request_pem(&key, &n0.chassis), 86400),
+    )
+    .await;
+    submit(
+        &n1.client,
+        &csr_object("ovn-ipsec-old", n1, &request_pem(&key, &n1.chassis), 86400),
+    )
+    .await;
+    assert!(matches!(
+        wait_outcome(&c.admin, "ovn-ipsec-ok").await,
+        Outcome::Issued(_)
+    ));
+    assert_eq!(
+        wait_outcome(&c.admin, "ovn-ipsec-old").await,
+        Outcome::Denied("PodTemplateOutdated".into())
+    );
+    c.stop().await;
+}
