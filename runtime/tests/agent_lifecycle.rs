@@ -139,3 +139,72 @@ async fn cold_start_activates_then_renews_keeping_other_keys() {
         "non-JSON log line:\n{logs}"
     );
 }
+
+/// SPEC §2 / issue 4 bad input: a corrupt state file is moved aside with a
+/// timestamp (never deleted), a Kubernetes Event names it on the Node, and a
+/// fresh identity is requested and activated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_state_file_is_moved_aside_with_an_event() {
+    use k8s_openapi::api::core::v1::Event;
+    use kube::api::{Api, ListParams};
+    use std::os::unix::fs::DirBuilderExt;
+
+    let cluster = Cluster::start(Duration::from_secs(3600)).await;
+    let key_dir = cluster.dir.path().join("keys");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&key_dir)
+        .unwrap();
+    let garbage = b"{\"version\": 1, \"active\": {not json at all";
+    std::fs::write(key_dir.join("state.json"), garbage).unwrap();
+
+    let port = Cluster::free_port();
+    let mut agent = cluster.spawn_agent(&key_dir, port, 600, &["--key-algorithm", "ecdsa-p256"]);
+    wait_generation(&cluster, port, 1, Duration::from_secs(60)).await;
+
+    let moved: Vec<_> = std::fs::read_dir(&key_dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.starts_with("state.json.corrupt-"))
+        .collect();
+    assert_eq!(
+        moved.len(),
+        1,
+        "expected one moved-aside state file, found {moved:?}"
+    );
+    assert_eq!(
+        std::fs::read(key_dir.join(&moved[0])).unwrap(),
+        garbage,
+        "the moved file must keep its bytes"
+    );
+
+    let admin = cluster
+        .api
+        .client(lab::apiserver::ADMIN_TOKEN)
+        .await
+        .unwrap();
+    let events: Api<Event> = Api::namespaced(admin, "default");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let event = loop {
+        let list = events.list(&ListParams::default()).await.unwrap();
+        if let Some(e) = list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("IPsecStateMovedAside")
+                && e.involved_object.name.as_deref() == Some(support::cluster::NODE)
+        }) {
+            break e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no IPsecStateMovedAside Event on the Node"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(
+        event.message.unwrap_or_default().contains(&moved[0]),
+        "the Event names where the file went"
+    );
+
+    let _ = agent.kill();
+    let _ = agent.wait();
+}

@@ -13,10 +13,13 @@
 //! - [`ports`]: the runtime actors' ports — lease and XFRM guards, the IKE
 //!   daemon, the monitor and its acknowledgement.
 //! - [`trust`]: follows ConfigMap `ovn-ipsec-trust` into a watch channel.
+//! - [`events`]: Kubernetes Events on the Node for what operators must
+//!   hear about (a state file moved aside).
 //! - [`http`]: the status server.
 //! - [`run`]: start-up order and shutdown.
 
 pub mod config;
+pub mod events;
 pub mod http;
 pub mod kube_csr;
 pub mod ovsdb_identity;

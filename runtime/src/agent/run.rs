@@ -39,6 +39,7 @@ use actors::protection::ProtectionConfig;
 use actors::tree::RuntimePorts;
 
 use super::config::{IkeDaemonKind, RunArgs};
+use super::events::{EventForwarder, ForwarderArgs, NodeEvents};
 use super::http;
 use super::kube_csr::KubeCsrApi;
 use super::ovsdb_identity::OvsdbIdentityAdapter;
@@ -332,6 +333,25 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     identity.key_type = args.key_algorithm.into();
     identity.expiration_seconds = args.certificate_lifetime;
     identity.request_timeout = args.request_timeout();
+    // The Event forwarder subscribes before the tree starts: the identity
+    // actor reports a moved-aside state file while it opens the key
+    // directory, i.e. during its own start-up.
+    let bus = Bus::default();
+    let (forwarder, forwarder_join) = ractor::Actor::spawn(
+        None,
+        EventForwarder,
+        ForwarderArgs {
+            bus: bus.clone(),
+            events: NodeEvents::new(client.clone(), &args.node_name, identity.node_uid.as_str()),
+        },
+    )
+    .await
+    .map_err(|e| {
+        AgentError::Tree(actors::Error::Spawn {
+            actor: "event-forwarder".into(),
+            reason: e.to_string(),
+        })
+    })?;
     let mut tree_args = AgentTreeArgs {
         identity,
         csr_api: Arc::new(KubeCsrApi::new(client)),
@@ -339,7 +359,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         clock,
         metrics,
         board: board.clone(),
-        bus: Bus::default(),
+        bus,
         trust: trust_rx,
         supervisor: SupervisorConfig::default(),
         extra_children: Vec::new(),
@@ -355,6 +375,8 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     tracing::info!("shutting down: stopping the actor tree (guards and identity state stay)");
     supervisor.stop(Some("SIGTERM".into()));
     let _ = join.await;
+    forwarder.stop(None);
+    let _ = forwarder_join.await;
     follower.abort();
     let _ = server.await;
     Ok(())
