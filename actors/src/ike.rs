@@ -60,6 +60,25 @@ pub struct IkeActor;
 
 const NAME: &str = "ike";
 
+/// The shared `post_stop` of the process actors: the exit poll ends, the
+/// component counts as unhealthy, and the process group gets SIGTERM, then
+/// SIGKILL. Guards are not touched (SPEC §4).
+pub(crate) async fn stop_on_shutdown(
+    name: &'static str,
+    component: RuntimeComponent,
+    exit_poll: &mut Option<JoinHandle<()>>,
+    process: &mut dyn RunningProcess,
+    board: &StatusBoard,
+) {
+    if let Some(h) = exit_poll.take() {
+        h.abort();
+    }
+    board.set_runtime_health(component, false);
+    if let Err(e) = process.stop().await {
+        tracing::warn!(process = name, error = %e, "stopping the process on shutdown");
+    }
+}
+
 /// Stops the process and turns `reason` into the actor's failure.
 pub(crate) async fn fail_process(
     name: &'static str,
@@ -118,16 +137,14 @@ impl Actor for IkeActor {
         _: ActorRef<IkeMsg>,
         state: &mut IkeState,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some(h) = state.exit_poll.take() {
-            h.abort();
-        }
-        state
-            .args
-            .board
-            .set_runtime_health(RuntimeComponent::IkeDaemon, false);
-        if let Err(e) = state.process.stop().await {
-            tracing::warn!(error = %e, "stopping the IKE daemon");
-        }
+        stop_on_shutdown(
+            NAME,
+            RuntimeComponent::IkeDaemon,
+            &mut state.exit_poll,
+            state.process.as_mut(),
+            &state.args.board,
+        )
+        .await;
         Ok(())
     }
 

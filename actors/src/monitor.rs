@@ -20,7 +20,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::bus::{ActivationEvent, Bus};
 use crate::error::Error;
-use crate::ike::fail_process;
+use crate::ike::{fail_process, stop_on_shutdown};
 use crate::metrics::Metrics;
 use crate::ports::{MonitorPort, OvsdbIdentity, RunningMonitor};
 use crate::process_watch::{ProbeVerdict, ProcessConfig, Watch};
@@ -185,16 +185,14 @@ impl Actor for MonitorActor {
         _: ActorRef<MonitorMsg>,
         state: &mut MonitorState,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some(h) = state.exit_poll.take() {
-            h.abort();
-        }
-        state
-            .args
-            .board
-            .set_runtime_health(RuntimeComponent::Monitor, false);
-        if let Err(e) = state.process.stop().await {
-            tracing::warn!(error = %e, "stopping ovs-monitor-ipsec");
-        }
+        stop_on_shutdown(
+            NAME,
+            RuntimeComponent::Monitor,
+            &mut state.exit_poll,
+            state.process.as_mut(),
+            &state.args.board,
+        )
+        .await;
         Ok(())
     }
 
