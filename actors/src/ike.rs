@@ -60,6 +60,36 @@ pub struct IkeActor;
 
 const NAME: &str = "ike";
 
+/// Records a probe verdict for one process actor: its health on the board
+/// (and a log line when it changes), or `Err(reason)` when the process must
+/// be failed and restarted.
+pub(crate) fn record_probe(
+    name: &'static str,
+    component: RuntimeComponent,
+    verdict: ProbeVerdict,
+    healthy: &mut bool,
+    board: &StatusBoard,
+) -> Result<(), String> {
+    let now_healthy = match verdict {
+        ProbeVerdict::Healthy => true,
+        ProbeVerdict::NotYet(why) => {
+            tracing::debug!(process = name, %why, "probe failed");
+            false
+        }
+        ProbeVerdict::Fail(reason) => return Err(reason),
+    };
+    if now_healthy != *healthy {
+        tracing::info!(
+            process = name,
+            healthy = now_healthy,
+            "runtime process health"
+        );
+    }
+    *healthy = now_healthy;
+    board.set_runtime_health(component, now_healthy);
+    Ok(())
+}
+
 /// The shared `post_stop` of the process actors: the exit poll ends, the
 /// component counts as unhealthy, and the process group gets SIGTERM, then
 /// SIGKILL. Guards are not touched (SPEC §4).
@@ -165,24 +195,19 @@ impl Actor for IkeActor {
             },
             IkeMsg::Probe => {
                 let verdict = state.watch.probe(state.process.as_mut()).await;
-                match verdict {
-                    ProbeVerdict::Healthy | ProbeVerdict::NotYet(_) => {
-                        let healthy = verdict == ProbeVerdict::Healthy;
-                        if let ProbeVerdict::NotYet(why) = &verdict {
-                            tracing::debug!(%why, "IKE daemon probe failed");
-                        }
-                        if healthy != state.healthy {
-                            tracing::info!(healthy, "IKE daemon health");
-                        }
-                        state.healthy = healthy;
-                        state
-                            .args
-                            .board
-                            .set_runtime_health(RuntimeComponent::IkeDaemon, healthy);
+                let board = &state.args.board;
+                match record_probe(
+                    NAME,
+                    RuntimeComponent::IkeDaemon,
+                    verdict,
+                    &mut state.healthy,
+                    board,
+                ) {
+                    Ok(()) => {
                         myself.send_after(state.watch.next_probe(), || IkeMsg::Probe);
                         return Ok(());
                     }
-                    ProbeVerdict::Fail(reason) => reason,
+                    Err(reason) => reason,
                 }
             }
         };

@@ -20,10 +20,10 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::bus::{ActivationEvent, Bus};
 use crate::error::Error;
-use crate::ike::{fail_process, stop_on_shutdown};
+use crate::ike::{fail_process, record_probe, stop_on_shutdown};
 use crate::metrics::Metrics;
 use crate::ports::{MonitorPort, OvsdbIdentity, RunningMonitor};
-use crate::process_watch::{ProbeVerdict, ProcessConfig, Watch};
+use crate::process_watch::{ProcessConfig, Watch};
 use crate::status::{RuntimeComponent, StatusBoard};
 
 /// Start-up arguments (cloned for every incarnation).
@@ -228,20 +228,16 @@ impl Actor for MonitorActor {
             },
             MonitorMsg::Probe => {
                 let verdict = state.watch.probe(state.process.as_mut()).await;
-                match verdict {
-                    ProbeVerdict::Healthy | ProbeVerdict::NotYet(_) => {
-                        let healthy = verdict == ProbeVerdict::Healthy;
-                        if let ProbeVerdict::NotYet(why) = &verdict {
-                            tracing::debug!(%why, "monitor probe failed");
-                        }
-                        if healthy != state.healthy {
-                            tracing::info!(healthy, "ovs-monitor-ipsec health");
-                        }
-                        state.healthy = healthy;
-                        state
-                            .args
-                            .board
-                            .set_runtime_health(RuntimeComponent::Monitor, healthy);
+                let board = &state.args.board;
+                match record_probe(
+                    NAME,
+                    RuntimeComponent::Monitor,
+                    verdict,
+                    &mut state.healthy,
+                    board,
+                ) {
+                    Ok(()) => {
+                        let healthy = state.healthy;
                         myself.send_after(state.watch.next_probe(), || MonitorMsg::Probe);
                         // Every probe also checks that the active generation
                         // is the acknowledged one (nothing is missed if an
@@ -256,7 +252,7 @@ impl Actor for MonitorActor {
                         }
                         return Ok(());
                     }
-                    ProbeVerdict::Fail(reason) => reason,
+                    Err(reason) => reason,
                 }
             }
         };
