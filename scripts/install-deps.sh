@@ -45,5 +45,17 @@ else
   echo "install-deps: all Debian packages present"
 fi
 
+# kubectl is the independent client the embedded API server's tests run
+# against. The project's machines carry a current one (/usr/bin/kubectl);
+# where it is missing, Debian's kubernetes-client is the only packaged one
+# (1.20: older than what the tests were written against, so a failure there
+# names kubectl's version rather than passing silently).
+if ! command -v kubectl >/dev/null 2>&1; then
+  echo "install-deps: kubectl not found; installing Debian's kubernetes-client"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends kubernetes-client
+fi
+
 # The Debian packages start system-wide daemons when an init exists. The lab and
 # the tests run their own instances in temp dirs; nothing here depends on them.
