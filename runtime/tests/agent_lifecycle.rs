@@ -30,9 +30,11 @@ async fn wait_generation(
 ) -> serde_json::Value {
     let deadline = Instant::now() + timeout;
     loop {
+        // readyz first, then the document: a document fetched before a 200
+        // may predate the acknowledgement that made readyz true.
+        let ready = http_get(port, "/readyz").await.map(|(c, _)| c) == Some(200);
         if let Some(s) = status(port).await {
             let generation = s["generation"].as_u64().unwrap_or(0);
-            let ready = http_get(port, "/readyz").await.map(|(c, _)| c) == Some(200);
             if generation >= min && ready {
                 return s;
             }

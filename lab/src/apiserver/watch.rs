@@ -224,10 +224,12 @@ mod tests {
         }
     }
 
-    /// Next event line; chunks may carry several lines.
+    /// Next event line; chunks may carry several lines. The wait is well
+    /// above the watches' own 1 s timeout: the final bookmark arrives at
+    /// that timeout, and a loaded CI machine must not turn it into a race.
     async fn next(rx: &mut WatchRx, pending: &mut std::collections::VecDeque<Value>) -> Value {
         while pending.is_empty() {
-            let b = tokio::time::timeout(Duration::from_secs(1), rx.recv())
+            let b = tokio::time::timeout(Duration::from_secs(10), rx.recv())
                 .await
                 .unwrap()
                 .unwrap();
@@ -273,7 +275,7 @@ mod tests {
         assert_eq!(bm["type"], "BOOKMARK");
         assert_eq!(bm["object"]["metadata"]["resourceVersion"], "4");
         assert!(
-            tokio::time::timeout(Duration::from_secs(1), rx.recv())
+            tokio::time::timeout(Duration::from_secs(10), rx.recv())
                 .await
                 .unwrap()
                 .is_none()
