@@ -16,6 +16,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt as _;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -585,10 +586,9 @@ fn watch(
             if send_initial == Some("false") {
                 sub.initial.clear();
             }
-            let rx = watch::spawn(spec, sub, shared.shutdown.clone());
-            Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
-            }))
+            Body::from_stream(
+                watch::stream(spec, sub, shared.shutdown.clone()).map(Ok::<_, Infallible>),
+            )
         }
         // Like the watch cache: 200 and an ERROR event, which makes clients relist.
         Err(err) => Body::from(watch::error_event(&err)),

@@ -100,6 +100,11 @@ impl LabelSelector {
         Ok(LabelSelector(reqs))
     }
 
+    /// Selects everything (no requirements).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Whether an object's `metadata.labels` satisfy the selector.
     pub fn matches(&self, obj: &Value) -> bool {
         // `get` chains, not `pointer`: this runs for every event on every watch.
@@ -178,6 +183,11 @@ impl FieldSelector {
     }
 
     /// Whether the object satisfies every term (a missing field reads as `""`).
+    /// Selects everything (no terms).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(path, neg, want)| {
             let mut cur = Some(obj);

@@ -49,6 +49,9 @@ pub struct StoredEvent {
     pub resource: usize,
     /// resourceVersion of the change.
     pub rv: u64,
+    /// The object's namespace (`""` if cluster-scoped), read once here so
+    /// that watches need not look it up in the object for every event.
+    pub namespace: String,
     /// The object after the change (for a deletion: the last state, at `rv`).
     pub object: Arc<Value>,
     /// The object before the change, if any (used to roll back for exact lists
@@ -322,6 +325,7 @@ impl Store {
             event_type,
             resource,
             rv: inner.rv,
+            namespace: namespace.to_string(),
             encoded: encode_event(event_type.as_str(), &object),
             object: object.clone(),
             old: current,

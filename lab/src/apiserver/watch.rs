@@ -1,11 +1,14 @@
 //! Watch streams: replay from the history, then live events from the store's
 //! broadcast, filtered per watch; bookmarks; timeout; shutdown.
 
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
@@ -52,8 +55,19 @@ impl WatchSpec {
     /// The line to send for a store event, if this watch sees it. A change that
     /// moves an object into or out of the selection is ADDED or DELETED, as in the real server.
     fn render(&self, ev: &StoredEvent) -> Option<Bytes> {
-        if ev.resource != self.resource {
+        if ev.resource != self.resource
+            || self
+                .namespace
+                .as_deref()
+                .is_some_and(|ns| ns != ev.namespace)
+        {
             return None;
+        }
+        // Without selectors the namespace decides alone, and an update cannot
+        // move the object in or out: no lookups in the object (this runs for
+        // every event on every watch).
+        if self.labels.is_empty() && self.fields.is_empty() {
+            return Some(ev.encoded.clone());
         }
         let now = self.matches(&ev.object);
         match ev.event_type {
@@ -88,112 +102,184 @@ pub fn error_event(err: &ApiError) -> Bytes {
     encode_event("ERROR", &err.status())
 }
 
-/// Runs a watch: returns the receiving end of its byte stream. The task ends when
-/// the client goes away, the timeout passes, the server shuts down, or the watch
-/// falls behind the broadcast (the client then re-watches from its last version).
-pub fn spawn(
+/// A watch as the body of its response: the initial events and the replay
+/// first, then live events from the store's broadcast. It ends when the
+/// timeout passes (with a last bookmark if asked for), the server shuts down,
+/// the store is compacted (an `ERROR` 410 Expired event first), or the watch
+/// falls behind the broadcast (the client then re-watches from its last
+/// version). A client that goes away drops the stream, which is all the
+/// clean-up there is.
+///
+/// The stream is polled by the connection's own task: no task or channel per
+/// watch between the store and the socket, and whatever events are queued
+/// when the connection asks for more leave as one chunk (one TLS record and
+/// one write instead of dozens).
+pub fn stream(
     spec: WatchSpec,
     sub: Subscription,
     shutdown: CancellationToken,
-) -> mpsc::Receiver<Bytes> {
-    let (tx, rx) = mpsc::channel::<Bytes>(256);
-    tokio::spawn(run(spec, sub, shutdown, tx));
-    rx
-}
-
-async fn run(
-    spec: WatchSpec,
-    sub: Subscription,
-    shutdown: CancellationToken,
-    tx: mpsc::Sender<Bytes>,
-) {
+) -> impl Stream<Item = Bytes> + Send + 'static {
     let Subscription {
         rv,
         initial,
         replay,
-        mut rx,
-        mut expired,
+        rx,
+        expired,
     } = sub;
-    let mut last_rv = rv;
+    let mut head = Chunks::default();
     for obj in &initial {
-        if spec.matches(obj) && tx.send(encode_event("ADDED", obj)).await.is_err() {
-            return;
+        if spec.matches(obj) {
+            head.push(&encode_event("ADDED", obj));
         }
     }
-    if spec.initial_events_end && tx.send(spec.bookmark(last_rv, true)).await.is_err() {
-        return;
+    if spec.initial_events_end {
+        head.push(&spec.bookmark(rv, true));
     }
+    let mut last_rv = rv;
     for ev in &replay {
         last_rv = last_rv.max(ev.rv);
-        if let Some(line) = spec.render(ev)
-            && tx.send(line).await.is_err()
-        {
-            return;
+        if let Some(line) = spec.render(ev) {
+            head.push(&line);
         }
     }
-    let deadline = tokio::time::sleep(spec.timeout);
-    tokio::pin!(deadline);
-    let mut ticker = tokio::time::interval(spec.bookmark_interval);
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tx.closed() => return,
-            _ = expired.changed() => {
-                let _ = tx.send(error_event(&ApiError::expired(last_rv, last_rv + 1))).await;
-                return;
-            }
-            _ = &mut deadline => {
-                if spec.bookmarks {
-                    let _ = tx.send(spec.bookmark(last_rv, false)).await;
+    let mut ticker = tokio::time::interval_at(
+        tokio::time::Instant::now() + spec.bookmark_interval,
+        spec.bookmark_interval,
+    );
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let live = Live {
+        deadline: Box::pin(tokio::time::sleep(spec.timeout)),
+        spec,
+        rx,
+        expired,
+        shutdown,
+        ticker,
+        last_rv,
+        ended: false,
+        last_flush: tokio::time::Instant::now() - FLUSH_WINDOW,
+    };
+    futures::stream::iter(head.done()).chain(futures::stream::unfold(live, |mut live| async {
+        let chunk = live.next().await?;
+        Some((chunk, live))
+    }))
+}
+
+/// Lines gathered into chunks of at most [`MAX_BATCH`] bytes.
+#[derive(Default)]
+struct Chunks {
+    full: Vec<Bytes>,
+    current: BytesMut,
+}
+
+impl Chunks {
+    fn push(&mut self, line: &[u8]) {
+        if !self.current.is_empty() && self.current.len() + line.len() > MAX_BATCH {
+            self.full.push(self.current.split().freeze());
+        }
+        self.current.extend_from_slice(line);
+    }
+
+    fn done(mut self) -> Vec<Bytes> {
+        if !self.current.is_empty() {
+            self.full.push(self.current.freeze());
+        }
+        self.full
+    }
+}
+
+/// The live part of a watch.
+struct Live {
+    spec: WatchSpec,
+    rx: broadcast::Receiver<Arc<StoredEvent>>,
+    expired: tokio::sync::watch::Receiver<u64>,
+    shutdown: CancellationToken,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    ticker: tokio::time::Interval,
+    /// The newest resourceVersion this watch has passed on (or skipped).
+    last_rv: u64,
+    /// The last chunk has been handed out.
+    ended: bool,
+    /// When the last live chunk was taken.
+    last_flush: tokio::time::Instant,
+}
+
+impl Live {
+    /// The next chunk, or `None` when the watch is over.
+    async fn next(&mut self) -> Option<Bytes> {
+        if self.ended {
+            return None;
+        }
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return None,
+                _ = self.expired.changed() => {
+                    self.ended = true;
+                    return Some(error_event(&ApiError::expired(self.last_rv, self.last_rv + 1)));
                 }
-                return;
-            }
-            _ = ticker.tick(), if spec.bookmarks => {
-                if tx.send(spec.bookmark(last_rv, false)).await.is_err() {
-                    return;
+                _ = &mut self.deadline => {
+                    self.ended = true;
+                    return self.spec.bookmarks.then(|| self.spec.bookmark(self.last_rv, false));
                 }
-            }
-            got = rx.recv() => {
-                // Under load, drain what is already queued and send it as one
-                // chunk: one body frame and one TLS record instead of dozens.
-                let mut batch = BytesMut::new();
-                let mut next = Some(got);
-                while let Some(got) = next.take() {
-                    match got {
-                        Ok(ev) => {
-                            if ev.rv > last_rv {
-                                last_rv = ev.rv;
-                                if let Some(line) = spec.render(&ev) {
-                                    batch.extend_from_slice(&line);
+                _ = self.ticker.tick(), if self.spec.bookmarks => {
+                    return Some(self.spec.bookmark(self.last_rv, false));
+                }
+                got = self.rx.recv() => {
+                    // A watch that has just sent waits out the rest of the
+                    // flush window before draining, so a busy watch leaves
+                    // in one write per window instead of one per event
+                    // (each write to a socket costs more than the bytes in
+                    // it); after a quiet spell an event leaves at once.
+                    let window_end = self.last_flush + FLUSH_WINDOW;
+                    if tokio::time::Instant::now() < window_end {
+                        tokio::time::sleep_until(window_end).await;
+                    }
+                    self.last_flush = tokio::time::Instant::now();
+                    // Drain what is queued into one chunk.
+                    let mut batch = BytesMut::new();
+                    let mut next = Some(got);
+                    while let Some(got) = next.take() {
+                        match got {
+                            Ok(ev) => {
+                                if ev.rv > self.last_rv {
+                                    self.last_rv = ev.rv;
+                                    if let Some(line) = self.spec.render(&ev) {
+                                        batch.extend_from_slice(&line);
+                                    }
                                 }
                             }
-                        }
-                        Err(broadcast::error::RecvError::Lagged(_))
-                        | Err(broadcast::error::RecvError::Closed) => {
-                            if !batch.is_empty() {
-                                let _ = tx.send(batch.freeze()).await;
+                            Err(broadcast::error::RecvError::Lagged(_))
+                            | Err(broadcast::error::RecvError::Closed) => {
+                                // Too far behind: end here; the client
+                                // re-watches from its last resourceVersion.
+                                self.ended = true;
+                                return (!batch.is_empty()).then(|| batch.freeze());
                             }
-                            return;
+                        }
+                        if batch.len() < MAX_BATCH {
+                            match self.rx.try_recv() {
+                                Ok(ev) => next = Some(Ok(ev)),
+                                Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                                    next = Some(Err(broadcast::error::RecvError::Lagged(n)))
+                                }
+                                Err(_) => {}
+                            }
                         }
                     }
-                    if batch.len() < MAX_BATCH {
-                        match rx.try_recv() {
-                            Ok(ev) => next = Some(Ok(ev)),
-                            Err(broadcast::error::TryRecvError::Lagged(n)) => {
-                                next = Some(Err(broadcast::error::RecvError::Lagged(n)))
-                            }
-                            Err(_) => {}
-                        }
+                    if !batch.is_empty() {
+                        return Some(batch.freeze());
                     }
-                }
-                if !batch.is_empty() && tx.send(batch.freeze()).await.is_err() {
-                    return;
+                    // Nothing this watch sees: wait on.
                 }
             }
         }
     }
 }
+
+/// Shortest gap between two live chunks of one watch. The cost of a watch is
+/// mostly per write (syscall, TCP segment, TLS record), so under load this
+/// bounds the writes per watch to 1 / window; the delay it can add to an
+/// event is at most the window, and nothing when the watch was quiet.
+const FLUSH_WINDOW: Duration = Duration::from_millis(5);
 
 /// Upper bound of one batched chunk of watch events.
 const MAX_BATCH: usize = 64 * 1024;
@@ -202,9 +288,12 @@ const MAX_BATCH: usize = 64 * 1024;
 mod tests {
     use super::*;
     use crate::apiserver::store::{Store, Write};
-    use std::sync::Arc;
 
-    type WatchRx = mpsc::Receiver<Bytes>;
+    type WatchRx = Pin<Box<dyn Stream<Item = Bytes> + Send>>;
+
+    fn spawn(spec: WatchSpec, sub: Subscription, shutdown: CancellationToken) -> WatchRx {
+        Box::pin(stream(spec, sub, shutdown))
+    }
 
     fn cm(name: &str, app: &str) -> Value {
         json!({"kind": "ConfigMap", "apiVersion": "v1",
@@ -229,7 +318,7 @@ mod tests {
     /// that timeout, and a loaded CI machine must not turn it into a race.
     async fn next(rx: &mut WatchRx, pending: &mut std::collections::VecDeque<Value>) -> Value {
         while pending.is_empty() {
-            let b = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            let b = tokio::time::timeout(Duration::from_secs(10), rx.next())
                 .await
                 .unwrap()
                 .unwrap();
@@ -275,7 +364,7 @@ mod tests {
         assert_eq!(bm["type"], "BOOKMARK");
         assert_eq!(bm["object"]["metadata"]["resourceVersion"], "4");
         assert!(
-            tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            tokio::time::timeout(Duration::from_secs(10), rx.next())
                 .await
                 .unwrap()
                 .is_none()
@@ -299,5 +388,38 @@ mod tests {
             bm["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
             "true"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_watch_sends_one_chunk_per_flush_window() {
+        let lines = |b: &Bytes| b.iter().filter(|c| **c == b'\n').count();
+        let store = Arc::new(Store::new(100));
+        let sub = store.subscribe(3, Some("ns"), Some(0)).unwrap();
+        let mut rx = spawn(spec(""), sub, CancellationToken::new());
+        let put = |name: &str| {
+            store
+                .write(3, "ns", name, |_| Ok(Write::Put(cm(name, "x"))))
+                .unwrap();
+        };
+        let t0 = tokio::time::Instant::now();
+        put("a");
+        // After a quiet spell the event leaves at once.
+        assert_eq!(lines(&rx.next().await.unwrap()), 1);
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+        put("b");
+        let reader = tokio::spawn(async move {
+            let chunk = rx.next().await.unwrap();
+            (chunk, tokio::time::Instant::now())
+        });
+        // The reader has taken "b" and waits out the window; what arrives
+        // meanwhile joins the same chunk.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        put("c");
+        put("d");
+        let (chunk, at) = reader.await.unwrap();
+        assert_eq!(lines(&chunk), 3);
+        assert!(at - t0 >= FLUSH_WINDOW, "sent after {:?}", at - t0);
     }
 }
