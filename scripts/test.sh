@@ -34,7 +34,7 @@ RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}" cargo test --workspace --all-targets
 # those lines here so every run says what it did not check.
 echo "== checks not possible on this machine (kernel-dependent)"
 RUST_TEST_THREADS=1 cargo test --locked -p kube-ovn-ipsec-runtime \
-  --test ike_monitor --test monitor_patch -- --nocapture 2>&1 \
+  --test ike_monitor --test monitor_patch --test agent_runtime -- --nocapture 2>&1 \
   | grep -E "SKIPPED|NOT CHECKED" | sort -u || echo "(none: every kernel-dependent check ran)"
 
 echo "== all tests passed"

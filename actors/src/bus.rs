@@ -79,6 +79,19 @@ pub enum RenewalEvent {
     TimerStarted,
 }
 
+/// Published by the protection actor: what an operator must hear about
+/// beyond the logs and a metric. The runtime turns these into Kubernetes
+/// Events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtectionEvent {
+    /// A guard had vanished from the kernel and was added again.
+    GuardReadded(crate::ports::GuardChange),
+    /// A foreign policy occupies a guard's place (published when the
+    /// conflict starts, not on every read-back while it lasts).
+    GuardConflict(crate::ports::GuardChange),
+}
+
 /// The output ports connecting the agent's actors.
 #[derive(Debug, Clone, Default)]
 pub struct Bus {
@@ -88,4 +101,6 @@ pub struct Bus {
     pub activation: Arc<OutputPort<ActivationEvent>>,
     /// Renewal events.
     pub renewal: Arc<OutputPort<RenewalEvent>>,
+    /// Protection events.
+    pub protection: Arc<OutputPort<ProtectionEvent>>,
 }

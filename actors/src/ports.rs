@@ -159,5 +159,5 @@ pub trait OvsdbIdentity: Send + Sync + Debug + 'static {
 mod runtime;
 pub use self::runtime::{
     Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,
-    ProtectionPort, RunningMonitor, RunningProcess, protection_reason,
+    ProtectionPort, RunningMonitor, RunningProcess, SaSummary, protection_reason,
 };

@@ -7,9 +7,15 @@
 //! by then every marked packet already meets a guard. `protectionArmed` is
 //! set only after a read-back in which every guard matched. A re-added
 //! guard or a conflicting policy is logged, counted
-//! ([`Metrics::guard_event`]) and shown as a reason; a conflicting policy is
+//! ([`Metrics::guard_event`]), shown as a reason and published on the bus
+//! (the runtime raises a Kubernetes Event); a conflicting policy is
 //! never overwritten. Nothing here removes a guard: not on stop, not on
 //! failure (the guards outlive the agent; only cleanup withdraws them).
+//!
+//! Every `observe_period` the actor also has the kernel's SAs and policies
+//! attributed to the lease and the observation recorded in the key
+//! directory (SPEC §3). An observation that fails is logged and retried
+//! next period: it is evidence for cleanup, not a condition of protection.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +24,7 @@ use kube_ovn_ipsec_api::status::Reason;
 use ractor::concurrency::JoinHandle;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use crate::bus::{Bus, ProtectionEvent};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::ports::{GuardChange, GuardReadback, LeaseSummary, ProtectionPort};
@@ -28,12 +35,16 @@ use crate::status::StatusBoard;
 pub struct ProtectionConfig {
     /// Between guard read-backs.
     pub readback_period: Duration,
+    /// Between SA observation passes (a full XFRM dump each: slower than
+    /// the read-back by index, so less often).
+    pub observe_period: Duration,
 }
 
 impl Default for ProtectionConfig {
     fn default() -> Self {
         Self {
             readback_period: Duration::from_secs(5),
+            observe_period: Duration::from_secs(30),
         }
     }
 }
@@ -47,6 +58,8 @@ pub struct ProtectionArgs {
     pub board: StatusBoard,
     /// Guard event counter.
     pub metrics: Arc<dyn Metrics>,
+    /// Where re-added guards and conflicts are published.
+    pub bus: Bus,
     /// Tuning.
     pub config: ProtectionConfig,
 }
@@ -58,6 +71,8 @@ pub enum ProtectionMsg {
     Evaluate,
     /// Read the guards back now and answer whether protection is armed.
     Readback(RpcReplyPort<bool>),
+    /// Attribute and record the kernel's SAs now (the periodic tick).
+    Observe,
 }
 
 /// The protection actor's state.
@@ -66,17 +81,36 @@ pub struct ProtectionState {
     args: ProtectionArgs,
     lease: LeaseSummary,
     published: bool,
-    ticker: Option<JoinHandle<()>>,
+    /// The last read-back found a conflict (published once per conflict).
+    in_conflict: bool,
+    tickers: Vec<JoinHandle<()>>,
 }
 
 /// The protection actor.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProtectionActor;
 
-fn report(metrics: &dyn Metrics, changes: &[GuardChange]) -> Option<Reason> {
+/// Logs, counts and publishes what an evaluation changed; returns the
+/// reason to show, if any. `was_in_conflict`: a conflict was already
+/// published and is not published again while it lasts.
+fn report(
+    metrics: &dyn Metrics,
+    bus: &Bus,
+    changes: &[GuardChange],
+    was_in_conflict: bool,
+) -> Option<Reason> {
     let mut problem = None;
     for c in changes {
         metrics.guard_event(c.kind());
+        match c {
+            GuardChange::Readded { .. } => bus
+                .protection
+                .send(ProtectionEvent::GuardReadded(c.clone())),
+            GuardChange::Conflict { .. } if !was_in_conflict => bus
+                .protection
+                .send(ProtectionEvent::GuardConflict(c.clone())),
+            _ => {}
+        }
         match c {
             GuardChange::Armed { family, index } => {
                 tracing::info!(%family, index, "guard armed");
@@ -115,7 +149,13 @@ async fn evaluate(state: &mut ProtectionState) -> Result<bool, ActorProcessingEr
             return Err(Box::new(e));
         }
     };
-    let problem = report(state.args.metrics.as_ref(), &readback.changes);
+    let problem = report(
+        state.args.metrics.as_ref(),
+        &state.args.bus,
+        &readback.changes,
+        state.in_conflict,
+    );
+    state.in_conflict = problem == Some(Reason::GuardConflict);
     state.args.board.set_protection(
         readback.armed,
         problem.or((!readback.armed).then_some(Reason::GuardMissing)),
@@ -126,6 +166,25 @@ async fn evaluate(state: &mut ProtectionState) -> Result<bool, ActorProcessingEr
         tracing::info!(lease_id = %state.lease.lease_id, mark = state.lease.mark, reqid = state.lease.reqid, "lease published in OVSDB external_ids");
     }
     Ok(readback.armed)
+}
+
+/// One SA observation pass; failures are logged, never fatal.
+async fn observe(state: &ProtectionState) {
+    match state.args.port.observe_sas().await {
+        Ok(s) if s.recorded => tracing::info!(
+            tunnels = s.tunnels,
+            sas = s.sas,
+            policies = s.policies,
+            "SA observation recorded in the key directory"
+        ),
+        Ok(s) => tracing::debug!(
+            tunnels = s.tunnels,
+            sas = s.sas,
+            policies = s.policies,
+            "SA observation unchanged"
+        ),
+        Err(e) => tracing::warn!(error = %e, "SA observation failed; retried next period"),
+    }
 }
 
 impl Actor for ProtectionActor {
@@ -155,15 +214,20 @@ impl Actor for ProtectionActor {
             args,
             lease,
             published: false,
-            ticker: None,
+            in_conflict: false,
+            tickers: Vec::new(),
         };
         let armed = evaluate(&mut state).await?;
         if !armed {
             tracing::warn!("guards not armed after arming; retrying every read-back period");
         }
-        state.ticker = Some(myself.send_interval(state.args.config.readback_period, || {
-            ProtectionMsg::Evaluate
-        }));
+        let config = state.args.config;
+        state.tickers = vec![
+            myself.send_interval(config.readback_period, || ProtectionMsg::Evaluate),
+            myself.send_interval(config.observe_period, || ProtectionMsg::Observe),
+        ];
+        // The first observation right after arming, not a period later.
+        myself.send_message(ProtectionMsg::Observe)?;
         Ok(state)
     }
 
@@ -173,7 +237,7 @@ impl Actor for ProtectionActor {
         state: &mut ProtectionState,
     ) -> Result<(), ActorProcessingErr> {
         // Deliberately nothing else: the guards stay.
-        if let Some(h) = state.ticker.take() {
+        for h in state.tickers.drain(..) {
             h.abort();
         }
         Ok(())
@@ -193,6 +257,7 @@ impl Actor for ProtectionActor {
                 let armed = evaluate(state).await?;
                 let _ = reply.send(armed);
             }
+            ProtectionMsg::Observe => observe(state).await,
         }
         Ok(())
     }

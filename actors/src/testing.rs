@@ -370,3 +370,38 @@ impl OvsdbIdentity for FakeOvsdb {
         Ok(())
     }
 }
+
+/// Everything published on `port` from now on, in order.
+pub async fn record_bus<T>(port: &ractor::OutputPort<T>) -> Arc<Mutex<Vec<T>>>
+where
+    T: ractor::Message + Clone,
+{
+    struct Recorder<T>(Arc<Mutex<Vec<T>>>);
+    impl<T: ractor::Message> ractor::Actor for Recorder<T> {
+        type Msg = T;
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(
+            &self,
+            _: ractor::ActorRef<T>,
+            _: (),
+        ) -> std::result::Result<(), ractor::ActorProcessingErr> {
+            Ok(())
+        }
+        async fn handle(
+            &self,
+            _: ractor::ActorRef<T>,
+            msg: T,
+            _: &mut (),
+        ) -> std::result::Result<(), ractor::ActorProcessingErr> {
+            self.0.lock().unwrap().push(msg);
+            Ok(())
+        }
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (actor, _) = ractor::Actor::spawn(None, Recorder(seen.clone()), ())
+        .await
+        .unwrap();
+    port.subscribe(actor, Some);
+    seen
+}

@@ -67,6 +67,7 @@ pub fn runtime_child_specs(a: &AgentTreeArgs, ports: RuntimePorts) -> Vec<ChildS
         port: ports.protection,
         board: a.board.clone(),
         metrics: a.metrics.clone(),
+        bus: a.bus.clone(),
         config: ports.protection_config,
     };
     let ike = IkeArgs {

@@ -25,6 +25,85 @@ pub struct TunnelEndpoints {
     pub remote: IpAddr,
 }
 
+/// This node's tunnels from the rows of OVS's `Interface` table (their
+/// `options` maps): interfaces whose `options:ipsec_reqid` is the lease's
+/// reqid (the patched ovn-controller sets it where `remote_name` is
+/// present), from `options:local_ip` — or, without it, each of
+/// `external_ids:ovn-encap-ip` (a comma-separated list in newer OVN) — to
+/// `options:remote_ip`. Rows whose addresses do not parse (e.g.
+/// `remote_ip=flow`) are skipped: they name no exact selector.
+pub fn tunnels_from_interfaces<'a>(
+    reqid: u32,
+    encap_ip: Option<&str>,
+    interfaces: impl IntoIterator<Item = &'a std::collections::BTreeMap<String, String>>,
+) -> Vec<TunnelEndpoints> {
+    let encap: Vec<IpAddr> = encap_ip
+        .unwrap_or("")
+        .split(',')
+        .filter_map(|a| a.trim().parse().ok())
+        .collect();
+    let want = reqid.to_string();
+    let mut out = Vec::new();
+    for options in interfaces {
+        if options.get("ipsec_reqid") != Some(&want) {
+            continue;
+        }
+        let Some(remote) = options
+            .get("remote_ip")
+            .and_then(|r| r.parse::<IpAddr>().ok())
+        else {
+            continue;
+        };
+        let locals: Vec<IpAddr> = match options.get("local_ip") {
+            Some(l) => l.parse().ok().into_iter().collect(),
+            None => encap.clone(),
+        };
+        for local in locals {
+            let t = TunnelEndpoints { local, remote };
+            if local.is_ipv4() == remote.is_ipv4() && !out.contains(&t) {
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+/// Reads this node's tunnels (see [`tunnels_from_interfaces`]) from OVSDB
+/// in one transaction.
+pub async fn read_tunnels(ovs: &ovsdb::Client, reqid: u32) -> Result<Vec<TunnelEndpoints>, Error> {
+    use ovsdb::protocol::Operation;
+    let ops = [
+        Operation::Select {
+            table: "Interface".into(),
+            conditions: vec![],
+            columns: Some(vec!["options".into()]),
+        },
+        Operation::Select {
+            table: "Open_vSwitch".into(),
+            conditions: vec![],
+            columns: Some(vec!["external_ids".into()]),
+        },
+    ];
+    let mut results = ovs
+        .transact("Open_vSwitch", &ops)
+        .await
+        .map_err(Error::Ovsdb)?
+        .into_iter();
+    let maps = |rows: Option<Vec<ovsdb::protocol::Row>>, column: &str| {
+        rows.unwrap_or_default()
+            .iter()
+            .filter_map(|r| r.get(column).and_then(|d| d.as_string_map()))
+            .collect::<Vec<_>>()
+    };
+    let interfaces = maps(results.next().and_then(|r| r.rows), "options");
+    let external_ids = maps(results.next().and_then(|r| r.rows), "external_ids");
+    let encap = external_ids
+        .first()
+        .and_then(|m| m.get("ovn-encap-ip"))
+        .map(String::as_str);
+    Ok(tunnels_from_interfaces(reqid, encap, &interfaces))
+}
+
 /// An SA attributed to this node (public fields only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -264,6 +343,47 @@ mod tests {
         assert!(a.policies[2].guard);
         let json = serde_json::to_string(&a).unwrap();
         assert!(!json.contains("key"), "{json}");
+    }
+
+    #[test]
+    fn tunnels_are_the_interfaces_with_the_lease_reqid() {
+        let row = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let rows = [
+            row(&[
+                ("remote_ip", "10.0.0.2"),
+                ("local_ip", "10.0.0.1"),
+                ("ipsec_reqid", "9"),
+            ]),
+            row(&[("remote_ip", "10.0.0.3"), ("ipsec_reqid", "9")]),
+            row(&[("remote_ip", "10.0.0.4"), ("ipsec_reqid", "8")]), // other reqid
+            row(&[("remote_ip", "10.0.0.5")]),                       // no IPsec
+            row(&[("remote_ip", "flow"), ("ipsec_reqid", "9")]),     // no exact selector
+            row(&[("remote_ip", "fd00::2"), ("ipsec_reqid", "9")]),  // v6 remote, v4 encap
+            row(&[
+                ("remote_ip", "10.0.0.2"),
+                ("local_ip", "10.0.0.1"),
+                ("ipsec_reqid", "9"),
+            ]),
+        ];
+        let t = tunnels_from_interfaces(9, Some("10.0.0.1, fd00::1"), &rows);
+        let pair = |l: &str, r: &str| TunnelEndpoints {
+            local: ip(l),
+            remote: ip(r),
+        };
+        assert_eq!(
+            t,
+            vec![
+                pair("10.0.0.1", "10.0.0.2"),
+                pair("10.0.0.1", "10.0.0.3"),
+                pair("fd00::1", "fd00::2"),
+            ]
+        );
+        assert!(tunnels_from_interfaces(9, None, &rows[1..2]).is_empty());
     }
 
     #[test]

@@ -7,7 +7,13 @@
 //!   node's namespaces: ready; the IKE daemon killed (then, separately, the
 //!   monitor) is restarted by its actor after the 1 s backoff, the guards
 //!   are in every XFRM dump taken meanwhile, readyz is false during the
-//!   outage and true again after.
+//!   outage and true again after;
+//! - a guard deleted behind the agent's back is back within a read-back
+//!   period and a Warning Event on the Node says so;
+//! - the node's XFRM policies (and SAs, where the kernel has ESP) are
+//!   attributed to the lease by reqid + mark + a tunnel's exact selector
+//!   from OVSDB and recorded with the boot ID in the key directory (0600,
+//!   no key material); foreign ones are not.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -108,6 +114,226 @@ fn guards_in_dump(xfrm: &mut XfrmHandle, mark: u32) -> usize {
                 .any(|f| compare_guard(&Policy::guard(*f, mark), p).is_empty())
         })
         .count()
+}
+
+/// Runs `ip -n <netns> args`; `Err(stderr)` when it fails.
+fn ip_in(netns: &str, args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("ip")
+        .args(["-n", netns])
+        .args(args)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Deletes the IPv4 guard behind the agent's back: it is in the kernel
+/// again within a read-back period (1 s here), and a Warning Event on the
+/// Node names the re-add.
+async fn deleted_guard_comes_back_with_an_event(
+    cluster: &Cluster,
+    xfrm: &mut XfrmHandle,
+    mark: u32,
+) {
+    use k8s_openapi::api::core::v1::Event;
+    let v4 = xfrm
+        .dump_policies()
+        .unwrap()
+        .into_iter()
+        .find(|p| compare_guard(&Policy::guard(Family::Ipv4, mark), p).is_empty())
+        .unwrap();
+    assert!(xfrm.delete_policy(&v4).unwrap());
+    let t = Instant::now();
+    while guards_in_dump(xfrm, mark) < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "guard not re-added\n{}",
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("deleted IPv4 guard back after {:?}", t.elapsed());
+    let client = cluster
+        .api
+        .client(lab::apiserver::ADMIN_TOKEN)
+        .await
+        .unwrap();
+    let events: Api<Event> = Api::namespaced(client, "default");
+    loop {
+        let found = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("IPsecGuardReadded"));
+        if let Some(e) = found {
+            assert_eq!(e.type_.as_deref(), Some("Warning"));
+            assert_eq!(e.involved_object.kind.as_deref(), Some("Node"));
+            assert!(e.message.unwrap_or_default().contains("ipv4"));
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no IPsecGuardReadded Event\n{}",
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A tunnel row in OVSDB as the patched ovn-controller leaves it, this
+/// node's policies for it (and SAs where the kernel has ESP), and foreign
+/// ones beside them: the agent's observation record names exactly its own.
+async fn sas_and_policies_are_observed(
+    cluster: &Cluster,
+    netns: &str,
+    key_dir: &Path,
+    lease: &kube_ovn_ipsec_runtime::lease::Lease,
+) {
+    let (local, remote) = ("10.78.0.1", "10.78.0.2");
+    cluster
+        .ovs
+        .vsctl(&[
+            "add-br",
+            "br-int",
+            "--",
+            "add-port",
+            "br-int",
+            "ovn-peer-0",
+            "--",
+            "set",
+            "Interface",
+            "ovn-peer-0",
+            "type=geneve",
+            &format!("options:remote_ip={remote}"),
+            &format!("options:local_ip={local}"),
+            "options:remote_name=peer-chassis",
+            &format!("options:ipsec_reqid={}", lease.reqid),
+            &format!("options:ipsec_mark_out={}/0xffffffff", lease.mark),
+        ])
+        .unwrap();
+    let (mark, reqid) = (format!("{:#x}", lease.mark), lease.reqid.to_string());
+    let other_reqid = (lease.reqid % 1000 + 1).to_string();
+    let policy = |src: &str, dst: &str, dir: &str, mark: Option<&str>, reqid: &str| {
+        let (s, d) = (format!("{src}/32"), format!("{dst}/32"));
+        let mut args = vec!["xfrm", "policy", "add", "src", &s, "dst", &d, "dir", dir];
+        if let Some(m) = mark {
+            args.extend(["mark", m, "mask", "0xffffffff"]);
+        }
+        args.extend([
+            "tmpl",
+            "src",
+            src,
+            "dst",
+            dst,
+            "proto",
+            "esp",
+            "reqid",
+            reqid,
+            "mode",
+            "transport",
+        ]);
+        ip_in(netns, &args).unwrap();
+    };
+    policy(local, remote, "out", Some(&mark), &reqid); // ours
+    policy(remote, local, "in", None, &reqid); // ours (inbound: unmarked)
+    policy(local, remote, "out", Some("0x5"), &other_reqid); // foreign
+    // SAs with a key whose bytes must never appear in the record.
+    let key = "0x5a5a5a5a0102030405060708090a0b0c0d0e0f10";
+    let state = |spi: &str, reqid: &str| {
+        ip_in(
+            netns,
+            &[
+                "xfrm",
+                "state",
+                "add",
+                "src",
+                local,
+                "dst",
+                remote,
+                "proto",
+                "esp",
+                "spi",
+                spi,
+                "reqid",
+                reqid,
+                "mode",
+                "transport",
+                "mark",
+                &mark,
+                "mask",
+                "0xffffffff",
+                "aead",
+                "rfc4106(gcm(aes))",
+                key,
+                "128",
+            ],
+        )
+    };
+    let expected_sas = match state("0x0000c0de", &reqid) {
+        Ok(()) => {
+            state("0x0000f00d", &other_reqid).unwrap();
+            1
+        }
+        Err(e) => {
+            assert!(
+                e.contains("not found"),
+                "unexpected failure adding an ESP SA: {e}"
+            );
+            println!(
+                "SKIPPED: SA attribution against kernel ESP states (this kernel has no ESP: {e}); policies checked"
+            );
+            0
+        }
+    };
+    let file = key_dir.join(kube_ovn_ipsec_runtime::sa::OBSERVATIONS_FILE);
+    let t = Instant::now();
+    let obs: serde_json::Value = loop {
+        if let Ok(text) = std::fs::read_to_string(&file) {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let policies = v["attribution"]["policies"].as_array().map_or(0, Vec::len);
+            if policies == 4 {
+                assert!(
+                    !text.contains("5a5a5a5a"),
+                    "key material in the record: {text}"
+                );
+                break v;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "observation not recorded: {:?}\n{}",
+            std::fs::read_to_string(&file),
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("SA observation recorded after {:?}: {obs}", t.elapsed());
+    let a = &obs["attribution"];
+    let policies = a["policies"].as_array().unwrap();
+    assert_eq!(policies.iter().filter(|p| p["guard"] == true).count(), 2);
+    assert!(
+        policies
+            .iter()
+            .all(|p| p["guard"] == true || (p["src"] == local || p["src"] == remote))
+    );
+    let sas = a["sas"].as_array().unwrap();
+    assert_eq!(sas.len(), expected_sas, "{a}");
+    if expected_sas == 1 {
+        assert_eq!(sas[0]["spi"], "0000c0de");
+    }
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(obs["bootId"], boot_id.trim());
+    assert_eq!(obs["leaseId"], lease.lease_id.as_str());
+    let mode = std::fs::metadata(&file).unwrap().permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
 }
 
 async fn ready(port: u16) -> bool {
@@ -246,6 +472,10 @@ async fn real_ike_daemon_and_monitor_restart_with_guards_in_place() {
         "1".into(),
         "--stop-grace".into(),
         "3".into(),
+        "--guard-readback-period".into(),
+        "1".into(),
+        "--sa-observe-period".into(),
+        "1".into(),
     ];
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut agent = cluster.spawn_agent_with(&key_dir, port, 600, &flags);
@@ -280,6 +510,8 @@ async fn real_ike_daemon_and_monitor_restart_with_guards_in_place() {
     );
     let mut xfrm = XfrmHandle::in_netns(node.netns().name()).unwrap();
     assert_eq!(guards_in_dump(&mut xfrm, lease.mark), 2);
+    deleted_guard_comes_back_with_an_event(&cluster, &mut xfrm, lease.mark).await;
+    sas_and_policies_are_observed(&cluster, node.netns().name(), &key_dir, &lease).await;
 
     outage(
         "IKE daemon",

@@ -85,6 +85,21 @@ pub struct GuardReadback {
     pub changes: Vec<GuardChange>,
 }
 
+/// One SA observation pass (SPEC §3): counts only — the record itself,
+/// with the boot ID, is in the key directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SaSummary {
+    /// Tunnels of this node found in OVSDB (interfaces with the lease's reqid).
+    pub tunnels: usize,
+    /// Kernel SAs attributed to the lease.
+    pub sas: usize,
+    /// Kernel policies attributed to the lease (guards included).
+    pub policies: usize,
+    /// The record in the key directory was (re)written by this pass (it is
+    /// written when what is attributed changes, not on every pass).
+    pub recorded: bool,
+}
+
 /// The lease and the XFRM guards (SPEC §4).
 ///
 /// The runtime implements it with `LeaseStore::obtain`, `GuardKeeper` over
@@ -103,6 +118,11 @@ pub trait ProtectionPort: Send + Sync + Debug + 'static {
     /// Publishes the lease in `Open_vSwitch . external_ids` (one guarded
     /// transaction, other keys untouched).
     async fn publish_lease(&self) -> Result<()>;
+    /// Attributes the kernel's SAs and policies to the lease (reqid + mark +
+    /// the exact selector of a tunnel this node has in OVSDB) and records
+    /// the observation, with the boot ID, in the key directory. Reads no SA
+    /// key material.
+    async fn observe_sas(&self) -> Result<SaSummary>;
 }
 
 /// A foreground process an actor owns (IKE daemon or monitor).

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::ports::{
     Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,
-    OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess,
+    OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess, SaSummary,
 };
 
 #[derive(Debug, Default)]
@@ -24,6 +24,8 @@ struct ProtectionInner {
     published: u32,
     evaluations: u32,
     readds: u32,
+    observations: u32,
+    observe_fails: bool,
     /// A publication happened while the guards were not armed.
     published_before_armed: bool,
 }
@@ -74,6 +76,14 @@ impl FakeProtection {
     /// Re-adds so far.
     pub fn readds(&self) -> u32 {
         self.lock().readds
+    }
+    /// SA observation passes so far.
+    pub fn observations(&self) -> u32 {
+        self.lock().observations
+    }
+    /// SA observation fails (e.g. OVSDB unreachable).
+    pub fn fail_observations(&self, fail: bool) {
+        self.lock().observe_fails = fail;
     }
 }
 
@@ -138,6 +148,23 @@ impl ProtectionPort for FakeProtection {
         }
         i.published += 1;
         Ok(())
+    }
+
+    async fn observe_sas(&self) -> Result<SaSummary> {
+        let mut i = self.lock();
+        i.observations += 1;
+        if i.observe_fails {
+            return Err(Error::Protection {
+                reason: Reason::OvsdbUnavailable,
+                detail: "observation refused by the fake".into(),
+            });
+        }
+        Ok(SaSummary {
+            tunnels: 1,
+            sas: 2,
+            policies: 4,
+            recorded: i.observations == 1,
+        })
     }
 }
 

@@ -6,6 +6,7 @@
 use super::*;
 use crate::clock::TokioClock;
 use crate::metrics::PrometheusMetrics;
+use crate::ports::GuardChange;
 use crate::testing::runtime::{FakeProcess, FakeProtection};
 use crate::testing::{CsrScript, FakeCsrApi, FakeOvsdb, TestCa};
 use kube_ovn_ipsec_api::ident::{Chassis, Uid};
@@ -29,6 +30,7 @@ struct Harness {
     ike: FakeProcess,
     monitor: FakeProcess,
     registry: prometheus_client::registry::Registry,
+    protection_events: Arc<std::sync::Mutex<Vec<crate::bus::ProtectionEvent>>>,
 }
 
 async fn harness() -> Harness {
@@ -59,6 +61,8 @@ async fn harness() -> Harness {
     let monitor = FakeProcess::new("monitor");
     let trust = TrustBundle::from_pem(&ca.trust_pem()).unwrap().digest();
     monitor.set_ack(Some(trust));
+    let bus = Bus::default();
+    let protection_events = crate::testing::record_bus(&bus.protection).await;
     let mut args = AgentTreeArgs {
         identity: config,
         csr_api: Arc::new(csr),
@@ -66,7 +70,7 @@ async fn harness() -> Harness {
         clock,
         metrics,
         board: board.clone(),
-        bus: Bus::default(),
+        bus,
         trust: trust_rx,
         supervisor: SupervisorConfig::default(),
         extra_children: vec![],
@@ -91,6 +95,7 @@ async fn harness() -> Harness {
         ike,
         monitor,
         registry,
+        protection_events,
     }
 }
 
@@ -269,6 +274,14 @@ async fn vanished_guards_are_readded_conflicts_are_not_overwritten() {
         m.contains("kube_ovn_ipsec_guard_events_total{kind=\"readded\"} 1"),
         "{m}"
     );
+    until("re-add published", Duration::from_secs(1), || {
+        h.protection_events.lock().unwrap().len() == 1
+    })
+    .await;
+    assert!(matches!(
+        h.protection_events.lock().unwrap()[0],
+        crate::bus::ProtectionEvent::GuardReadded(GuardChange::Readded { .. })
+    ));
 
     // On-demand read-back through the actor.
     let cell = supervisor::child_cell(&h.sup, names::PROTECTION)
@@ -285,6 +298,20 @@ async fn vanished_guards_are_readded_conflicts_are_not_overwritten() {
     })
     .await;
     assert!(!h.board.snapshot().protection_armed);
+    // The conflict lasts several read-backs and is published once.
+    let evaluations = h.protection.evaluations();
+    until("more read-backs", Duration::from_secs(20), || {
+        h.protection.evaluations() >= evaluations + 3
+    })
+    .await;
+    let conflicts = h
+        .protection_events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e, crate::bus::ProtectionEvent::GuardConflict(_)))
+        .count();
+    assert_eq!(conflicts, 1);
     h.protection.set_conflict(false);
     until("armed again", Duration::from_secs(6), || {
         h.board.readyz().is_ok()
@@ -325,4 +352,34 @@ async fn refused_lease_keeps_protection_unarmed_and_stop_leaves_guards() {
     .await;
     assert_eq!(h.board.readyz().err().map(|_| ()), Some(()));
     assert_eq!(h.protection.published(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sas_are_observed_at_arming_and_every_period_failures_are_not_fatal() {
+    let h = harness().await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    // The first pass right after arming, not a period later.
+    assert!(h.protection.observations() >= 1);
+    let before = h.protection.observations();
+    let period = ProtectionConfig::default().observe_period;
+    tokio::time::sleep(period * 2 + Duration::from_millis(100)).await;
+    assert!(
+        h.protection.observations() >= before + 2,
+        "{} passes",
+        h.protection.observations()
+    );
+    h.protection.fail_observations(true);
+    let evaluations = h.protection.evaluations();
+    tokio::time::sleep(period * 2 + Duration::from_millis(100)).await;
+    assert!(
+        h.board.readyz().is_ok(),
+        "a failed observation must not cost readiness"
+    );
+    assert!(
+        h.protection.evaluations() > evaluations,
+        "read-backs go on: the actor was not stopped"
+    );
 }

@@ -167,6 +167,10 @@ pub struct RunArgs {
     /// Seconds between guard read-backs.
     #[arg(long, default_value_t = 5)]
     pub guard_readback_period: u64,
+    /// Seconds between SA observation passes (a full XFRM dump; the record
+    /// in the key directory is rewritten only when what it shows changes).
+    #[arg(long, default_value_t = 30)]
+    pub sa_observe_period: u64,
     /// Seconds between health probes of the IKE daemon and the monitor.
     #[arg(long, default_value_t = 5)]
     pub probe_period: u64,

@@ -1,10 +1,12 @@
 //! Kubernetes Events for what an operator must hear about even when nobody
-//! reads the agent's logs: today, a key-directory state file that was
-//! unusable and moved aside (SPEC §2: never deleted, a fresh identity
-//! requested). Events are recorded on the Node, in namespace `default` like
-//! the kubelet's node events.
+//! reads the agent's logs: a key-directory state file that was unusable and
+//! moved aside (SPEC §2: never deleted, a fresh identity requested), an XFRM
+//! guard that had vanished and was re-added, and a foreign policy occupying
+//! a guard's place (SPEC §4). Events are recorded on the Node, in namespace
+//! `default` like the kubelet's node events.
 
-use actors::bus::{Bus, IdentityEvent};
+use actors::bus::{Bus, IdentityEvent, ProtectionEvent};
+use actors::ports::GuardChange;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use kube::api::{ObjectMeta, PostParams};
@@ -15,6 +17,10 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 pub const COMPONENT: &str = "kube-ovn-ipsec";
 /// Reason of the Event for a state file moved aside.
 pub const REASON_STATE_MOVED_ASIDE: &str = "IPsecStateMovedAside";
+/// Reason of the Event for a guard that had vanished and was re-added.
+pub const REASON_GUARD_READDED: &str = "IPsecGuardReadded";
+/// Reason of the Event for a foreign policy in a guard's place.
+pub const REASON_GUARD_CONFLICT: &str = "IPsecGuardConflict";
 
 /// Writes Events about one Node.
 #[derive(Clone)]
@@ -92,6 +98,8 @@ pub enum ForwarderMsg {
         /// Why it was unusable.
         reason: String,
     },
+    /// Something happened to a guard.
+    Protection(ProtectionEvent),
 }
 
 /// Start-up arguments of [`EventForwarder`].
@@ -113,12 +121,15 @@ impl Actor for EventForwarder {
         myself: ActorRef<ForwarderMsg>,
         args: ForwarderArgs,
     ) -> Result<NodeEvents, ActorProcessingErr> {
-        args.bus.identity.subscribe(myself, |e| match e {
+        args.bus.identity.subscribe(myself.clone(), |e| match e {
             IdentityEvent::StateMovedAside { moved_to, reason } => {
                 Some(ForwarderMsg::StateMovedAside { moved_to, reason })
             }
             _ => None,
         });
+        args.bus
+            .protection
+            .subscribe(myself, |e| Some(ForwarderMsg::Protection(e)));
         Ok(args.events)
     }
 
@@ -136,7 +147,74 @@ impl Actor for EventForwarder {
                 );
                 events.warning(REASON_STATE_MOVED_ASIDE, &message).await;
             }
+            ForwarderMsg::Protection(e) => {
+                if let Some((reason, message)) = protection_message(&e) {
+                    events.warning(reason, &message).await;
+                }
+            }
         }
         Ok(())
+    }
+}
+
+/// The Event reason and message for a protection event (no key material:
+/// guards carry none).
+fn protection_message(e: &ProtectionEvent) -> Option<(&'static str, String)> {
+    match e {
+        ProtectionEvent::GuardReadded(GuardChange::Readded {
+            family,
+            old_index,
+            new_index,
+        }) => Some((
+            REASON_GUARD_READDED,
+            format!(
+                "the {family} XFRM guard (index {old_index}) had vanished from the kernel and was re-added (index {new_index}); something on this node removes XFRM policies it does not own"
+            ),
+        )),
+        ProtectionEvent::GuardConflict(GuardChange::Conflict {
+            family,
+            index,
+            detail,
+        }) => Some((
+            REASON_GUARD_CONFLICT,
+            format!(
+                "a policy this agent did not create (index {index}) occupies the {family} guard's place ({detail}); it was not overwritten and output protection is not armed"
+            ),
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_events_have_reasons_and_other_changes_none() {
+        let readded = ProtectionEvent::GuardReadded(GuardChange::Readded {
+            family: "ipv6".into(),
+            old_index: 8,
+            new_index: 17,
+        });
+        let (reason, message) = protection_message(&readded).unwrap();
+        assert_eq!(reason, REASON_GUARD_READDED);
+        assert!(
+            message.contains("ipv6") && message.contains("17"),
+            "{message}"
+        );
+        let conflict = ProtectionEvent::GuardConflict(GuardChange::Conflict {
+            family: "ipv4".into(),
+            index: 99,
+            detail: "action allow".into(),
+        });
+        assert_eq!(
+            protection_message(&conflict).unwrap().0,
+            REASON_GUARD_CONFLICT
+        );
+        let mismatched = ProtectionEvent::GuardReadded(GuardChange::Armed {
+            family: "ipv4".into(),
+            index: 1,
+        });
+        assert!(protection_message(&mismatched).is_none());
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use actors::ports::{
     Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,
-    OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess,
+    OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess, SaSummary,
 };
 use async_trait::async_trait;
 use kube_ovn_ipsec_api::Uid;
@@ -22,7 +22,8 @@ use crate::lease::{self, AllocationConfig, Lease, LeaseStore, OsRandom};
 use crate::monitor::{self, ActiveIdentity, Monitor, MonitorConfig};
 use crate::monitor_patch::MonitorPatch;
 use crate::process::Launcher;
-use crate::xfrm::XfrmHandle;
+use crate::sa;
+use crate::xfrm::{Xfrm, XfrmHandle};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -70,6 +71,9 @@ pub struct ProtectionAdapter {
     keeper: Mutex<GuardKeeper<XfrmHandle>>,
     lease: Mutex<Option<Lease>>,
     ovs: ovsdb::Client,
+    /// What the last SA observation recorded (boot ID, attribution), so the
+    /// record is rewritten only when it changes.
+    observed: Mutex<Option<(String, sa::Attribution)>>,
 }
 
 impl ProtectionAdapter {
@@ -89,6 +93,7 @@ impl ProtectionAdapter {
             keeper: Mutex::new(GuardKeeper::new(xfrm)),
             lease: Mutex::new(None),
             ovs,
+            observed: Mutex::new(None),
         }
     }
 
@@ -186,6 +191,39 @@ impl ProtectionPort for ProtectionAdapter {
             .await
             .map(|_| ())
             .map_err(protection_err)
+    }
+
+    async fn observe_sas(&self) -> actors::Result<SaSummary> {
+        let lease = self.current()?;
+        let tunnels = sa::read_tunnels(&self.ovs, lease.reqid)
+            .await
+            .map_err(protection_err)?;
+        // Two dumps, short and local: done inline like the read-back.
+        let (states, policies) = {
+            let mut keeper = lock(&self.keeper);
+            let xfrm = keeper.xfrm();
+            let states = xfrm.dump_states().map_err(protection_err)?;
+            (states, xfrm.dump_policies().map_err(protection_err)?)
+        };
+        let attribution = sa::attribute(&lease, &states, &policies, &tunnels);
+        let mut summary = SaSummary {
+            tunnels: tunnels.len(),
+            sas: attribution.sas.len(),
+            policies: attribution.policies.len(),
+            recorded: false,
+        };
+        let boot_id = crate::fsutil::boot_id().map_err(protection_err)?;
+        let mut observed = lock(&self.observed);
+        let current = (boot_id, attribution);
+        if observed.as_ref() != Some(&current) {
+            let lease_file = self.store.path();
+            let dir = lease_file.parent().unwrap_or(Path::new("."));
+            let now = k8s_openapi::jiff::Timestamp::now().to_string();
+            sa::record(dir, &lease, current.1.clone(), now).map_err(protection_err)?;
+            *observed = Some(current);
+            summary.recorded = true;
+        }
+        Ok(summary)
     }
 }
 

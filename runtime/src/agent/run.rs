@@ -305,6 +305,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         }),
         protection_config: ProtectionConfig {
             readback_period: Duration::from_secs(args.guard_readback_period.max(1)),
+            observe_period: Duration::from_secs(args.sa_observe_period.max(1)),
         },
         process_config: ProcessConfig {
             probe_period: Duration::from_secs(args.probe_period.max(1)),
