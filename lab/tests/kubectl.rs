@@ -303,3 +303,88 @@ async fn certificate_approve_and_auth_can_i() {
         .unwrap();
     s.shutdown().await;
 }
+
+/// `kubectl create namespace|configmap|secret generic` send protobuf
+/// (kubectl's typed clients); the objects arrive whole.
+#[tokio::test]
+async fn imperative_creates_send_protobuf_and_arrive_whole() {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    let s = server(false, &[]).await;
+    let k = Kubectl::new(&s, ADMIN_TOKEN);
+    let out = k.ok(&["create", "namespace", "imp"]).await;
+    assert!(out.contains("namespace/imp created"), "{out}");
+    k.ok(&[
+        "-n",
+        "imp",
+        "create",
+        "configmap",
+        "c1",
+        "--from-literal=a=1",
+        "--from-literal=b=two words",
+    ])
+    .await;
+    k.ok(&[
+        "-n",
+        "imp",
+        "create",
+        "secret",
+        "generic",
+        "s1",
+        "--from-literal=k=s3cr3t",
+    ])
+    .await;
+    let client = s.client(ADMIN_TOKEN).await.unwrap();
+    let ns = Api::<Namespace>::all(client.clone())
+        .get("imp")
+        .await
+        .unwrap();
+    assert!(ns.metadata.uid.is_some());
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), "imp")
+        .get("c1")
+        .await
+        .unwrap();
+    assert_eq!(
+        cm.data.unwrap(),
+        [
+            ("a".to_string(), "1".to_string()),
+            ("b".to_string(), "two words".to_string())
+        ]
+        .into()
+    );
+    let secret = Api::<Secret>::namespaced(client, "imp")
+        .get("s1")
+        .await
+        .unwrap();
+    assert_eq!(secret.type_.as_deref(), Some("Opaque"));
+    assert_eq!(secret.data.unwrap()["k"].0, b"s3cr3t");
+}
+
+/// A Secret's `stringData` is merged into `data` and an empty type is
+/// `Opaque`, on create and on update, as the real server does.
+#[tokio::test]
+async fn secret_string_data_is_merged_into_data() {
+    use k8s_openapi::api::core::v1::Secret;
+    let s = server(false, &[]).await;
+    let secrets: Api<Secret> = Api::namespaced(s.client(ADMIN_TOKEN).await.unwrap(), "default");
+    let created: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+        "data": {"a": "YQ==", "b": "Yg=="}, "stringData": {"b": "B", "c": "C"}
+    }))
+    .unwrap();
+    let got = secrets
+        .create(&PostParams::default(), &created)
+        .await
+        .unwrap();
+    assert_eq!(got.type_.as_deref(), Some("Opaque"));
+    assert!(got.string_data.is_none());
+    let data = got.data.unwrap();
+    let plain: Vec<(&str, &[u8])> = data.iter().map(|(k, v)| (k.as_str(), &v.0[..])).collect();
+    assert_eq!(plain, [("a", &b"a"[..]), ("b", b"B"), ("c", b"C")]);
+    let patch = json!({"stringData": {"a": "updated"}});
+    let got = secrets
+        .patch("s", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert!(got.string_data.is_none());
+    assert_eq!(got.data.unwrap()["a"].0, b"updated");
+}

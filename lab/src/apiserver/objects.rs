@@ -194,7 +194,39 @@ pub fn prepare_create(
     if is_csr(def) {
         prepare_csr(def, &name, &mut body, id)?;
     }
+    if def.kind == "Secret" {
+        normalize_secret(&mut body);
+    }
     Ok(body)
+}
+
+/// What the real server does to every Secret it stores: an empty `type` is
+/// `Opaque`, and `stringData` (write-only) is merged into `data` (base64),
+/// overriding keys of the same name, then dropped.
+fn normalize_secret(body: &mut Value) {
+    let Some(map) = body.as_object_mut() else {
+        return;
+    };
+    if map
+        .get("type")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        map.insert("type".into(), json!("Opaque"));
+    }
+    if let Some(Value::Object(strings)) = map.remove("stringData") {
+        let data = map.entry("data").or_insert_with(|| json!({}));
+        if !data.is_object() {
+            *data = json!({});
+        }
+        if let Value::Object(data) = data {
+            for (k, v) in strings {
+                let plain = v.as_str().unwrap_or_default();
+                let encoded = base64::engine::general_purpose::STANDARD.encode(plain);
+                data.insert(k, Value::String(encoded));
+            }
+        }
+    }
 }
 
 fn prepare_csr(
@@ -397,6 +429,9 @@ pub fn prepare_update(
         && let Some(rv) = old.pointer("/metadata/resourceVersion")
     {
         meta.insert("resourceVersion".into(), rv.clone());
+    }
+    if def.kind == "Secret" {
+        normalize_secret(&mut result);
     }
     let finalizers_empty = result
         .pointer("/metadata/finalizers")

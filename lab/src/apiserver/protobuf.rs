@@ -1,8 +1,10 @@
 //! Just enough of the Kubernetes protobuf encoding to read the bodies kubectl's
 //! typed clients send as `application/vnd.kubernetes.protobuf`:
-//! CertificateSigningRequest (`kubectl certificate approve|deny`) and
-//! SelfSubjectAccessReview (`kubectl auth can-i`). Other kinds in protobuf are
-//! refused with 415; answers are always JSON, which client-go accepts.
+//! CertificateSigningRequest (`kubectl certificate approve|deny`),
+//! SelfSubjectAccessReview (`kubectl auth can-i`), and the Namespace,
+//! ConfigMap and Secret that `kubectl create namespace|configmap|secret
+//! generic` build. Other kinds in protobuf are refused with 415; answers are
+//! always JSON, which client-go accepts.
 //!
 //! Field numbers are those of `k8s.io/api/*/generated.proto`.
 
@@ -262,6 +264,73 @@ fn ssar(buf: &[u8]) -> Result<Value, ApiError> {
     )
 }
 
+/// Fields of a `map<string, string>` (`bytes: false`) or `map<string,
+/// bytes>` (`bytes: true`, base64 in JSON) gathered into one object.
+fn map_field(
+    m: &mut Map<String, Value>,
+    name: &str,
+    entry: &[u8],
+    bytes: bool,
+) -> Result<(), ApiError> {
+    let (mut k, mut v) = (String::new(), Value::String(String::new()));
+    for (num, f) in fields(entry)? {
+        match (num, f) {
+            (1, Field::Bytes(x)) => k = String::from_utf8_lossy(x).into_owned(),
+            (2, Field::Bytes(x)) if bytes => {
+                v = json!(base64::engine::general_purpose::STANDARD.encode(x))
+            }
+            (2, Field::Bytes(x)) => v = text(x),
+            _ => {}
+        }
+    }
+    if let Value::Object(map) = m.entry(name).or_insert_with(|| json!({})) {
+        map.insert(k, v);
+    }
+    Ok(())
+}
+
+fn namespace_spec(buf: &[u8]) -> Result<Value, ApiError> {
+    message(buf, &[], &[(1, "finalizers")], &[])
+}
+
+fn namespace(buf: &[u8]) -> Result<Value, ApiError> {
+    message(
+        buf,
+        &[],
+        &[],
+        &[(1, "metadata", object_meta), (2, "spec", namespace_spec)],
+    )
+}
+
+fn config_map(buf: &[u8]) -> Result<Value, ApiError> {
+    let mut m = Map::new();
+    for (num, f) in fields(buf)? {
+        match (num, f) {
+            (1, Field::Bytes(b)) => drop(m.insert("metadata".into(), object_meta(b)?)),
+            (2, Field::Bytes(b)) => map_field(&mut m, "data", b, false)?,
+            (3, Field::Bytes(b)) => map_field(&mut m, "binaryData", b, true)?,
+            (4, Field::Varint(v)) => drop(m.insert("immutable".into(), json!(v != 0))),
+            _ => {}
+        }
+    }
+    Ok(Value::Object(m))
+}
+
+fn secret(buf: &[u8]) -> Result<Value, ApiError> {
+    let mut m = Map::new();
+    for (num, f) in fields(buf)? {
+        match (num, f) {
+            (1, Field::Bytes(b)) => drop(m.insert("metadata".into(), object_meta(b)?)),
+            (2, Field::Bytes(b)) => map_field(&mut m, "data", b, true)?,
+            (3, Field::Bytes(b)) => drop(m.insert("type".into(), text(b))),
+            (4, Field::Bytes(b)) => map_field(&mut m, "stringData", b, false)?,
+            (5, Field::Varint(v)) => drop(m.insert("immutable".into(), json!(v != 0))),
+            _ => {}
+        }
+    }
+    Ok(Value::Object(m))
+}
+
 /// Decodes a protobuf request body into the JSON form of the object.
 pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
     let inner = body
@@ -288,10 +357,14 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
     let mut obj = match (api_version.as_str(), kind.as_str()) {
         ("certificates.k8s.io/v1", "CertificateSigningRequest") => csr(raw)?,
         ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => ssar(raw)?,
+        ("v1", "Namespace") => namespace(raw)?,
+        ("v1", "ConfigMap") => config_map(raw)?,
+        ("v1", "Secret") => secret(raw)?,
         _ => {
             return Err(ApiError::unsupported_media_type(format!(
-                "the lab API server reads protobuf only for CertificateSigningRequest and \
-                 SelfSubjectAccessReview (got {api_version} {kind}); send application/json"
+                "the lab API server reads protobuf only for CertificateSigningRequest, \
+                 SelfSubjectAccessReview, Namespace, ConfigMap and Secret (got {api_version} \
+                 {kind}); send application/json"
             )));
         }
     };
