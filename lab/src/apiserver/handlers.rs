@@ -587,7 +587,8 @@ fn watch(
                 sub.initial.clear();
             }
             Body::from_stream(
-                watch::stream(spec, sub, shared.shutdown.clone()).map(Ok::<_, Infallible>),
+                watch::stream(spec, shared.store.clone(), sub, shared.shutdown.clone())
+                    .map(Ok::<_, Infallible>),
             )
         }
         // Like the watch cache: 200 and an ERROR event, which makes clients relist.

@@ -6,7 +6,9 @@
 //! critical section of a write (assign the version, swap an `Arc`, append to
 //! the history, broadcast) gives that order for free; lists clone `Arc`s under
 //! the lock and serialise outside it. Each event is serialised once, under the
-//! lock, and shared by every watch as `Bytes`.
+//! lock; watches are woken by a broadcast of the new resourceVersion (a plain
+//! number: nothing shared is reference-counted per watch and event) and read
+//! the events themselves from the history, a batch per lock.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -100,10 +102,9 @@ pub struct Subscription {
     pub rv: u64,
     /// Current objects (for synthetic ADDED events), if asked for.
     pub initial: Vec<Arc<Value>>,
-    /// History events after the requested resourceVersion.
-    pub replay: Vec<Arc<StoredEvent>>,
-    /// Live events; those with `rv <=` the last replayed one are duplicates to skip.
-    pub rx: broadcast::Receiver<Arc<StoredEvent>>,
+    /// Wakes the watch: the resourceVersion of each new event (the events
+    /// themselves are read with [`Store::visit_since`]).
+    pub rx: broadcast::Receiver<u64>,
     /// Changes when the store is compacted: the watch must end with 410 Expired.
     pub expired: tokio::sync::watch::Receiver<u64>,
 }
@@ -123,7 +124,7 @@ struct Inner {
 /// The store. Cheap to share behind an `Arc`.
 pub struct Store {
     inner: Mutex<Inner>,
-    events: broadcast::Sender<Arc<StoredEvent>>,
+    events: broadcast::Sender<u64>,
     compactions: tokio::sync::watch::Sender<u64>,
 }
 
@@ -135,9 +136,10 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Capacity of the broadcast channel: a watch further behind than this is closed
-/// and re-established by its client from its last resourceVersion.
-const BROADCAST_CAPACITY: usize = 1 << 16;
+/// Capacity of the wake-up channel. A watch further behind loses only
+/// wake-ups, not events (it reads them from the history); only a watch behind
+/// the history's window is expired.
+const BROADCAST_CAPACITY: usize = 1 << 12;
 
 fn set_rv(obj: &mut Value, rv: u64) {
     if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -337,7 +339,7 @@ impl Store {
             }
         }
         // No receiver is not an error: nobody is watching.
-        let _ = self.events.send(event);
+        let _ = self.events.send(inner.rv);
         Ok(Written {
             object,
             event: Some(event_type),
@@ -345,8 +347,9 @@ impl Store {
     }
 
     /// Starts a watch. `from = None` starts now with the current objects (for
-    /// synthetic ADDED events); `Some(rv)` replays the history after `rv`, or
-    /// fails with 410 Expired if that part of the history is gone.
+    /// synthetic ADDED events); `Some(rv)` starts at `rv` (the watch then
+    /// reads the history after it), or fails with 410 Expired if that part of
+    /// the history is gone.
     pub fn subscribe(
         &self,
         resource: usize,
@@ -360,7 +363,6 @@ impl Store {
             None => Ok(Subscription {
                 rv: inner.rv,
                 initial: Self::list_locked(&inner, resource, namespace),
-                replay: Vec::new(),
                 rx,
                 expired,
             }),
@@ -368,21 +370,38 @@ impl Store {
                 if rv < inner.floor {
                     return Err(ApiError::expired(rv, inner.floor));
                 }
-                let replay = inner
-                    .history
-                    .iter()
-                    .filter(|e| e.rv > rv && e.resource == resource)
-                    .cloned()
-                    .collect();
                 Ok(Subscription {
                     rv,
                     initial: Vec::new(),
-                    replay,
                     rx,
                     expired,
                 })
             }
         }
+    }
+
+    /// Visits the history's events after `after_rv`, oldest first, while
+    /// `take` accepts them (`false`: not taken, stop here). Returns the
+    /// resourceVersion of the last event taken (`after_rv` if none), or 410
+    /// Expired when events after `after_rv` are no longer in the history.
+    pub fn visit_since(
+        &self,
+        after_rv: u64,
+        mut take: impl FnMut(&StoredEvent) -> bool,
+    ) -> Result<u64, ApiError> {
+        let inner = self.lock();
+        if after_rv < inner.floor {
+            return Err(ApiError::expired(after_rv, inner.floor));
+        }
+        let start = inner.history.partition_point(|e| e.rv <= after_rv);
+        let mut last = after_rv;
+        for ev in inner.history.range(start..) {
+            if !take(ev) {
+                break;
+            }
+            last = ev.rv;
+        }
+        Ok(last)
     }
 }
 
@@ -430,13 +449,25 @@ mod tests {
         assert_eq!(at1.len(), 1);
         assert_eq!(at1[0]["data"]["v"], "1");
         assert_eq!(store.list(CM, Some("ns")).0.len(), 1);
-        let sub = store.subscribe(CM, None, Some(rv1)).unwrap();
-        assert_eq!(
-            sub.replay.iter().map(|e| e.rv).collect::<Vec<_>>(),
-            vec![2, 3, 4]
-        );
+        let mut seen = Vec::new();
+        let last = store
+            .visit_since(rv1, |e| {
+                seen.push(e.rv);
+                true
+            })
+            .unwrap();
+        assert_eq!((seen, last), (vec![2, 3, 4], 4));
+        let mut taken = Vec::new();
+        let last = store
+            .visit_since(rv1, |e| {
+                taken.push(e.rv);
+                taken.len() < 2
+            })
+            .unwrap();
+        assert_eq!(last, 2, "the refused event is not counted as taken");
         store.compact();
         assert_eq!(store.subscribe(CM, None, Some(rv1)).unwrap_err().code, 410);
+        assert_eq!(store.visit_since(rv1, |_| true).unwrap_err().code, 410);
         assert_eq!(store.list_at(CM, None, rv1).unwrap_err().code, 410);
         assert!(store.subscribe(CM, None, Some(4)).is_ok());
     }
@@ -462,7 +493,8 @@ mod tests {
         }
         assert_eq!(store.oldest_resource_version(), 3);
         assert!(store.subscribe(CM, None, Some(2)).is_err());
-        assert_eq!(store.subscribe(CM, None, Some(3)).unwrap().replay.len(), 2);
+        assert!(store.subscribe(CM, None, Some(3)).is_ok());
+        assert_eq!(store.visit_since(3, |_| true).unwrap(), 5);
     }
 
     #[test]

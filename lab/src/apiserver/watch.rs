@@ -1,6 +1,7 @@
 //! Watch streams: replay from the history, then live events from the store's
 //! broadcast, filtered per watch; bookmarks; timeout; shutdown.
 
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::ApiError;
 use super::resources::RESOURCES;
 use super::selectors::{FieldSelector, LabelSelector};
-use super::store::{EventType, StoredEvent, Subscription, encode_event};
+use super::store::{EventType, Store, StoredEvent, Subscription, encode_event};
 
 /// What one watch asked for.
 #[derive(Debug, Clone)]
@@ -54,7 +55,10 @@ impl WatchSpec {
 
     /// The line to send for a store event, if this watch sees it. A change that
     /// moves an object into or out of the selection is ADDED or DELETED, as in the real server.
-    fn render(&self, ev: &StoredEvent) -> Option<Bytes> {
+    /// Borrowed when the stored line is what goes out (the common case: no
+    /// copy of a shared buffer per watch, no reference count touched by
+    /// every watch on both cores).
+    fn render<'e>(&self, ev: &'e StoredEvent) -> Option<Cow<'e, [u8]>> {
         if ev.resource != self.resource
             || self
                 .namespace
@@ -66,18 +70,21 @@ impl WatchSpec {
         // Without selectors the namespace decides alone, and an update cannot
         // move the object in or out: no lookups in the object (this runs for
         // every event on every watch).
+        let stored = || Some(Cow::Borrowed(&ev.encoded[..]));
         if self.labels.is_empty() && self.fields.is_empty() {
-            return Some(ev.encoded.clone());
+            return stored();
         }
         let now = self.matches(&ev.object);
+        let other = |t: &str| Some(Cow::Owned(encode_event(t, &ev.object).to_vec()));
         match ev.event_type {
-            EventType::Added | EventType::Deleted => now.then(|| ev.encoded.clone()),
+            EventType::Added | EventType::Deleted if now => stored(),
+            EventType::Added | EventType::Deleted => None,
             EventType::Modified => {
                 let before = ev.old.as_deref().is_some_and(|o| self.matches(o));
                 match (before, now) {
-                    (true, true) => Some(ev.encoded.clone()),
-                    (false, true) => Some(encode_event("ADDED", &ev.object)),
-                    (true, false) => Some(encode_event("DELETED", &ev.object)),
+                    (true, true) => stored(),
+                    (false, true) => other("ADDED"),
+                    (true, false) => other("DELETED"),
                     (false, false) => None,
                 }
             }
@@ -102,27 +109,28 @@ pub fn error_event(err: &ApiError) -> Bytes {
     encode_event("ERROR", &err.status())
 }
 
-/// A watch as the body of its response: the initial events and the replay
-/// first, then live events from the store's broadcast. It ends when the
-/// timeout passes (with a last bookmark if asked for), the server shuts down,
-/// the store is compacted (an `ERROR` 410 Expired event first), or the watch
-/// falls behind the broadcast (the client then re-watches from its last
-/// version). A client that goes away drops the stream, which is all the
-/// clean-up there is.
+/// A watch as the body of its response: the initial events first, then the
+/// store's events after the watch's resourceVersion, read from the history.
+/// It ends when the timeout passes (with a last bookmark if asked for), the
+/// server shuts down, or the store is compacted or the watch falls behind the
+/// history's window (an `ERROR` 410 Expired event first: the client relists).
+/// A client that goes away drops the stream, which is all the clean-up there
+/// is.
 ///
 /// The stream is polled by the connection's own task: no task or channel per
-/// watch between the store and the socket, and whatever events are queued
-/// when the connection asks for more leave as one chunk (one TLS record and
+/// watch between the store and the socket. A wake-up carries only a
+/// resourceVersion; the watch then takes every event it has not sent from
+/// the history under one lock and sends them as one chunk (one TLS record and
 /// one write instead of dozens).
 pub fn stream(
     spec: WatchSpec,
+    store: Arc<Store>,
     sub: Subscription,
     shutdown: CancellationToken,
 ) -> impl Stream<Item = Bytes> + Send + 'static {
     let Subscription {
         rv,
         initial,
-        replay,
         rx,
         expired,
     } = sub;
@@ -135,13 +143,6 @@ pub fn stream(
     if spec.initial_events_end {
         head.push(&spec.bookmark(rv, true));
     }
-    let mut last_rv = rv;
-    for ev in &replay {
-        last_rv = last_rv.max(ev.rv);
-        if let Some(line) = spec.render(ev) {
-            head.push(&line);
-        }
-    }
     let mut ticker = tokio::time::interval_at(
         tokio::time::Instant::now() + spec.bookmark_interval,
         spec.bookmark_interval,
@@ -150,11 +151,14 @@ pub fn stream(
     let live = Live {
         deadline: Box::pin(tokio::time::sleep(spec.timeout)),
         spec,
+        store,
         rx,
         expired,
         shutdown,
         ticker,
-        last_rv,
+        last_rv: rv,
+        // Events after `rv` may already be in the history: read them first.
+        pending: true,
         ended: false,
         last_flush: tokio::time::Instant::now() - FLUSH_WINDOW,
     };
@@ -190,13 +194,16 @@ impl Chunks {
 /// The live part of a watch.
 struct Live {
     spec: WatchSpec,
-    rx: broadcast::Receiver<Arc<StoredEvent>>,
+    store: Arc<Store>,
+    rx: broadcast::Receiver<u64>,
     expired: tokio::sync::watch::Receiver<u64>,
     shutdown: CancellationToken,
     deadline: Pin<Box<tokio::time::Sleep>>,
     ticker: tokio::time::Interval,
     /// The newest resourceVersion this watch has passed on (or skipped).
     last_rv: u64,
+    /// The history may hold events not yet taken: read before waiting.
+    pending: bool,
     /// The last chunk has been handed out.
     ended: bool,
     /// When the last live chunk was taken.
@@ -210,66 +217,66 @@ impl Live {
             return None;
         }
         loop {
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return None,
-                _ = self.expired.changed() => {
+            if !self.pending {
+                tokio::select! {
+                    _ = self.shutdown.cancelled() => return None,
+                    _ = self.expired.changed() => {
+                        self.ended = true;
+                        return Some(error_event(&ApiError::expired(self.last_rv, self.last_rv + 1)));
+                    }
+                    _ = &mut self.deadline => {
+                        self.ended = true;
+                        return self.spec.bookmarks.then(|| self.spec.bookmark(self.last_rv, false));
+                    }
+                    _ = self.ticker.tick(), if self.spec.bookmarks => {
+                        return Some(self.spec.bookmark(self.last_rv, false));
+                    }
+                    got = self.rx.recv() => match got {
+                        // Lagging loses wake-ups only: the events are in the history.
+                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    },
+                }
+                // A watch that has just sent waits out the rest of the
+                // flush window before reading, so a busy watch leaves in
+                // one write per window instead of one per event (each write
+                // to a socket costs more than the bytes in it); after a
+                // quiet spell an event leaves at once.
+                let window_end = self.last_flush + FLUSH_WINDOW;
+                if tokio::time::Instant::now() < window_end {
+                    tokio::time::sleep_until(window_end).await;
+                }
+            }
+            self.last_flush = tokio::time::Instant::now();
+            // The wake-ups queued meanwhile are covered by this read.
+            while !matches!(
+                self.rx.try_recv(),
+                Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)
+            ) {}
+            let mut batch = BytesMut::new();
+            let mut full = false;
+            let spec = &self.spec;
+            let read = self.store.visit_since(self.last_rv, |ev| {
+                if batch.len() >= MAX_BATCH {
+                    full = true;
+                    return false;
+                }
+                if let Some(line) = spec.render(ev) {
+                    batch.extend_from_slice(&line);
+                }
+                true
+            });
+            match read {
+                Ok(last) => self.last_rv = last,
+                Err(e) => {
+                    // Behind the history's window: the client must relist.
                     self.ended = true;
-                    return Some(error_event(&ApiError::expired(self.last_rv, self.last_rv + 1)));
+                    return Some(error_event(&e));
                 }
-                _ = &mut self.deadline => {
-                    self.ended = true;
-                    return self.spec.bookmarks.then(|| self.spec.bookmark(self.last_rv, false));
-                }
-                _ = self.ticker.tick(), if self.spec.bookmarks => {
-                    return Some(self.spec.bookmark(self.last_rv, false));
-                }
-                got = self.rx.recv() => {
-                    // A watch that has just sent waits out the rest of the
-                    // flush window before draining, so a busy watch leaves
-                    // in one write per window instead of one per event
-                    // (each write to a socket costs more than the bytes in
-                    // it); after a quiet spell an event leaves at once.
-                    let window_end = self.last_flush + FLUSH_WINDOW;
-                    if tokio::time::Instant::now() < window_end {
-                        tokio::time::sleep_until(window_end).await;
-                    }
-                    self.last_flush = tokio::time::Instant::now();
-                    // Drain what is queued into one chunk.
-                    let mut batch = BytesMut::new();
-                    let mut next = Some(got);
-                    while let Some(got) = next.take() {
-                        match got {
-                            Ok(ev) => {
-                                if ev.rv > self.last_rv {
-                                    self.last_rv = ev.rv;
-                                    if let Some(line) = self.spec.render(&ev) {
-                                        batch.extend_from_slice(&line);
-                                    }
-                                }
-                            }
-                            Err(broadcast::error::RecvError::Lagged(_))
-                            | Err(broadcast::error::RecvError::Closed) => {
-                                // Too far behind: end here; the client
-                                // re-watches from its last resourceVersion.
-                                self.ended = true;
-                                return (!batch.is_empty()).then(|| batch.freeze());
-                            }
-                        }
-                        if batch.len() < MAX_BATCH {
-                            match self.rx.try_recv() {
-                                Ok(ev) => next = Some(Ok(ev)),
-                                Err(broadcast::error::TryRecvError::Lagged(n)) => {
-                                    next = Some(Err(broadcast::error::RecvError::Lagged(n)))
-                                }
-                                Err(_) => {}
-                            }
-                        }
-                    }
-                    if !batch.is_empty() {
-                        return Some(batch.freeze());
-                    }
-                    // Nothing this watch sees: wait on.
-                }
+            }
+            self.pending = full;
+            if !batch.is_empty() {
+                return Some(batch.freeze());
             }
         }
     }
@@ -287,12 +294,17 @@ const MAX_BATCH: usize = 64 * 1024;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::store::{Store, Write};
+    use crate::apiserver::store::Write;
 
     type WatchRx = Pin<Box<dyn Stream<Item = Bytes> + Send>>;
 
-    fn spawn(spec: WatchSpec, sub: Subscription, shutdown: CancellationToken) -> WatchRx {
-        Box::pin(stream(spec, sub, shutdown))
+    fn spawn(
+        spec: WatchSpec,
+        store: &Arc<Store>,
+        sub: Subscription,
+        shutdown: CancellationToken,
+    ) -> WatchRx {
+        Box::pin(stream(spec, store.clone(), sub, shutdown))
     }
 
     fn cm(name: &str, app: &str) -> Value {
@@ -333,7 +345,7 @@ mod tests {
     async fn selector_transitions_and_final_bookmark() {
         let store = Arc::new(Store::new(100));
         let sub = store.subscribe(3, Some("ns"), Some(0)).unwrap();
-        let mut rx = spawn(spec("app=x"), sub, CancellationToken::new());
+        let mut rx = spawn(spec("app=x"), &store, sub, CancellationToken::new());
         let mut q = std::collections::VecDeque::new();
         store
             .write(3, "ns", "a", |_| Ok(Write::Put(cm("a", "y"))))
@@ -380,7 +392,7 @@ mod tests {
         let sub = store.subscribe(3, Some("ns"), None).unwrap();
         let mut s = spec("");
         s.initial_events_end = true;
-        let mut rx = spawn(s, sub, CancellationToken::new());
+        let mut rx = spawn(s, &store, sub, CancellationToken::new());
         let mut q = std::collections::VecDeque::new();
         assert_eq!(next(&mut rx, &mut q).await["type"], "ADDED");
         let bm = next(&mut rx, &mut q).await;
@@ -395,7 +407,7 @@ mod tests {
         let lines = |b: &Bytes| b.iter().filter(|c| **c == b'\n').count();
         let store = Arc::new(Store::new(100));
         let sub = store.subscribe(3, Some("ns"), Some(0)).unwrap();
-        let mut rx = spawn(spec(""), sub, CancellationToken::new());
+        let mut rx = spawn(spec(""), &store, sub, CancellationToken::new());
         let put = |name: &str| {
             store
                 .write(3, "ns", name, |_| Ok(Write::Put(cm(name, "x"))))
@@ -421,5 +433,28 @@ mod tests {
         let (chunk, at) = reader.await.unwrap();
         assert_eq!(lines(&chunk), 3);
         assert!(at - t0 >= FLUSH_WINDOW, "sent after {:?}", at - t0);
+    }
+
+    #[tokio::test]
+    async fn a_watch_behind_the_history_window_ends_with_410() {
+        let store = Arc::new(Store::new(2));
+        let sub = store.subscribe(3, Some("ns"), Some(0)).unwrap();
+        let mut rx = spawn(spec(""), &store, sub, CancellationToken::new());
+        for i in 0..5 {
+            let name = format!("o{i}");
+            store
+                .write(3, "ns", &name, |_| Ok(Write::Put(cm(&name, "x"))))
+                .unwrap();
+        }
+        let mut q = std::collections::VecDeque::new();
+        let e = next(&mut rx, &mut q).await;
+        assert_eq!(e["type"], "ERROR");
+        assert_eq!(e["object"]["code"], 410);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(10), rx.next())
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
 }
