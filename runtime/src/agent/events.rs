@@ -111,16 +111,57 @@ pub struct ForwarderArgs {
     pub events: NodeEvents,
 }
 
+/// At most one Event per reason per this interval: a guard that something
+/// deletes every read-back would otherwise write an Event every 5 s (the
+/// metric still counts every occurrence).
+pub const EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Per-reason rate limit of Events: lets the first through, then one per
+/// [`EVENT_INTERVAL`], counting what it held back so the next Event can say so.
+#[derive(Debug, Default)]
+pub struct Throttle {
+    last: std::collections::HashMap<&'static str, (std::time::Instant, u32)>,
+}
+
+impl Throttle {
+    /// `Some(held back since the last Event)` if an Event for `reason` may
+    /// be written at `now`; `None` (and counted) if not.
+    pub fn admit(&mut self, reason: &'static str, now: std::time::Instant) -> Option<u32> {
+        match self.last.get_mut(reason) {
+            Some((at, held)) if now.duration_since(*at) < EVENT_INTERVAL => {
+                *held += 1;
+                None
+            }
+            Some((at, held)) => {
+                let before = *held;
+                (*at, *held) = (now, 0);
+                Some(before)
+            }
+            None => {
+                self.last.insert(reason, (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// The forwarder's state.
+#[derive(Debug)]
+pub struct ForwarderState {
+    events: NodeEvents,
+    throttle: Throttle,
+}
+
 impl Actor for EventForwarder {
     type Msg = ForwarderMsg;
-    type State = NodeEvents;
+    type State = ForwarderState;
     type Arguments = ForwarderArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<ForwarderMsg>,
         args: ForwarderArgs,
-    ) -> Result<NodeEvents, ActorProcessingErr> {
+    ) -> Result<ForwarderState, ActorProcessingErr> {
         args.bus.identity.subscribe(myself.clone(), |e| match e {
             IdentityEvent::StateMovedAside { moved_to, reason } => {
                 Some(ForwarderMsg::StateMovedAside { moved_to, reason })
@@ -130,15 +171,19 @@ impl Actor for EventForwarder {
         args.bus
             .protection
             .subscribe(myself, |e| Some(ForwarderMsg::Protection(e)));
-        Ok(args.events)
+        Ok(ForwarderState {
+            events: args.events,
+            throttle: Throttle::default(),
+        })
     }
 
     async fn handle(
         &self,
         _: ActorRef<ForwarderMsg>,
         msg: ForwarderMsg,
-        events: &mut NodeEvents,
+        state: &mut ForwarderState,
     ) -> Result<(), ActorProcessingErr> {
+        let events = &state.events;
         match msg {
             ForwarderMsg::StateMovedAside { moved_to, reason } => {
                 let message = format!(
@@ -148,8 +193,18 @@ impl Actor for EventForwarder {
                 events.warning(REASON_STATE_MOVED_ASIDE, &message).await;
             }
             ForwarderMsg::Protection(e) => {
-                if let Some((reason, message)) = protection_message(&e) {
-                    events.warning(reason, &message).await;
+                let Some((reason, message)) = protection_message(&e) else {
+                    return Ok(());
+                };
+                match state.throttle.admit(reason, std::time::Instant::now()) {
+                    Some(0) => events.warning(reason, &message).await,
+                    Some(held) => {
+                        let message = format!(
+                            "{message} ({held} more since the last such Event, not recorded separately)"
+                        );
+                        events.warning(reason, &message).await;
+                    }
+                    None => tracing::debug!(reason, "Event held back by the rate limit"),
                 }
             }
         }
@@ -188,6 +243,21 @@ fn protection_message(e: &ProtectionEvent) -> Option<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn throttle_admits_one_event_per_reason_per_interval() {
+        let mut t = Throttle::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(t.admit(REASON_GUARD_READDED, t0), Some(0));
+        assert_eq!(t.admit(REASON_GUARD_CONFLICT, t0), Some(0), "per reason");
+        for i in 1..=3 {
+            let at = t0 + std::time::Duration::from_secs(5 * i);
+            assert_eq!(t.admit(REASON_GUARD_READDED, at), None);
+        }
+        assert_eq!(t.admit(REASON_GUARD_READDED, t0 + EVENT_INTERVAL), Some(3));
+        let later = t0 + EVENT_INTERVAL + std::time::Duration::from_secs(1);
+        assert_eq!(t.admit(REASON_GUARD_READDED, later), None);
+    }
 
     #[test]
     fn guard_events_have_reasons_and_other_changes_none() {
