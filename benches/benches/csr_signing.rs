@@ -5,83 +5,15 @@
 //! client-go controller is limited to 5 QPS (≥ 2 writes per CSR).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
+use controller::fixtures::{passing, request};
 use controller::signer::{CaKeyAlgorithm, CertificateAuthority};
-use controller::validate::{
-    CsrView, DaemonSetView, LiveContext, NodeView, PodView, Policy, validate,
-};
+use controller::validate::{CsrView, LiveContext, Policy, validate};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 fn fixture(key: &rcgen::KeyPair) -> (CsrView, LiveContext, Policy) {
-    let mut p = rcgen::CertificateParams::new(vec!["chassis-1".to_owned()]).unwrap();
-    p.distinguished_name = rcgen::DistinguishedName::new();
-    p.distinguished_name
-        .push(rcgen::DnType::OrganizationName, "kube-ovn");
-    p.distinguished_name
-        .push(rcgen::DnType::CommonName, "chassis-1");
-    let request = p
-        .serialize_request(key)
-        .unwrap()
-        .pem()
-        .unwrap()
-        .into_bytes();
-    let policy = Policy::default();
-    let csr = CsrView {
-        name: "ovn-ipsec-x".into(),
-        signer_name: "kubeovn.io/signer".into(),
-        username: policy.requester(),
-        extra: BTreeMap::from([
-            (
-                "authentication.kubernetes.io/pod-uid".to_owned(),
-                vec!["pod-uid".to_owned()],
-            ),
-            (
-                "authentication.kubernetes.io/pod-name".to_owned(),
-                vec!["cni-1".to_owned()],
-            ),
-            (
-                "authentication.kubernetes.io/node-name".to_owned(),
-                vec!["node-1".to_owned()],
-            ),
-        ]),
-        usages: vec!["ipsec tunnel".into()],
-        expiration_seconds: Some(7 * 86400),
-        annotations: BTreeMap::from([
-            ("kube-ovn.io/ipsec-node".to_owned(), "node-1".to_owned()),
-            (
-                "kube-ovn.io/ipsec-node-uid".to_owned(),
-                "node-uid".to_owned(),
-            ),
-            (
-                "kube-ovn.io/ipsec-chassis".to_owned(),
-                "chassis-1".to_owned(),
-            ),
-        ]),
-        request,
-    };
-    let live = LiveContext {
-        pod: Some(PodView {
-            name: "cni-1".into(),
-            uid: "pod-uid".into(),
-            node_name: "node-1".into(),
-            owner_daemon_set_uid: Some("ds".into()),
-            template_hash: Some("h".into()),
-            terminating: false,
-            finished: false,
-        }),
-        node: Some(NodeView {
-            name: "node-1".into(),
-            uid: "node-uid".into(),
-            chassis: Some("chassis-1".into()),
-        }),
-        daemon_set: Some(DaemonSetView {
-            uid: "ds".into(),
-            current_template_hash: Some("h".into()),
-        }),
-    };
-    (csr, live, policy)
+    passing(request(key))
 }
 
 fn bench(c: &mut Criterion) {

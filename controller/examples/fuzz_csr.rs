@@ -12,92 +12,10 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use controller::validate::{
-    CsrView, DaemonSetView, LiveContext, NodeView, PodView, Policy, inspect_der, inspect_request,
-    validate,
-};
+use controller::fixtures::{mutate, passing, request};
+use controller::validate::{inspect_der, inspect_request, validate};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-
-fn request(key: &rcgen::KeyPair) -> Vec<u8> {
-    let mut p = rcgen::CertificateParams::new(vec!["chassis-1".to_owned()]).unwrap();
-    p.distinguished_name = rcgen::DistinguishedName::new();
-    p.distinguished_name
-        .push(rcgen::DnType::OrganizationName, "kube-ovn");
-    p.distinguished_name
-        .push(rcgen::DnType::CommonName, "chassis-1");
-    p.serialize_request(key)
-        .unwrap()
-        .pem()
-        .unwrap()
-        .into_bytes()
-}
-
-/// A CSR and live context that pass every identity check, so the request
-/// bytes decide the outcome.
-fn identity(policy: &Policy) -> (CsrView, LiveContext) {
-    let extra = |k: &str, v: &str| (format!("authentication.kubernetes.io/{k}"), vec![v.into()]);
-    let csr = CsrView {
-        name: "ovn-ipsec-node-1".into(),
-        signer_name: "kubeovn.io/signer".into(),
-        username: policy.requester(),
-        extra: BTreeMap::from([
-            extra("pod-uid", "pod-uid"),
-            extra("pod-name", "cni-1"),
-            extra("node-name", "node-1"),
-        ]),
-        usages: vec!["ipsec tunnel".into()],
-        expiration_seconds: Some(7 * 86400),
-        annotations: BTreeMap::from([
-            ("kube-ovn.io/ipsec-node".into(), "node-1".into()),
-            ("kube-ovn.io/ipsec-node-uid".into(), "node-uid".into()),
-            ("kube-ovn.io/ipsec-chassis".into(), "chassis-1".into()),
-        ]),
-        request: Vec::new(),
-    };
-    let live = LiveContext {
-        pod: Some(PodView {
-            name: "cni-1".into(),
-            uid: "pod-uid".into(),
-            node_name: "node-1".into(),
-            owner_daemon_set_uid: Some("ds".into()),
-            template_hash: Some("h".into()),
-            terminating: false,
-            finished: false,
-        }),
-        node: Some(NodeView {
-            name: "node-1".into(),
-            uid: "node-uid".into(),
-            chassis: Some("chassis-1".into()),
-        }),
-        daemon_set: Some(DaemonSetView {
-            uid: "ds".into(),
-            current_template_hash: Some("h".into()),
-        }),
-    };
-    (csr, live)
-}
-
-fn mutate(base: &[u8], ops: &[(u8, usize, u8)]) -> Vec<u8> {
-    let mut out = base.to_vec();
-    for &(op, pos, byte) in ops {
-        if out.is_empty() {
-            out.push(byte);
-            continue;
-        }
-        let i = pos % out.len();
-        match op % 5 {
-            0 => out[i] ^= byte | 1,
-            1 => out.truncate(i),
-            2 => out.insert(i, byte),
-            3 => {
-                out.remove(i);
-            }
-            _ => out[i] = byte,
-        }
-    }
-    out
-}
 
 fn main() {
     let cases: u32 = std::env::args()
@@ -111,8 +29,7 @@ fn main() {
         .iter()
         .map(|p| pem::parse(p).unwrap().into_contents())
         .collect();
-    let policy = Policy::default();
-    let (mut csr, live) = identity(&policy);
+    let (mut csr, live, policy) = passing(Vec::new());
     // The unmutated inputs must be accepted, or the mutations prove nothing.
     for (pem, der) in pems.iter().zip(&ders) {
         inspect_request(pem, &policy).unwrap();

@@ -29,6 +29,8 @@ pub mod certmanager;
 pub mod clock;
 pub mod config;
 pub mod error;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fixtures;
 pub mod live;
 pub mod metrics;
 pub mod names;

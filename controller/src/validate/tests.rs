@@ -6,13 +6,13 @@ use std::sync::OnceLock;
 
 use proptest::prelude::*;
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, PKCS_ECDSA_P256_SHA256,
-    PKCS_ECDSA_P384_SHA384, PKCS_ED25519, PKCS_RSA_SHA256, SanType,
+    BasicConstraints, DnType, IsCa, KeyPair, PKCS_ECDSA_P256_SHA256, PKCS_ECDSA_P384_SHA384,
+    PKCS_ED25519, PKCS_RSA_SHA256, SanType,
 };
 
 use super::*;
 
-pub(crate) const CHASSIS: &str = "chassis-1";
+pub(crate) use crate::fixtures::CHASSIS;
 pub(crate) const NODE: &str = "node-1";
 pub(crate) const NODE_UID: &str = "0b7c0c55-1111-4c3a-9d6e-000000000001";
 const POD: &str = "kube-ovn-cni-abcde";
@@ -30,26 +30,7 @@ pub(crate) fn rsa2048() -> &'static KeyPair {
     K.get_or_init(|| KeyPair::generate_for(&PKCS_RSA_SHA256).unwrap())
 }
 
-/// A PEM request for `CHASSIS`, after `tweak` edits the parameters.
-pub(crate) fn request_with(key: &KeyPair, tweak: impl FnOnce(&mut CertificateParams)) -> Vec<u8> {
-    let mut params = CertificateParams::new(vec![CHASSIS.to_owned()]).unwrap();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, "kube-ovn");
-    params.distinguished_name.push(DnType::CommonName, CHASSIS);
-    tweak(&mut params);
-    params
-        .serialize_request(key)
-        .unwrap()
-        .pem()
-        .unwrap()
-        .into_bytes()
-}
-
-pub(crate) fn request(key: &KeyPair) -> Vec<u8> {
-    request_with(key, |_| {})
-}
+pub(crate) use crate::fixtures::{request, request_with};
 
 /// A CSR, live state and policy that pass; each test breaks one thing.
 pub(crate) struct Fx {
@@ -568,28 +549,7 @@ fn every_reason_is_listed_once() {
 
 // ---- the parser never panics ----
 
-/// A valid request's DER and PEM, mutated: the shapes an attacker or a bug
-/// produces (bit flips, truncation, insertion, length-byte edits).
-pub(crate) fn mutate(base: &[u8], ops: &[(u8, usize, u8)]) -> Vec<u8> {
-    let mut out = base.to_vec();
-    for &(op, pos, byte) in ops {
-        if out.is_empty() {
-            out.push(byte);
-            continue;
-        }
-        let i = pos % out.len();
-        match op % 5 {
-            0 => out[i] ^= byte | 1,
-            1 => out.truncate(i),
-            2 => out.insert(i, byte),
-            3 => {
-                out.remove(i);
-            }
-            _ => out[i] = byte,
-        }
-    }
-    out
-}
+use crate::fixtures::mutate;
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 20_000, failure_persistence: None, ..ProptestConfig::default() })]
