@@ -161,6 +161,7 @@ pub fn stream(
         pending: true,
         ended: false,
         last_flush: tokio::time::Instant::now() - FLUSH_WINDOW,
+        slots: Slots::next(),
     };
     futures::stream::iter(head.done()).chain(futures::stream::unfold(live, |mut live| async {
         let chunk = live.next().await?;
@@ -208,6 +209,8 @@ struct Live {
     ended: bool,
     /// When the last live chunk was taken.
     last_flush: tokio::time::Instant,
+    /// When this watch may send while busy.
+    slots: Slots,
 }
 
 impl Live {
@@ -237,14 +240,17 @@ impl Live {
                         Err(broadcast::error::RecvError::Closed) => return None,
                     },
                 }
-                // A watch that has just sent waits out the rest of the
-                // flush window before reading, so a busy watch leaves in
-                // one write per window instead of one per event (each write
-                // to a socket costs more than the bytes in it); after a
-                // quiet spell an event leaves at once.
-                let window_end = self.last_flush + FLUSH_WINDOW;
-                if tokio::time::Instant::now() < window_end {
-                    tokio::time::sleep_until(window_end).await;
+                // A watch that has sent within the last flush window waits
+                // for its next slot before reading, so a busy watch leaves
+                // in one write per window instead of one per event (each
+                // write to a socket costs more than the bytes in it); after
+                // a quiet spell an event leaves at once.
+                let now = tokio::time::Instant::now();
+                if now < self.last_flush + FLUSH_WINDOW {
+                    let slot = self.slots.after(self.last_flush);
+                    if now < slot {
+                        tokio::time::sleep_until(slot).await;
+                    }
                 }
             }
             self.last_flush = tokio::time::Instant::now();
@@ -282,11 +288,56 @@ impl Live {
     }
 }
 
-/// Shortest gap between two live chunks of one watch. The cost of a watch is
+/// The period of a busy watch's chunks. The cost of a watch is
 /// mostly per write (syscall, TCP segment, TLS record), so under load this
-/// bounds the writes per watch to 1 / window; the delay it can add to an
+/// bounds the writes per watch to about 1 / window; the delay it can add to an
 /// event is at most the window, and nothing when the watch was quiet.
 const FLUSH_WINDOW: Duration = Duration::from_millis(5);
+
+/// A busy watch's send times: one every [`FLUSH_WINDOW`], at a phase of its
+/// own. Watches woken by the same event would otherwise all send at the same
+/// instant, every window, and the last of a hundred would wait for the other
+/// ninety-nine's TLS records and writes (and so would the client reading
+/// them); phases spread over the window make every send a small one.
+struct Slots {
+    /// A grid point of this watch.
+    origin: tokio::time::Instant,
+}
+
+impl Slots {
+    /// The slots of a watch starting now: the `n`-th watch of the process
+    /// is offset by `n` times the golden ratio of the window, so any number
+    /// of watches covers the window evenly.
+    fn next() -> Self {
+        static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        Self::nth(
+            COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            tokio::time::Instant::now(),
+        )
+    }
+
+    fn nth(n: u64, start: tokio::time::Instant) -> Self {
+        // The fractional part of n times the golden ratio (2^64 / φ as a
+        // fixed-point fraction), scaled to the window: each new phase falls
+        // into the widest gap left by the earlier ones.
+        let window = FLUSH_WINDOW.as_nanos();
+        let fraction = u128::from(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let phase = u64::try_from((fraction * window) >> 64).unwrap_or(0);
+        Self {
+            origin: start + Duration::from_nanos(phase),
+        }
+    }
+
+    /// The first slot after `t`.
+    fn after(&self, t: tokio::time::Instant) -> tokio::time::Instant {
+        if t < self.origin {
+            return self.origin;
+        }
+        let window = FLUSH_WINDOW.as_nanos();
+        let k = (t - self.origin).as_nanos() / window + 1;
+        self.origin + Duration::from_nanos(u64::try_from(k * window).unwrap_or(u64::MAX))
+    }
+}
 
 /// Upper bound of one batched chunk of watch events.
 const MAX_BATCH: usize = 64 * 1024;
@@ -421,7 +472,7 @@ mod tests {
         put("b");
         let reader = tokio::spawn(async move {
             let chunk = rx.next().await.unwrap();
-            (chunk, tokio::time::Instant::now())
+            (chunk, tokio::time::Instant::now(), rx)
         });
         // The reader has taken "b" and waits out the window; what arrives
         // meanwhile joins the same chunk.
@@ -430,9 +481,42 @@ mod tests {
         }
         put("c");
         put("d");
-        let (chunk, at) = reader.await.unwrap();
+        let (chunk, at, mut rx) = reader.await.unwrap();
         assert_eq!(lines(&chunk), 3);
-        assert!(at - t0 >= FLUSH_WINDOW, "sent after {:?}", at - t0);
+        // Sent at the watch's next slot: later, but within one window.
+        assert!(
+            at > t0 && at - t0 <= FLUSH_WINDOW,
+            "sent after {:?}",
+            at - t0
+        );
+        // From then on the watch is on its grid: one chunk per window.
+        put("e");
+        let chunk = rx.next().await.unwrap();
+        assert_eq!(lines(&chunk), 1);
+        assert_eq!(tokio::time::Instant::now() - at, FLUSH_WINDOW);
+    }
+
+    #[test]
+    fn slots_spread_watches_over_the_window() {
+        let start = tokio::time::Instant::now();
+        let window = FLUSH_WINDOW.as_nanos() as u64;
+        let mut phases: Vec<u64> = (0..100)
+            .map(|n| (Slots::nth(n, start).origin - start).as_nanos() as u64)
+            .collect();
+        phases.sort_unstable();
+        phases.push(phases[0] + window);
+        let widest = phases.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+        // Evenly spread, 100 phases would be window/100 apart; allow 3x.
+        assert!(widest < 3 * window / 100, "gap {widest} ns of {window}");
+        for n in [0, 7] {
+            let slots = Slots::nth(n, start);
+            for offset_us in [0u64, 1, 4_999, 5_000, 123_457] {
+                let t = start + Duration::from_micros(offset_us);
+                let at = slots.after(t);
+                assert!(at > t && at - t <= FLUSH_WINDOW, "{n} {offset_us}");
+                assert_eq!((at - slots.origin).as_nanos() % FLUSH_WINDOW.as_nanos(), 0);
+            }
+        }
     }
 
     #[tokio::test]
