@@ -1,1 +1,3 @@
-//! placeholder, filled by its issue
+//! Shared pieces of the bench binaries.
+
+pub mod rawhttp;

@@ -18,6 +18,10 @@
 //!    `--rate` writes/s (5,000) — the delay from sending a write to each
 //!    watch receiving its event, at the rate the target names.
 //!
+//! The load generator talks HTTP/1.1 over TLS through `rawhttp` by default
+//! (one task per connection, parsed in place) so that less of the two shared
+//! cores goes to it; `--client kube` uses kube-rs's client instead.
+//!
 //! Each write carries its send time (µs since the start) in an annotation;
 //! watchers find it in the raw event bytes (no JSON parse on the hot path)
 //! and record now − send time.
@@ -35,6 +39,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use futures::AsyncReadExt as _;
 use http_body_util::BodyExt;
+use kube_ovn_ipsec_benches::rawhttp;
 use lab::apiserver::{ADMIN_TOKEN, ApiServer};
 
 /// Options.
@@ -55,10 +60,76 @@ struct Args {
     /// Offered load of the second phase, writes/s.
     #[arg(long, default_value_t = 5000)]
     rate: u64,
+    /// The load generator's HTTP client: `raw` (one task per connection,
+    /// parsing in place: leaves more of the shared cores to the server) or
+    /// `kube` (kube-rs's client, as the agent and controller use it).
+    #[arg(long, value_enum, default_value_t = ClientKind::Raw)]
+    client: ClientKind,
     /// Internal: run only the server, write its admin kubeconfig here, print
     /// "ready" and serve until stdin closes.
     #[arg(long, hide = true)]
     serve: Option<PathBuf>,
+}
+
+/// Which HTTP client generates the load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ClientKind {
+    Raw,
+    Kube,
+}
+
+/// A watch stream from either client.
+enum WatchStream {
+    Kube(std::pin::Pin<Box<dyn futures::AsyncRead + Send>>),
+    Raw(Box<rawhttp::Body>),
+}
+
+impl WatchStream {
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            WatchStream::Kube(s) => s.read(buf).await,
+            WatchStream::Raw(b) => b.read(buf).await,
+        }
+    }
+}
+
+/// A writer's connection from either client.
+enum WriteConn {
+    Kube(kube::Client),
+    Raw(Box<rawhttp::Conn>),
+}
+
+impl WriteConn {
+    /// Sends one write; its success and the answer's body (`None`: no answer).
+    async fn send(
+        &mut self,
+        method: http::Method,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Option<(bool, Vec<u8>)> {
+        match self {
+            WriteConn::Kube(client) => {
+                let req = http::Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .header("content-type", content_type)
+                    .body(kube::client::Body::from(body))
+                    .ok()?;
+                let resp = client.send(req).await.ok()?;
+                let ok = resp.status().is_success();
+                let body = resp.into_body().collect().await.ok()?.to_bytes();
+                Some((ok, body.to_vec()))
+            }
+            WriteConn::Raw(conn) => {
+                let resp = conn
+                    .request(method.as_str(), path, content_type, &body)
+                    .await
+                    .ok()?;
+                Some(((200..300).contains(&resp.status), resp.body))
+            }
+        }
+    }
 }
 
 const NS: &str = "bench";
@@ -179,15 +250,10 @@ fn resource_version(finder: &memchr::memmem::Finder<'_>, bytes: &[u8]) -> u64 {
 }
 
 /// Reads one watch stream to the stop object, recording deliveries.
-async fn watch(
-    stream: impl futures::AsyncRead,
-    phase: Arc<AtomicU8>,
-    now_us: impl Fn() -> u64,
-) -> Seen {
+async fn watch(mut stream: WatchStream, phase: Arc<AtomicU8>, now_us: impl Fn() -> u64) -> Seen {
     let mark = memchr::memmem::Finder::new(MARK);
     let stop = memchr::memmem::Finder::new(STOP);
     let rv = memchr::memmem::Finder::new(RV);
-    futures::pin_mut!(stream);
     let mut seen = Seen {
         capacity: Vec::with_capacity(1 << 17),
         paced: Vec::with_capacity(1 << 17),
@@ -269,6 +335,7 @@ async fn main() {
     .await
     .unwrap();
     let client = kube::Client::try_from(config).unwrap();
+    let raw = rawhttp::Connector::from_kubeconfig(&kubeconfig).unwrap();
     let start = Instant::now();
     let now_us = move || start.elapsed().as_micros() as u64;
 
@@ -291,8 +358,15 @@ async fn main() {
         let path = format!(
             "/api/v1/namespaces/{NS}/configmaps?watch=true&resourceVersion={rv}&timeoutSeconds=600"
         );
-        let req = http::Request::get(path).body(Vec::new()).unwrap();
-        let stream = client.request_stream(req).await.unwrap();
+        let stream = match args.client {
+            ClientKind::Kube => {
+                let req = http::Request::get(path).body(Vec::new()).unwrap();
+                WatchStream::Kube(Box::pin(client.request_stream(req).await.unwrap()))
+            }
+            ClientKind::Raw => WatchStream::Raw(Box::new(
+                raw.connect().await.unwrap().stream(&path).await.unwrap(),
+            )),
+        };
         watchers.push(tokio::spawn(watch(stream, phase.clone(), now_us)));
     }
 
@@ -305,7 +379,10 @@ async fn main() {
     let pace_ns = Arc::new(AtomicU64::new(0));
     let mut writers = Vec::new();
     for w in 0..args.writers {
-        let client = client.clone();
+        let mut conn = match args.client {
+            ClientKind::Kube => WriteConn::Kube(client.clone()),
+            ClientKind::Raw => WriteConn::Raw(Box::new(raw.connect().await.unwrap())),
+        };
         let (counts, stop, phase, pace_ns, answered) = (
             counts.clone(),
             stop.clone(),
@@ -331,30 +408,33 @@ async fn main() {
                         next = tokio::time::Instant::now();
                     }
                     let sent = now_us();
-                    let req = if update {
-                        http::Request::patch(format!("/api/v1/namespaces/{NS}/configmaps/{name}"))
-                            .header("content-type", "application/merge-patch+json")
-                            .body(kube::client::Body::from(patch_for(sent, n + 1)))
+                    let answer = if update {
+                        conn.send(
+                            http::Method::PATCH,
+                            &format!("/api/v1/namespaces/{NS}/configmaps/{name}"),
+                            "application/merge-patch+json",
+                            patch_for(sent, n + 1),
+                        )
+                        .await
                     } else {
-                        http::Request::post(format!("/api/v1/namespaces/{NS}/configmaps"))
-                            .header("content-type", "application/json")
-                            .body(kube::client::Body::from(body_for(&name, sent, n)))
-                    }
-                    .unwrap();
-                    let ok = match client.send(req).await {
-                        Ok(resp) => {
-                            let ok = resp.status().is_success();
-                            let body = resp.into_body().collect().await;
+                        conn.send(
+                            http::Method::POST,
+                            &format!("/api/v1/namespaces/{NS}/configmaps"),
+                            "application/json",
+                            body_for(&name, sent, n),
+                        )
+                        .await
+                    };
+                    let ok = match answer {
+                        Some((ok, body)) => {
                             let t = now_us();
-                            let rv = body
-                                .map(|b| resource_version(&rv, &b.to_bytes()))
-                                .unwrap_or(0) as usize;
+                            let rv = resource_version(&rv, &body) as usize;
                             if let Some(slot) = answered.get(rv) {
                                 slot.store(t + 1, Ordering::Relaxed);
                             }
                             ok
                         }
-                        Err(_) => false,
+                        None => false,
                     };
                     let p = phase.load(Ordering::Relaxed);
                     if p != WARMUP {
@@ -431,8 +511,8 @@ async fn main() {
         .map(|n| n.get())
         .unwrap_or(0);
     println!(
-        "apiserver_load: {} watches, {} writers, {cores} cores, server in its own process, {} s per phase",
-        args.watches, args.writers, args.seconds
+        "apiserver_load: {} watches, {} writers ({:?} client), {cores} cores, server in its own process, {} s per phase",
+        args.watches, args.writers, args.client, args.seconds
     );
     let latencies = std::mem::take(&mut *counts.latency.lock().unwrap());
     let ms = |sorted: &[u64], p: f64| percentile(sorted, p) as f64 / 1000.0;
