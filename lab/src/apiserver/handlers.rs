@@ -145,7 +145,17 @@ fn parse_route(path: &str) -> Result<Route, ApiError> {
 }
 
 fn json_response(code: StatusCode, body: &Value) -> Response {
-    bytes_response(code, Bytes::from(body.to_string()), "application/json")
+    // Serialising a Value cannot fail (its map keys are strings).
+    let json = serde_json::to_vec(body).unwrap_or_default();
+    bytes_response(code, Bytes::from(json), "application/json")
+}
+
+/// The answer to a write: the stored object, serialised once with its event.
+fn written_response(code: StatusCode, written: &super::store::Written) -> Response {
+    match &written.json {
+        Some(json) => bytes_response(code, json.clone(), "application/json"),
+        None => json_response(code, &written.object),
+    }
 }
 
 fn bytes_response(code: StatusCode, body: Bytes, content_type: &'static str) -> Response {
@@ -625,7 +635,7 @@ fn create(
         }
         Ok(Write::Put(obj))
     })?;
-    Ok(json_response(StatusCode::CREATED, &written.object))
+    Ok(written_response(StatusCode::CREATED, &written))
 }
 
 fn update(
@@ -682,7 +692,7 @@ fn update(
                 }
         Ok(decision)
     })?;
-    Ok(json_response(StatusCode::OK, &written.object))
+    Ok(written_response(StatusCode::OK, &written))
 }
 
 fn delete_collection(

@@ -14,7 +14,19 @@ use super::store::Write;
 
 /// Current time as the API's RFC 3339 second-precision timestamp.
 pub fn now() -> String {
-    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+    // Formatting costs more than a write's other metadata together; the text
+    // changes once a second.
+    thread_local! {
+        static LAST: std::cell::RefCell<(i64, String)> = const { std::cell::RefCell::new((i64::MIN, String::new())) };
+    }
+    let t = chrono::Utc::now();
+    LAST.with_borrow_mut(|(secs, text)| {
+        if *secs != t.timestamp() {
+            *secs = t.timestamp();
+            *text = t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
+        }
+        text.clone()
+    })
 }
 
 fn is_csr(def: &ResourceDef) -> bool {
@@ -286,15 +298,20 @@ fn prepare_csr(
     Ok(())
 }
 
-fn without(obj: &Value, fields: &[&str]) -> Value {
-    match obj {
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .filter(|(k, _)| !fields.contains(&k.as_str()))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        ),
-        other => other.clone(),
+/// Whether `a` and `b` are equal apart from the top-level `fields`
+/// (compared in place: no copies of either object).
+fn equal_except(a: &Value, b: &Value, fields: &[&str]) -> bool {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            let kept = |m: &serde_json::Map<String, Value>| {
+                m.keys().filter(|k| !fields.contains(&k.as_str())).count()
+            };
+            kept(a) == kept(b)
+                && a.iter()
+                    .filter(|(k, _)| !fields.contains(&k.as_str()))
+                    .all(|(k, v)| b.get(k) == Some(v))
+        }
+        _ => a == b,
     }
 }
 
@@ -386,7 +403,7 @@ pub fn prepare_update(
                     None => meta.remove(k),
                 };
             }
-            if without(&r, &["metadata", "status"]) != without(old, &["metadata", "status"]) {
+            if !equal_except(&r, old, &["metadata", "status"]) {
                 let g = old_meta
                     .get("generation")
                     .and_then(Value::as_i64)

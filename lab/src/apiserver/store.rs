@@ -93,6 +93,9 @@ pub struct Written {
     pub object: Arc<Value>,
     /// The event it caused, if any.
     pub event: Option<EventType>,
+    /// The object's JSON when it was stored or replaced: a slice of the
+    /// event line, so a write's answer is not serialised a second time.
+    pub json: Option<Bytes>,
 }
 
 /// A watch's starting point: what to send first and where to go on from.
@@ -275,6 +278,8 @@ impl Store {
         name: &str,
         f: impl FnOnce(Option<&Arc<Value>>) -> Result<Write, ApiError>,
     ) -> Result<Written, ApiError> {
+        // Declared before the guard, so dropped after it.
+        let mut evicted = Vec::new();
         let mut inner = self.lock();
         let key = (namespace.to_string(), name.to_string());
         let current = inner
@@ -289,6 +294,7 @@ impl Store {
                     .map(|object| Written {
                         object,
                         event: None,
+                        json: None,
                     })
                     .ok_or_else(|| ApiError::internal("unchanged write of a missing object"));
             }
@@ -323,19 +329,28 @@ impl Store {
                 (EventType::Deleted, Arc::new(last))
             }
         };
+        let encoded = encode_event(event_type.as_str(), &object);
+        // `{"type":"<T>","object":` ... `}\n`: the object is in between.
+        let json = (event_type != EventType::Deleted).then(|| {
+            let prefix = br#"{"type":"","object":"#.len() + event_type.as_str().len();
+            encoded.slice(prefix..encoded.len() - 2)
+        });
         let event = Arc::new(StoredEvent {
             event_type,
             resource,
             rv: inner.rv,
             namespace: namespace.to_string(),
-            encoded: encode_event(event_type.as_str(), &object),
+            encoded,
             object: object.clone(),
             old: current,
         });
-        inner.history.push_back(event.clone());
+        inner.history.push_back(event);
         while inner.history.len() > inner.window {
             if let Some(gone) = inner.history.pop_front() {
                 inner.floor = gone.rv;
+                // Freed after the lock is released: the last reference to
+                // an old event can be the last to two objects.
+                evicted.push(gone);
             }
         }
         // No receiver is not an error: nobody is watching.
@@ -343,6 +358,7 @@ impl Store {
         Ok(Written {
             object,
             event: Some(event_type),
+            json,
         })
     }
 
@@ -427,6 +443,33 @@ mod tests {
     }
 
     const CM: usize = 3;
+
+    #[test]
+    fn a_write_answers_with_the_json_of_its_event() {
+        let store = Store::new(1);
+        for (v, t) in [("1", "ADDED"), ("2", "MODIFIED"), ("2", "")] {
+            let written = store
+                .write(CM, "ns", "a", |cur| {
+                    Ok(match cur {
+                        Some(c) if c["data"]["v"] == v => Write::Unchanged,
+                        _ => Write::Put(cm("a", v)),
+                    })
+                })
+                .unwrap();
+            let Some(json) = &written.json else {
+                assert_eq!(t, "", "an unchanged write has no event");
+                continue;
+            };
+            let answer: Value = serde_json::from_slice(json).unwrap();
+            assert_eq!(&answer, written.object.as_ref());
+            assert_eq!(answer["metadata"]["resourceVersion"], v);
+            let line = store.lock().history.back().unwrap().encoded.clone();
+            let ev: Value = serde_json::from_slice(&line).unwrap();
+            assert_eq!(ev["type"], t);
+        }
+        let gone = store.write(CM, "ns", "a", |_| Ok(Write::Delete)).unwrap();
+        assert!(gone.json.is_none(), "a deletion answers with its own document");
+    }
 
     #[test]
     fn versions_history_and_exact_lists() {

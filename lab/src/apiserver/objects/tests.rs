@@ -211,3 +211,25 @@ fn csr_approval_and_certificate() {
         422
     );
 }
+
+#[test]
+fn equal_except_ignores_only_the_named_fields() {
+    let a = json!({"metadata": {"rv": "1"}, "status": {"x": 1}, "spec": {"a": 1}});
+    let b = json!({"metadata": {"rv": "2"}, "spec": {"a": 1}});
+    assert!(equal_except(&a, &b, &["metadata", "status"]));
+    assert!(!equal_except(&a, &b, &["metadata"]));
+    let c = json!({"metadata": {}, "spec": {"a": 2}});
+    assert!(!equal_except(&a, &c, &["metadata", "status"]));
+    let d = json!({"metadata": {}, "spec": {"a": 1}, "data": {}});
+    assert!(!equal_except(&a, &d, &["metadata", "status"]), "a key only in one");
+    assert!(!equal_except(&d, &a, &["metadata", "status"]), "a key only in one");
+}
+
+#[test]
+fn now_is_rfc3339_seconds_and_current() {
+    let text = now();
+    let parsed = chrono::DateTime::parse_from_rfc3339(&text).unwrap();
+    assert!(text.ends_with('Z') && text.len() == 20, "{text}");
+    let age = chrono::Utc::now().signed_duration_since(parsed);
+    assert!(age >= chrono::TimeDelta::zero() && age < chrono::TimeDelta::seconds(2));
+}
