@@ -468,7 +468,10 @@ mod tests {
             assert_eq!(ev["type"], t);
         }
         let gone = store.write(CM, "ns", "a", |_| Ok(Write::Delete)).unwrap();
-        assert!(gone.json.is_none(), "a deletion answers with its own document");
+        assert!(
+            gone.json.is_none(),
+            "a deletion answers with its own document"
+        );
     }
 
     #[test]

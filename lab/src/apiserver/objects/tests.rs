@@ -221,8 +221,14 @@ fn equal_except_ignores_only_the_named_fields() {
     let c = json!({"metadata": {}, "spec": {"a": 2}});
     assert!(!equal_except(&a, &c, &["metadata", "status"]));
     let d = json!({"metadata": {}, "spec": {"a": 1}, "data": {}});
-    assert!(!equal_except(&a, &d, &["metadata", "status"]), "a key only in one");
-    assert!(!equal_except(&d, &a, &["metadata", "status"]), "a key only in one");
+    assert!(
+        !equal_except(&a, &d, &["metadata", "status"]),
+        "a key only in one"
+    );
+    assert!(
+        !equal_except(&d, &a, &["metadata", "status"]),
+        "a key only in one"
+    );
 }
 
 #[test]
