@@ -235,20 +235,11 @@ impl Conn {
             self.buf.drain(..self.start);
             self.start = 0;
         }
-        let len = self.buf.len();
-        if self.buf.capacity() - len < 16 * 1024 {
+        if self.buf.capacity() - self.buf.len() < 16 * 1024 {
             self.buf.reserve(64 * 1024);
         }
-        self.buf.resize(self.buf.capacity(), 0);
-        let n = self.tls.read(&mut self.buf[len..]).await;
-        let n = match n {
-            Ok(n) => n,
-            Err(e) => {
-                self.buf.truncate(len);
-                return Err(e);
-            }
-        };
-        self.buf.truncate(len + n);
+        // Appends into the spare capacity: nothing is zeroed per read.
+        let n = self.tls.read_buf(&mut self.buf).await?;
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
