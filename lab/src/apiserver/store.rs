@@ -7,8 +7,8 @@
 //! the history, broadcast) gives that order for free; lists clone `Arc`s under
 //! the lock and serialise outside it. Each event is serialised once, under the
 //! lock; watches are woken by a broadcast of the new resourceVersion (a plain
-//! number: nothing shared is reference-counted per watch and event) and read
-//! the events themselves from the history, a batch per lock.
+//! number) and take references to the events from the history, a batch per
+//! lock, copying the lines into their chunks after releasing it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -106,7 +106,7 @@ pub struct Subscription {
     /// Current objects (for synthetic ADDED events), if asked for.
     pub initial: Vec<Arc<Value>>,
     /// Wakes the watch: the resourceVersion of each new event (the events
-    /// themselves are read with [`Store::visit_since`]).
+    /// themselves are taken with [`Store::take_since`]).
     pub rx: broadcast::Receiver<u64>,
     /// Changes when the store is compacted: the watch must end with 410 Expired.
     pub expired: tokio::sync::watch::Receiver<u64>,
@@ -396,28 +396,24 @@ impl Store {
         }
     }
 
-    /// Visits the history's events after `after_rv`, oldest first, while
-    /// `take` accepts them (`false`: not taken, stop here). Returns the
-    /// resourceVersion of the last event taken (`after_rv` if none), or 410
-    /// Expired when events after `after_rv` are no longer in the history.
-    pub fn visit_since(
+    /// Appends the history's events after `after_rv` (oldest first, at most
+    /// `max`) to `out`, or fails with 410 Expired when events after
+    /// `after_rv` are no longer in the history. Only references are taken
+    /// under the lock: a watch copies the event lines after releasing it, so
+    /// a hundred watches do not hold up writers while they copy.
+    pub fn take_since(
         &self,
         after_rv: u64,
-        mut take: impl FnMut(&StoredEvent) -> bool,
-    ) -> Result<u64, ApiError> {
+        max: usize,
+        out: &mut Vec<Arc<StoredEvent>>,
+    ) -> Result<(), ApiError> {
         let inner = self.lock();
         if after_rv < inner.floor {
             return Err(ApiError::expired(after_rv, inner.floor));
         }
         let start = inner.history.partition_point(|e| e.rv <= after_rv);
-        let mut last = after_rv;
-        for ev in inner.history.range(start..) {
-            if !take(ev) {
-                break;
-            }
-            last = ev.rv;
-        }
-        Ok(last)
+        out.extend(inner.history.range(start..).take(max).cloned());
+        Ok(())
     }
 }
 
@@ -495,25 +491,20 @@ mod tests {
         assert_eq!(at1.len(), 1);
         assert_eq!(at1[0]["data"]["v"], "1");
         assert_eq!(store.list(CM, Some("ns")).0.len(), 1);
-        let mut seen = Vec::new();
-        let last = store
-            .visit_since(rv1, |e| {
-                seen.push(e.rv);
-                true
-            })
-            .unwrap();
-        assert_eq!((seen, last), (vec![2, 3, 4], 4));
-        let mut taken = Vec::new();
-        let last = store
-            .visit_since(rv1, |e| {
-                taken.push(e.rv);
-                taken.len() < 2
-            })
-            .unwrap();
-        assert_eq!(last, 2, "the refused event is not counted as taken");
+        let rvs = |after, max| {
+            let mut taken = Vec::new();
+            store.take_since(after, max, &mut taken).unwrap();
+            taken.iter().map(|e| e.rv).collect::<Vec<_>>()
+        };
+        assert_eq!(rvs(rv1, 10), [2, 3, 4]);
+        assert_eq!(rvs(rv1, 2), [2, 3]);
+        assert_eq!(rvs(4, 10), Vec::<u64>::new());
         store.compact();
         assert_eq!(store.subscribe(CM, None, Some(rv1)).unwrap_err().code, 410);
-        assert_eq!(store.visit_since(rv1, |_| true).unwrap_err().code, 410);
+        assert_eq!(
+            store.take_since(rv1, 10, &mut Vec::new()).unwrap_err().code,
+            410
+        );
         assert_eq!(store.list_at(CM, None, rv1).unwrap_err().code, 410);
         assert!(store.subscribe(CM, None, Some(4)).is_ok());
     }
@@ -540,7 +531,9 @@ mod tests {
         assert_eq!(store.oldest_resource_version(), 3);
         assert!(store.subscribe(CM, None, Some(2)).is_err());
         assert!(store.subscribe(CM, None, Some(3)).is_ok());
-        assert_eq!(store.visit_since(3, |_| true).unwrap(), 5);
+        let mut taken = Vec::new();
+        store.take_since(3, 10, &mut taken).unwrap();
+        assert_eq!(taken.iter().map(|e| e.rv).collect::<Vec<_>>(), [4, 5]);
     }
 
     #[test]

@@ -259,26 +259,25 @@ impl Live {
                 self.rx.try_recv(),
                 Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)
             ) {}
+            // References under the store's lock; the lines are copied into
+            // the chunk after it is released.
+            let mut taken = Vec::new();
+            if let Err(e) = self.store.take_since(self.last_rv, MAX_TAKEN, &mut taken) {
+                // Behind the history's window: the client must relist.
+                self.ended = true;
+                return Some(error_event(&e));
+            }
             let mut batch = BytesMut::new();
-            let mut full = false;
-            let spec = &self.spec;
-            let read = self.store.visit_since(self.last_rv, |ev| {
+            let mut full = taken.len() == MAX_TAKEN;
+            for ev in &taken {
                 if batch.len() >= MAX_BATCH {
                     full = true;
-                    return false;
+                    break;
                 }
-                if let Some(line) = spec.render(ev) {
+                if let Some(line) = self.spec.render(ev) {
                     batch.extend_from_slice(&line);
                 }
-                true
-            });
-            match read {
-                Ok(last) => self.last_rv = last,
-                Err(e) => {
-                    // Behind the history's window: the client must relist.
-                    self.ended = true;
-                    return Some(error_event(&e));
-                }
+                self.last_rv = ev.rv;
             }
             self.pending = full;
             if !batch.is_empty() {
@@ -338,6 +337,9 @@ impl Slots {
         self.origin + Duration::from_nanos(u64::try_from(k * window).unwrap_or(u64::MAX))
     }
 }
+
+/// Most events taken from the history per chunk.
+const MAX_TAKEN: usize = 512;
 
 /// Upper bound of one batched chunk of watch events.
 const MAX_BATCH: usize = 64 * 1024;
