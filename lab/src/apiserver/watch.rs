@@ -291,7 +291,7 @@ impl Live {
 /// mostly per write (syscall, TCP segment, TLS record), so under load this
 /// bounds the writes per watch to about 1 / window; the delay it can add to an
 /// event is at most the window, and nothing when the watch was quiet.
-const FLUSH_WINDOW: Duration = Duration::from_millis(5);
+const FLUSH_WINDOW: Duration = Duration::from_millis(4);
 
 /// A busy watch's send times: one every [`FLUSH_WINDOW`], at a phase of its
 /// own. Watches woken by the same event would otherwise all send at the same
