@@ -74,6 +74,9 @@ pub enum Reason {
     CsrFailed,
     /// The CSR was not issued within the request timeout.
     CsrTimeout,
+    /// A Kubernetes API call for the CSR failed (refused, forbidden,
+    /// invalid, or the CSR vanished).
+    CsrApiError,
     /// The issued certificate does not match the pending key or chassis.
     CertificateMismatch,
     /// The trust ConfigMap is missing.
@@ -160,6 +163,11 @@ impl Reason {
             CsrTimeout => {
                 "the IPsec CSR was not issued within the request timeout; check that the \
                  controller is running and the API server is reachable"
+            }
+            CsrApiError => {
+                "a Kubernetes API call for the IPsec CSR failed (refused, forbidden, invalid, or \
+                 the CSR was deleted); the agent retries — its log has the API's answer; check \
+                 the kube-ovn-cni ServiceAccount's RBAC for certificatesigningrequests"
             }
             CertificateMismatch => {
                 "the issued certificate does not match the pending key or chassis; the agent \
@@ -404,7 +412,7 @@ mod tests {
         Phase::Failed,
     ];
 
-    const REASONS: [Reason; 29] = [
+    const REASONS: [Reason; 30] = [
         Reason::KeyDirReadOnly,
         Reason::KeyDirLocked,
         Reason::CapabilityMissing,
@@ -415,6 +423,7 @@ mod tests {
         Reason::CsrDenied,
         Reason::CsrFailed,
         Reason::CsrTimeout,
+        Reason::CsrApiError,
         Reason::CertificateMismatch,
         Reason::TrustBundleMissing,
         Reason::TrustBundleInvalid,

@@ -210,3 +210,98 @@ async fn corrupt_state_file_is_moved_aside_with_an_event() {
     let _ = agent.kill();
     let _ = agent.wait();
 }
+
+/// An API refusal of the CSR is reported as such, not as a timeout: with
+/// RBAC on and an identity that may do everything except touch CSRs, the
+/// agent's `/status` says `CsrApiError` (with the operator's hint) and no
+/// CSR exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csr_refused_by_the_api_is_reported_as_an_api_error() {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::api::{Api, ListParams, PostParams};
+
+    let cluster = Cluster::start_with(Duration::from_secs(3600), true).await;
+    let admin = cluster
+        .api
+        .client(lab::apiserver::ADMIN_TOKEN)
+        .await
+        .unwrap();
+    // Every group the agent uses, all verbs, but no certificates.k8s.io.
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "agent-without-csr"},
+        "rules": [{"apiGroups": ["", "coordination.k8s.io", "apps", "events.k8s.io"],
+                   "resources": ["*"], "verbs": ["*"]}]
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "agent-without-csr"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "agent-without-csr"},
+        "subjects": [{"kind": "User", "name": "agent-without-csr"}]
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let token = "agent-without-csr-token";
+    cluster.api.add_token(
+        token,
+        lab::apiserver::Identity {
+            username: "agent-without-csr".into(),
+            uid: "9b2f0f0e-0000-4000-8000-000000000001".into(),
+            groups: vec![],
+            extra: Default::default(),
+        },
+    );
+    let kubeconfig = cluster.dir.path().join("kubeconfig-without-csr");
+    cluster.api.write_kubeconfig(&kubeconfig, token).unwrap();
+
+    let key_dir = cluster.dir.path().join("keys");
+    let port = Cluster::free_port();
+    let mut args: Vec<String> = Vec::new();
+    for (flag, value) in cluster.standin_flags() {
+        args.push(flag);
+        args.push(value);
+    }
+    args.extend(["--key-algorithm".into(), "ecdsa-p256".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = cluster.spawn_agent_as(&kubeconfig, &key_dir, port, 600, &args);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let s = loop {
+        if let Some(s) = status(port).await
+            && s["reason"] == "CsrApiError"
+        {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no CsrApiError within 30 s; last status: {:?}\nagent logs:\n{}",
+            status(port).await,
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_ne!(s["phase"], "Active", "{s}");
+    assert_eq!(http_get(port, "/readyz").await.map(|(c, _)| c), Some(503));
+    let csrs = Api::<CertificateSigningRequest>::all(admin)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(csrs.items.is_empty(), "a CSR was created: {:?}", csrs.items);
+    let logs = cluster.agent_logs();
+    assert!(
+        logs.contains("Forbidden") && logs.contains("certificatesigningrequests"),
+        "the API's answer is in the log:\n{logs}"
+    );
+    let _ = agent.kill();
+    let _ = agent.wait();
+}

@@ -220,8 +220,14 @@ impl Cluster {
     /// Starts the API server, ovsdb-server, the Node, the trust ConfigMap
     /// and the signer, which issues at most `issue_lifetime`.
     pub async fn start(issue_lifetime: Duration) -> Cluster {
+        Self::start_with(issue_lifetime, false).await
+    }
+
+    /// [`Cluster::start`], with the API server's RBAC on or off (the
+    /// cluster's own clients are `system:masters` either way).
+    pub async fn start_with(issue_lifetime: Duration, rbac: bool) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let api = ApiServer::builder().start().await.unwrap();
+        let api = ApiServer::builder().rbac(rbac).start().await.unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         api.write_kubeconfig(&kubeconfig, ADMIN_TOKEN).unwrap();
         let client = api.client(ADMIN_TOKEN).await.unwrap();
@@ -339,6 +345,18 @@ impl Cluster {
         lifetime_secs: u32,
         extra: &[&str],
     ) -> Child {
+        self.spawn_agent_as(&self.kubeconfig, key_dir, status_port, lifetime_secs, extra)
+    }
+
+    /// [`Cluster::spawn_agent_with`] with another identity's kubeconfig.
+    pub fn spawn_agent_as(
+        &self,
+        kubeconfig: &Path,
+        key_dir: &Path,
+        status_port: u16,
+        lifetime_secs: u32,
+        extra: &[&str],
+    ) -> Child {
         Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
             .args([
                 "run",
@@ -356,7 +374,7 @@ impl Cluster {
             .args(["--status-addr", &format!("127.0.0.1:{status_port}")])
             .args(["--certificate-lifetime", &lifetime_secs.to_string()])
             .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
+            .arg(kubeconfig)
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
