@@ -347,8 +347,12 @@ impl Store {
                 evicted.push(gone);
             }
         }
-        // No receiver is not an error: nobody is watching.
-        let _ = self.events.send(inner.rv);
+        let rv = inner.rv;
+        drop(guard);
+        // After the lock: waking watches is not part of the write. The
+        // event is in the history before its wake-up is sent, so a watch
+        // cannot miss it. No receiver is not an error: nobody is watching.
+        let _ = self.events.send(rv);
         Ok(Written {
             object,
             event: Some(event_type),

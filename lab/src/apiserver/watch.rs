@@ -162,6 +162,7 @@ pub fn stream(
         ended: false,
         last_flush: tokio::time::Instant::now() - FLUSH_WINDOW,
         slots: Slots::next(),
+        busy: false,
     };
     futures::stream::iter(head.done()).chain(futures::stream::unfold(live, |mut live| async {
         let chunk = live.next().await?;
@@ -211,6 +212,8 @@ struct Live {
     last_flush: tokio::time::Instant,
     /// When this watch may send while busy.
     slots: Slots,
+    /// The last read found events to send.
+    busy: bool,
 }
 
 impl Live {
@@ -221,6 +224,9 @@ impl Live {
         }
         loop {
             if !self.pending {
+                // A watch that sent a chunk last time goes straight to its
+                // next slot instead of being woken by every write meanwhile.
+                let slot = self.busy.then(|| self.slots.after(self.last_flush));
                 tokio::select! {
                     _ = self.shutdown.cancelled() => return None,
                     _ = self.expired.changed() => {
@@ -234,7 +240,8 @@ impl Live {
                     _ = self.ticker.tick(), if self.spec.bookmarks => {
                         return Some(self.spec.bookmark(self.last_rv, false));
                     }
-                    got = self.rx.recv() => match got {
+                    _ = tokio::time::sleep_until(slot.unwrap_or(self.last_flush)), if slot.is_some() => {}
+                    got = self.rx.recv(), if slot.is_none() => match got {
                         // Lagging loses wake-ups only: the events are in the history.
                         Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                         Err(broadcast::error::RecvError::Closed) => return None,
@@ -246,7 +253,7 @@ impl Live {
                 // write to a socket costs more than the bytes in it); after
                 // a quiet spell an event leaves at once.
                 let now = tokio::time::Instant::now();
-                if now < self.last_flush + FLUSH_WINDOW {
+                if slot.is_none() && now < self.last_flush + FLUSH_WINDOW {
                     let slot = self.slots.after(self.last_flush);
                     if now < slot {
                         tokio::time::sleep_until(slot).await;
@@ -280,6 +287,7 @@ impl Live {
                 self.last_rv = ev.rv;
             }
             self.pending = full;
+            self.busy = !batch.is_empty();
             if !batch.is_empty() {
                 return Some(batch.freeze());
             }
@@ -496,6 +504,14 @@ mod tests {
         let chunk = rx.next().await.unwrap();
         assert_eq!(lines(&chunk), 1);
         assert_eq!(tokio::time::Instant::now() - at, FLUSH_WINDOW);
+        // Quiet again: the next slot finds nothing, and after that an event
+        // leaves at once, not at a slot.
+        tokio::time::sleep(10 * FLUSH_WINDOW).await;
+        put("f");
+        let t = tokio::time::Instant::now();
+        let chunk = rx.next().await.unwrap();
+        assert_eq!(lines(&chunk), 1);
+        assert_eq!(t.elapsed(), Duration::ZERO);
     }
 
     #[test]
