@@ -21,6 +21,35 @@ async fn status(port: u16) -> Option<serde_json::Value> {
     serde_json::from_str(&body).ok()
 }
 
+/// Waits until `/status` (with readyz 200 or not) satisfies `done`; fails
+/// with the last document and the agent's logs, naming `what`.
+async fn wait_status(
+    cluster: &Cluster,
+    port: u16,
+    what: &str,
+    timeout: Duration,
+    done: impl Fn(&serde_json::Value, bool) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        // readyz first, then the document: a document fetched before a 200
+        // may predate the acknowledgement that made readyz true.
+        let ready = http_get(port, "/readyz").await.map(|(c, _)| c) == Some(200);
+        if let Some(s) = status(port).await
+            && done(&s, ready)
+        {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not within {timeout:?}; last status: {:?}\nagent logs:\n{}",
+            status(port).await,
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Waits for `/status` to show `generation >= min` with readyz 200.
 async fn wait_generation(
     cluster: &Cluster,
@@ -28,25 +57,11 @@ async fn wait_generation(
     min: u64,
     timeout: Duration,
 ) -> serde_json::Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        // readyz first, then the document: a document fetched before a 200
-        // may predate the acknowledgement that made readyz true.
-        let ready = http_get(port, "/readyz").await.map(|(c, _)| c) == Some(200);
-        if let Some(s) = status(port).await {
-            let generation = s["generation"].as_u64().unwrap_or(0);
-            if generation >= min && ready {
-                return s;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "generation {min} not active and ready within {timeout:?}; last status: {:?}\nagent logs:\n{}",
-            status(port).await,
-            cluster.agent_logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = format!("generation {min} active and ready");
+    wait_status(cluster, port, &what, timeout, |s, ready| {
+        ready && s["generation"].as_u64().unwrap_or(0) >= min
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,21 +290,14 @@ async fn csr_refused_by_the_api_is_reported_as_an_api_error() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut agent = cluster.spawn_agent_as(&kubeconfig, &key_dir, port, 600, &args);
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let s = loop {
-        if let Some(s) = status(port).await
-            && s["reason"] == "CsrApiError"
-        {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no CsrApiError within 30 s; last status: {:?}\nagent logs:\n{}",
-            status(port).await,
-            cluster.agent_logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let s = wait_status(
+        &cluster,
+        port,
+        "CsrApiError",
+        Duration::from_secs(30),
+        |s, _| s["reason"] == "CsrApiError",
+    )
+    .await;
     assert_ne!(s["phase"], "Active", "{s}");
     assert_eq!(http_get(port, "/readyz").await.map(|(c, _)| c), Some(503));
     let csrs = Api::<CertificateSigningRequest>::all(admin)
