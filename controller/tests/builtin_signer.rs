@@ -69,7 +69,10 @@ async fn signs_p256_and_rsa_node_csrs_and_publishes_the_trust_bundle() {
     let secret: Api<Secret> = Api::namespaced(c.admin.clone(), NS);
     let s = secret.get("ovn-ipsec-ca").await.unwrap();
     assert!(s.data.unwrap().contains_key("tls.key"));
-    assert_eq!(c.metrics.csr_count("signed", "Signed"), 2);
+    eventually("two signings counted", || async {
+        c.metrics.csr_count("signed", "Signed") == 2
+    })
+    .await;
     assert!(
         c.metrics
             .encode()
@@ -217,20 +220,23 @@ async fn bad_csrs_are_denied_through_the_api_with_their_reason_and_never_signed(
             Outcome::Denied((*reason).into()),
             "{what}"
         );
-        assert_eq!(c.metrics.csr_count("denied", reason), 1, "{what}");
+        eventually(&format!("{what}: denial counted"), || async {
+            c.metrics.csr_count("denied", reason) == 1
+        })
+        .await;
     }
     assert_eq!(c.metrics.csr_count("signed", "Signed"), 0);
     // One Warning event per denial, on the CSR.
     let events: Api<k8s_openapi::api::core::v1::Event> =
         Api::namespaced(c.admin.clone(), "default");
-    let list = events.list(&Default::default()).await.unwrap();
     for (what, _, _, reason) in &cases {
-        assert!(
+        eventually(&format!("{what}: Event"), || async {
+            let list = events.list(&Default::default()).await.unwrap();
             list.items
                 .iter()
-                .any(|e| e.reason.as_deref() == Some(*reason)),
-            "no event for {what}"
-        );
+                .any(|e| e.reason.as_deref() == Some(*reason))
+        })
+        .await;
     }
     c.stop().await;
 }

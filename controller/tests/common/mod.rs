@@ -319,3 +319,20 @@ pub async fn wait_outcome(client: &Client, name: &str) -> Outcome {
         csr.status
     );
 }
+
+/// Waits (bounded, 10 s) until `f` holds. The controller writes a CSR's
+/// outcome first and counts it and records its Event afterwards, so a test
+/// that has just seen the outcome must wait for those.
+pub async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..500 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what}: not within 10 s");
+}
