@@ -85,6 +85,7 @@ impl Connector {
         let tls = self.tls.connect(self.name.clone(), tcp).await?;
         Ok(Conn {
             tls,
+            host: self.addr.to_string(),
             authorization: self.authorization.clone(),
             buf: Vec::with_capacity(64 * 1024),
             start: 0,
@@ -95,6 +96,8 @@ impl Connector {
 /// One keep-alive connection.
 pub struct Conn {
     tls: TlsStream<TcpStream>,
+    /// `host` header value.
+    host: String,
     authorization: String,
     /// Bytes read and not yet consumed: `buf[start..]`.
     buf: Vec<u8>,
@@ -179,8 +182,7 @@ impl Conn {
         req.extend_from_slice(
             format!(
                 "{method} {path} HTTP/1.1\r\nhost: {}\r\nauthorization: {}\r\naccept: application/json\r\n",
-                self.tls.get_ref().0.peer_addr()?,
-                self.authorization
+                self.host, self.authorization
             )
             .as_bytes(),
         );

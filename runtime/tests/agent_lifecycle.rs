@@ -162,8 +162,6 @@ async fn cold_start_activates_then_renews_keeping_other_keys() {
 /// fresh identity is requested and activated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_state_file_is_moved_aside_with_an_event() {
-    use k8s_openapi::api::core::v1::Event;
-    use kube::api::{Api, ListParams};
     use std::os::unix::fs::DirBuilderExt;
 
     let cluster = Cluster::start(Duration::from_secs(3600)).await;
@@ -195,27 +193,13 @@ async fn corrupt_state_file_is_moved_aside_with_an_event() {
         "the moved file must keep its bytes"
     );
 
-    let admin = cluster
-        .api
-        .client(lab::apiserver::ADMIN_TOKEN)
-        .await
-        .unwrap();
-    let events: Api<Event> = Api::namespaced(admin, "default");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let event = loop {
-        let list = events.list(&ListParams::default()).await.unwrap();
-        if let Some(e) = list.items.into_iter().find(|e| {
-            e.reason.as_deref() == Some("IPsecStateMovedAside")
-                && e.involved_object.name.as_deref() == Some(support::cluster::NODE)
-        }) {
-            break e;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no IPsecStateMovedAside Event on the Node"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let event = cluster
+        .wait_event("IPsecStateMovedAside", Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        event.involved_object.name.as_deref(),
+        Some(support::cluster::NODE)
+    );
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert!(
         event.message.unwrap_or_default().contains(&moved[0]),

@@ -138,7 +138,6 @@ async fn deleted_guard_comes_back_with_an_event(
     xfrm: &mut XfrmHandle,
     mark: u32,
 ) {
-    use k8s_openapi::api::core::v1::Event;
     let v4 = xfrm
         .dump_policies()
         .unwrap()
@@ -156,33 +155,12 @@ async fn deleted_guard_comes_back_with_an_event(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     println!("deleted IPv4 guard back after {:?}", t.elapsed());
-    let client = cluster
-        .api
-        .client(lab::apiserver::ADMIN_TOKEN)
-        .await
-        .unwrap();
-    let events: Api<Event> = Api::namespaced(client, "default");
-    loop {
-        let found = events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("IPsecGuardReadded"));
-        if let Some(e) = found {
-            assert_eq!(e.type_.as_deref(), Some("Warning"));
-            assert_eq!(e.involved_object.kind.as_deref(), Some("Node"));
-            assert!(e.message.unwrap_or_default().contains("ipv4"));
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no IPsecGuardReadded Event\n{}",
-            cluster.agent_logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let e = cluster
+        .wait_event("IPsecGuardReadded", Duration::from_secs(10))
+        .await;
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(e.involved_object.kind.as_deref(), Some("Node"));
+    assert!(e.message.unwrap_or_default().contains("ipv4"));
 }
 
 /// A tunnel row in OVSDB as the patched ovn-controller leaves it, this

@@ -64,16 +64,27 @@ pub struct StoredEvent {
     pub encoded: Bytes,
 }
 
+/// An event line is `EVENT_HEAD` type `EVENT_OBJECT` object `EVENT_TAIL`.
+const EVENT_HEAD: &[u8] = b"{\"type\":\"";
+const EVENT_OBJECT: &[u8] = b"\",\"object\":";
+const EVENT_TAIL: &[u8] = b"}\n";
+
 /// Encodes one watch event line.
 pub fn encode_event(event_type: &str, object: &Value) -> Bytes {
     let mut buf = Vec::with_capacity(256);
-    buf.extend_from_slice(b"{\"type\":\"");
+    buf.extend_from_slice(EVENT_HEAD);
     buf.extend_from_slice(event_type.as_bytes());
-    buf.extend_from_slice(b"\",\"object\":");
+    buf.extend_from_slice(EVENT_OBJECT);
     // Serialising a Value into a Vec cannot fail (no non-string map keys).
     let _ = serde_json::to_writer(&mut buf, object);
-    buf.extend_from_slice(b"}\n");
+    buf.extend_from_slice(EVENT_TAIL);
     Bytes::from(buf)
+}
+
+/// The object's JSON inside a line from [`encode_event`] (no copy).
+fn event_object(line: &Bytes, event_type: &str) -> Bytes {
+    let start = EVENT_HEAD.len() + event_type.len() + EVENT_OBJECT.len();
+    line.slice(start..line.len() - EVENT_TAIL.len())
 }
 
 /// What a write closure decided.
@@ -324,11 +335,8 @@ impl Store {
         };
         inner.rv = rv;
         let encoded = encode_event(event_type.as_str(), &object);
-        // `{"type":"<T>","object":` ... `}\n`: the object is in between.
-        let json = (event_type != EventType::Deleted).then(|| {
-            let prefix = br#"{"type":"","object":"#.len() + event_type.as_str().len();
-            encoded.slice(prefix..encoded.len() - 2)
-        });
+        let json =
+            (event_type != EventType::Deleted).then(|| event_object(&encoded, event_type.as_str()));
         let event = Arc::new(StoredEvent {
             event_type,
             resource,

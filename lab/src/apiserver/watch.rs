@@ -163,6 +163,7 @@ pub fn stream(
         last_flush: tokio::time::Instant::now() - FLUSH_WINDOW,
         slots: Slots::next(),
         busy: false,
+        taken: Vec::new(),
     };
     futures::stream::iter(head.done()).chain(futures::stream::unfold(live, |mut live| async {
         let chunk = live.next().await?;
@@ -214,6 +215,8 @@ struct Live {
     slots: Slots,
     /// The last read found events to send.
     busy: bool,
+    /// Reused buffer for the events taken from the history per chunk.
+    taken: Vec<Arc<StoredEvent>>,
 }
 
 impl Live {
@@ -268,7 +271,7 @@ impl Live {
             ) {}
             // References under the store's lock; the lines are copied into
             // the chunk after it is released.
-            let mut taken = Vec::new();
+            let mut taken = std::mem::take(&mut self.taken);
             if let Err(e) = self.store.take_since(self.last_rv, MAX_TAKEN, &mut taken) {
                 // Behind the history's window: the client must relist.
                 self.ended = true;
@@ -286,6 +289,10 @@ impl Live {
                 }
                 self.last_rv = ev.rv;
             }
+            // Kept for the next chunk: no allocation per chunk, and no
+            // event held alive between chunks.
+            taken.clear();
+            self.taken = taken;
             self.pending = full;
             self.busy = !batch.is_empty();
             if !batch.is_empty() {

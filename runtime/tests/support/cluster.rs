@@ -389,6 +389,35 @@ impl Cluster {
             .unwrap()
     }
 
+    /// Waits (bounded) for a Kubernetes Event with `reason` in `default`
+    /// (where the agent records Events on its Node) and returns it.
+    pub async fn wait_event(
+        &self,
+        reason: &str,
+        timeout: Duration,
+    ) -> k8s_openapi::api::core::v1::Event {
+        use k8s_openapi::api::core::v1::Event;
+        let admin = self.api.client(ADMIN_TOKEN).await.unwrap();
+        let events: Api<Event> = Api::namespaced(admin, "default");
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let list = events.list(&Default::default()).await.unwrap();
+            if let Some(e) = list
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some(reason))
+            {
+                return e;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {reason} Event within {timeout:?}\nagent logs:\n{}",
+                self.agent_logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// `Open_vSwitch . external_ids`.
     pub fn external_ids(&self) -> std::collections::BTreeMap<String, String> {
         let out = self
