@@ -15,8 +15,10 @@
 //!    figures are printed too, but at saturation they only measure the queue
 //!    the closed loop builds (Little's law), not the watch path.
 //! 2. **at the target rate**: the same writers paced to an offered load of
-//!    `--rate` writes/s (5,000) — the delay from sending a write to each
-//!    watch receiving its event, at the rate the target names.
+//!    `--rate` writes/s (5,000), their schedules spread evenly over the
+//!    period (one write every 200 µs, not 32 at once every 6.4 ms) — the
+//!    delay from a write to each watch receiving its event, at the rate the
+//!    target names.
 //!
 //! The load generator talks HTTP/1.1 over TLS through `rawhttp` by default
 //! (one task per connection, parsed in place) so that less of the two shared
@@ -24,7 +26,9 @@
 //!
 //! Each write carries its send time (µs since the start) in an annotation;
 //! watchers find it in the raw event bytes (no JSON parse on the hot path)
-//! and record now − send time.
+//! and count now − send time, and now − when the write's answer arrived, in
+//! histograms (no memory growth and no sort at half a million deliveries a
+//! second).
 
 // A bench binary: a failed setup step should stop it with the reason.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -171,14 +175,6 @@ fn cpu_seconds(pid: &str) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
 /// The server alone, in this (child) process.
 async fn serve(kubeconfig: &Path) {
     let server = ApiServer::builder()
@@ -217,19 +213,115 @@ fn spawn_server(kubeconfig: &Path) -> Child {
     child
 }
 
-/// One delivery of an event to a watch: the event's resourceVersion, the
-/// send time stamped into the write, and when the watch read it (µs).
-#[derive(Clone, Copy)]
-struct Delivery {
-    rv: u64,
-    sent: u64,
-    seen: u64,
+/// Delays (µs) counted in 10 µs buckets up to 100 ms, longer ones kept
+/// exactly: a watch records half a million deliveries a second, and a
+/// counter per bucket costs neither memory growth nor a sort.
+#[derive(Clone)]
+struct Histogram {
+    buckets: Vec<u32>,
+    over: Vec<u64>,
+    count: u64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: vec![0; Self::BUCKETS],
+            over: Vec::new(),
+            count: 0,
+        }
+    }
+}
+
+impl Histogram {
+    const BUCKET_US: u64 = 10;
+    const BUCKETS: usize = 10_000;
+
+    fn new() -> Self {
+        Self::default()
+    }
+
+    fn record(&mut self, us: u64) {
+        self.count += 1;
+        match self.buckets.get_mut((us / Self::BUCKET_US) as usize) {
+            Some(b) => *b += 1,
+            None => self.over.push(us),
+        }
+    }
+
+    fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
+        }
+        self.over.extend(&other.over);
+        self.count += other.count;
+    }
+
+    /// The delay at quantile `p` (the upper edge of its bucket), µs.
+    fn percentile(&self, p: f64) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let rank = ((self.count as f64 - 1.0) * p).round() as u64;
+        let mut below = 0u64;
+        for (i, n) in self.buckets.iter().enumerate() {
+            below += u64::from(*n);
+            if below > rank {
+                return (i as u64 + 1) * Self::BUCKET_US;
+            }
+        }
+        let mut over = self.over.clone();
+        over.sort_unstable();
+        over.get((rank - below) as usize).copied().unwrap_or(0)
+    }
+
+    /// The largest delay recorded (to its bucket's upper edge), µs.
+    fn max(&self) -> u64 {
+        if let Some(m) = self.over.iter().max() {
+            return *m;
+        }
+        self.buckets
+            .iter()
+            .rposition(|n| *n > 0)
+            .map_or(0, |i| (i as u64 + 1) * Self::BUCKET_US)
+    }
+}
+
+/// One phase's deliveries as one watch (or all) saw them.
+#[derive(Clone)]
+struct Deliveries {
+    /// From the write's answer reaching the writer to the event.
+    after_answer: Histogram,
+    /// From sending the write to the event.
+    after_send: Histogram,
+    /// Events read before their write's answer (counted as 0 above).
+    early: u64,
+    /// Events whose resourceVersion is beyond the answer table.
+    unmatched: u64,
+}
+
+impl Deliveries {
+    fn new() -> Self {
+        Deliveries {
+            after_answer: Histogram::new(),
+            after_send: Histogram::new(),
+            early: 0,
+            unmatched: 0,
+        }
+    }
+
+    fn merge(&mut self, other: &Deliveries) {
+        self.after_answer.merge(&other.after_answer);
+        self.after_send.merge(&other.after_send);
+        self.early += other.early;
+        self.unmatched += other.unmatched;
+    }
 }
 
 /// What one watch saw: its deliveries per phase, and how many events.
 struct Seen {
-    capacity: Vec<Delivery>,
-    paced: Vec<Delivery>,
+    capacity: Deliveries,
+    paced: Deliveries,
     events: u64,
 }
 
@@ -250,13 +342,20 @@ fn resource_version(finder: &memchr::memmem::Finder<'_>, bytes: &[u8]) -> u64 {
 }
 
 /// Reads one watch stream to the stop object, recording deliveries.
-async fn watch(mut stream: WatchStream, phase: Arc<AtomicU8>, now_us: impl Fn() -> u64) -> Seen {
+/// `answered[rv]` is when the write that made `rv` was answered (µs + 1; 0:
+/// not yet, so the event came first).
+async fn watch(
+    mut stream: WatchStream,
+    phase: Arc<AtomicU8>,
+    answered: Arc<Vec<AtomicU64>>,
+    now_us: impl Fn() -> u64,
+) -> Seen {
     let mark = memchr::memmem::Finder::new(MARK);
     let stop = memchr::memmem::Finder::new(STOP);
     let rv = memchr::memmem::Finder::new(RV);
     let mut seen = Seen {
-        capacity: Vec::with_capacity(1 << 17),
-        paced: Vec::with_capacity(1 << 17),
+        capacity: Deliveries::new(),
+        paced: Deliveries::new(),
         events: 0,
     };
     // Raw bytes, lines split in place: no String and no parse per event.
@@ -284,15 +383,23 @@ async fn watch(mut stream: WatchStream, phase: Arc<AtomicU8>, now_us: impl Fn() 
                 }
                 continue; // a bookmark
             };
-            let d = Delivery {
-                rv: resource_version(&rv, line),
-                sent: number_at(line, at + MARK.len()),
-                seen: t_now,
+            let d = match phase {
+                CAPACITY => &mut seen.capacity,
+                PACED => &mut seen.paced,
+                _ => continue,
             };
-            match phase {
-                CAPACITY => seen.capacity.push(d),
-                PACED => seen.paced.push(d),
-                _ => {}
+            let sent = number_at(line, at + MARK.len());
+            d.after_send.record(t_now.saturating_sub(sent));
+            match answered
+                .get(resource_version(&rv, line) as usize)
+                .map(|a| a.load(Ordering::Relaxed))
+            {
+                Some(0) => {
+                    d.early += 1;
+                    d.after_answer.record(0);
+                }
+                Some(a) => d.after_answer.record(t_now.saturating_sub(a - 1)),
+                None => d.unmatched += 1,
             }
         }
         buf.copy_within(start..filled, 0);
@@ -306,7 +413,7 @@ struct Counts {
     ok: AtomicU64,
     failed: AtomicU64,
     /// Write round trips (send → response), µs, per measured phase.
-    latency: std::sync::Mutex<[Vec<u64>; 2]>,
+    latency: std::sync::Mutex<[Histogram; 2]>,
 }
 
 /// One phase's figures.
@@ -351,6 +458,8 @@ async fn main() {
         .unwrap()
         .to_string();
 
+    // When each write's response arrived (µs + 1; 0: none), by resourceVersion.
+    let answered: Arc<Vec<AtomicU64>> = Arc::new((0..MAX_RV).map(|_| AtomicU64::new(0)).collect());
     // Watches: each a long-lived HTTPS stream (connection) of its own.
     let phase = Arc::new(AtomicU8::new(WARMUP));
     let mut watchers = Vec::new();
@@ -367,34 +476,42 @@ async fn main() {
                 raw.connect().await.unwrap().stream(&path).await.unwrap(),
             )),
         };
-        watchers.push(tokio::spawn(watch(stream, phase.clone(), now_us)));
+        watchers.push(tokio::spawn(watch(
+            stream,
+            phase.clone(),
+            answered.clone(),
+            now_us,
+        )));
     }
 
     // Writers: create an object, then update it, and again. `pace` is the
     // gap between one writer's writes in the paced phase (0: closed loop).
     let counts = Arc::new(Counts::default());
-    // When each write's response arrived (µs + 1; 0: none), by resourceVersion.
-    let answered: Arc<Vec<AtomicU64>> = Arc::new((0..MAX_RV).map(|_| AtomicU64::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let pace_ns = Arc::new(AtomicU64::new(0));
+    // When the paced phase's schedule starts (set before `pace_ns`).
+    let pace_start = Arc::new(std::sync::OnceLock::<tokio::time::Instant>::new());
     let mut writers = Vec::new();
     for w in 0..args.writers {
         let mut conn = match args.client {
             ClientKind::Kube => WriteConn::Kube(client.clone()),
             ClientKind::Raw => WriteConn::Raw(Box::new(raw.connect().await.unwrap())),
         };
-        let (counts, stop, phase, pace_ns, answered) = (
+        let (counts, stop, phase, pace_ns, pace_start, answered) = (
             counts.clone(),
             stop.clone(),
             phase.clone(),
             pace_ns.clone(),
+            pace_start.clone(),
             answered.clone(),
         );
+        let n_writers = args.writers as u64;
         writers.push(tokio::spawn(async move {
             let rv = memchr::memmem::Finder::new(RV);
-            let mut latency: [Vec<u64>; 2] = Default::default();
+            let mut latency = [Histogram::new(), Histogram::new()];
             let mut n = 0u64;
             let mut next = tokio::time::Instant::now();
+            let mut paced = false;
             while !stop.load(Ordering::Relaxed) {
                 let name = format!("w{w}-{n}");
                 for update in [false, true] {
@@ -402,6 +519,15 @@ async fn main() {
                     if pace > 0 {
                         // Open loop: on a fixed schedule; one that fell
                         // behind sends at once (the achieved rate shows it).
+                        // The writers' schedules are spread evenly over the
+                        // period: started together they would send in
+                        // bursts of one write per writer, an offered load
+                        // far burstier than the rate it names.
+                        if !paced {
+                            paced = true;
+                            let start = pace_start.get().copied().unwrap_or(next);
+                            next = start + Duration::from_nanos(pace * w as u64 / n_writers);
+                        }
                         next += Duration::from_nanos(pace);
                         tokio::time::sleep_until(next).await;
                     } else {
@@ -440,14 +566,14 @@ async fn main() {
                     if p != WARMUP {
                         let c = if ok { &counts.ok } else { &counts.failed };
                         c.fetch_add(1, Ordering::Relaxed);
-                        latency[usize::from(p == PACED)].push(now_us() - sent);
+                        latency[usize::from(p == PACED)].record(now_us() - sent);
                     }
                 }
                 n += 2;
             }
             let mut all = counts.latency.lock().unwrap();
-            for (mine, all) in latency.into_iter().zip(all.iter_mut()) {
-                all.extend(mine);
+            for (mine, all) in latency.iter().zip(all.iter_mut()) {
+                all.merge(mine);
             }
         }));
     }
@@ -476,6 +602,7 @@ async fn main() {
         }
     };
     let capacity = measure(CAPACITY).await;
+    let _ = pace_start.set(tokio::time::Instant::now());
     pace_ns.store(
         1_000_000_000 * args.writers as u64 / args.rate.max(1),
         Ordering::SeqCst,
@@ -493,7 +620,7 @@ async fn main() {
         .body(stop_obj)
         .unwrap();
     client.request_text(req).await.unwrap();
-    let (mut cap_deliveries, mut paced_deliveries) = (Vec::new(), Vec::new());
+    let (mut cap_deliveries, mut paced_deliveries) = (Deliveries::new(), Deliveries::new());
     let mut min_events = u64::MAX;
     for w in watchers {
         let seen = tokio::time::timeout(Duration::from_secs(60), w)
@@ -501,8 +628,8 @@ async fn main() {
             .expect("watcher drained")
             .unwrap();
         min_events = min_events.min(seen.events);
-        cap_deliveries.extend(seen.capacity);
-        paced_deliveries.extend(seen.paced);
+        cap_deliveries.merge(&seen.capacity);
+        paced_deliveries.merge(&seen.paced);
     }
     drop(server.stdin.take());
     let _ = server.wait();
@@ -514,38 +641,16 @@ async fn main() {
         "apiserver_load: {} watches, {} writers ({:?} client), {cores} cores, server in its own process, {} s per phase",
         args.watches, args.writers, args.client, args.seconds
     );
-    let latencies = std::mem::take(&mut *counts.latency.lock().unwrap());
-    let ms = |sorted: &[u64], p: f64| percentile(sorted, p) as f64 / 1000.0;
-    let spread = |sorted: &[u64]| {
+    let latencies = counts.latency.lock().unwrap().clone();
+    let spread = |h: &Histogram| {
         format!(
             "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-            ms(sorted, 0.50),
-            ms(sorted, 0.99),
-            sorted.last().copied().unwrap_or(0) as f64 / 1000.0
+            h.percentile(0.50) as f64 / 1000.0,
+            h.percentile(0.99) as f64 / 1000.0,
+            h.max() as f64 / 1000.0
         )
     };
-    let report = |name: &str, r: &PhaseResult, deliveries: &[Delivery], mut rtt: Vec<u64>| {
-        // From the write's answer (the write is done) to the event, and from
-        // sending the write (which adds the write's own round trip).
-        let mut after_answer = Vec::with_capacity(deliveries.len());
-        let mut after_send = Vec::with_capacity(deliveries.len());
-        let (mut early, mut unmatched) = (0u64, 0u64);
-        for d in deliveries {
-            after_send.push(d.seen.saturating_sub(d.sent));
-            match answered
-                .get(d.rv as usize)
-                .map(|a| a.load(Ordering::Relaxed))
-            {
-                Some(a) if a > 0 => {
-                    early += u64::from(d.seen < a - 1);
-                    after_answer.push(d.seen.saturating_sub(a - 1));
-                }
-                _ => unmatched += 1,
-            }
-        }
-        after_answer.sort_unstable();
-        after_send.sort_unstable();
-        rtt.sort_unstable();
+    let report = |name: &str, r: &PhaseResult, d: &Deliveries, rtt: Histogram| {
         let rate = r.writes as f64 / r.elapsed;
         println!("  {name}:");
         println!(
@@ -556,15 +661,16 @@ async fn main() {
         );
         println!(
             "    watch delivery, write answered -> event, {} deliveries: {}   [target p99 < 10 ms]",
-            after_answer.len(),
-            spread(&after_answer)
+            d.after_answer.count,
+            spread(&d.after_answer)
         );
         println!(
-            "      ({early} events reached a watch before their write's answer (counted as 0); {unmatched} not matched to a write)"
+            "      ({} events reached a watch before their write's answer (counted as 0); {} not matched to a write)",
+            d.early, d.unmatched
         );
         println!(
             "    write sent -> event (adds the write's round trip): {}",
-            spread(&after_send)
+            spread(&d.after_send)
         );
         println!(
             "    CPU: server {:.2} cores, load generator {:.2} cores; {:.0} writes per server CPU-second",
@@ -572,7 +678,7 @@ async fn main() {
             r.client_cpu / r.elapsed,
             r.writes as f64 / r.server_cpu.max(0.001)
         );
-        (rate, ms(&after_answer, 0.99))
+        (rate, d.after_answer.percentile(0.99) as f64 / 1000.0)
     };
     let [cap_rtt, paced_rtt] = latencies;
     let (cap_rate, _) = report(
@@ -593,4 +699,30 @@ async fn main() {
         "  target (>= 5000 writes/s sustained; delivery p99 < 10 ms at 5000 writes/s): {}",
         if ok { "met" } else { "NOT met" }
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Histogram;
+
+    #[test]
+    fn histogram_percentiles_are_bucket_upper_edges_and_overflow_is_exact() {
+        let mut h = Histogram::new();
+        for us in 1..=98 {
+            h.record(us * 100); // 0.1 ms .. 9.8 ms
+        }
+        h.record(150_000); // beyond the buckets: kept exactly
+        h.record(250_000);
+        assert_eq!(h.count, 100);
+        assert_eq!(h.percentile(0.0), 110);
+        assert_eq!(h.percentile(0.5), 5_110); // rank 50: the 51st value, 5.1 ms
+        assert_eq!(h.percentile(0.99), 150_000); // rank 98: the first overflow
+        assert_eq!(h.max(), 250_000);
+        let mut merged = Histogram::new();
+        merged.merge(&h);
+        merged.merge(&h);
+        assert_eq!(merged.count, 200);
+        assert_eq!(merged.percentile(0.5), h.percentile(0.5));
+        assert_eq!(Histogram::new().percentile(0.99), 0);
+    }
 }
