@@ -33,6 +33,15 @@ fn is_csr(def: &ResourceDef) -> bool {
     std::ptr::eq(def, &RESOURCES[idx::CSRS])
 }
 
+/// Whether objects of this kind carry `metadata.generation`, as on the
+/// real server: the workload kinds with a spec a controller acts on (Pod
+/// since 1.33, DaemonSet) and every custom resource; not ConfigMaps,
+/// Secrets, Nodes, Leases, CSRs or RBAC objects. A client that reads the
+/// field where the real server has none would pass here and fail there.
+fn tracks_generation(def: &ResourceDef) -> bool {
+    !def.builtin || matches!(def.kind, "Pod" | "DaemonSet")
+}
+
 /// Checks `apiVersion`/`kind` against the path (filling them in if absent) and
 /// that the body is an object with an object `metadata`.
 pub fn check_type(def: &ResourceDef, body: &mut Value) -> Result<(), ApiError> {
@@ -177,7 +186,11 @@ pub fn prepare_create(
         Value::String(uuid::Uuid::new_v4().to_string()),
     );
     meta.insert("creationTimestamp".into(), Value::String(now()));
-    meta.insert("generation".into(), json!(1));
+    if tracks_generation(def) {
+        meta.insert("generation".into(), json!(1));
+    } else {
+        meta.remove("generation");
+    }
     for server_owned in [
         "resourceVersion",
         "deletionTimestamp",
@@ -403,7 +416,7 @@ pub fn prepare_update(
                     None => meta.remove(k),
                 };
             }
-            if !equal_except(&r, old, &["metadata", "status"]) {
+            if tracks_generation(def) && !equal_except(&r, old, &["metadata", "status"]) {
                 let g = old_meta
                     .get("generation")
                     .and_then(Value::as_i64)
