@@ -216,7 +216,6 @@ fn spawn_server(kubeconfig: &Path) -> Child {
 /// Delays (µs) counted in 10 µs buckets up to 100 ms, longer ones kept
 /// exactly: a watch records half a million deliveries a second, and a
 /// counter per bucket costs neither memory growth nor a sort.
-#[derive(Clone)]
 struct Histogram {
     buckets: Vec<u32>,
     over: Vec<u64>,
@@ -236,10 +235,6 @@ impl Default for Histogram {
 impl Histogram {
     const BUCKET_US: u64 = 10;
     const BUCKETS: usize = 10_000;
-
-    fn new() -> Self {
-        Self::default()
-    }
 
     fn record(&mut self, us: u64) {
         self.count += 1;
@@ -288,7 +283,7 @@ impl Histogram {
 }
 
 /// One phase's deliveries as one watch (or all) saw them.
-#[derive(Clone)]
+#[derive(Default)]
 struct Deliveries {
     /// From the write's answer reaching the writer to the event.
     after_answer: Histogram,
@@ -301,15 +296,6 @@ struct Deliveries {
 }
 
 impl Deliveries {
-    fn new() -> Self {
-        Deliveries {
-            after_answer: Histogram::new(),
-            after_send: Histogram::new(),
-            early: 0,
-            unmatched: 0,
-        }
-    }
-
     fn merge(&mut self, other: &Deliveries) {
         self.after_answer.merge(&other.after_answer);
         self.after_send.merge(&other.after_send);
@@ -354,8 +340,8 @@ async fn watch(
     let stop = memchr::memmem::Finder::new(STOP);
     let rv = memchr::memmem::Finder::new(RV);
     let mut seen = Seen {
-        capacity: Deliveries::new(),
-        paced: Deliveries::new(),
+        capacity: Deliveries::default(),
+        paced: Deliveries::default(),
         events: 0,
     };
     // Raw bytes, lines split in place: no String and no parse per event.
@@ -508,7 +494,7 @@ async fn main() {
         let n_writers = args.writers as u64;
         writers.push(tokio::spawn(async move {
             let rv = memchr::memmem::Finder::new(RV);
-            let mut latency = [Histogram::new(), Histogram::new()];
+            let mut latency = [Histogram::default(), Histogram::default()];
             let mut n = 0u64;
             let mut next = tokio::time::Instant::now();
             let mut paced = false;
@@ -620,7 +606,7 @@ async fn main() {
         .body(stop_obj)
         .unwrap();
     client.request_text(req).await.unwrap();
-    let (mut cap_deliveries, mut paced_deliveries) = (Deliveries::new(), Deliveries::new());
+    let (mut cap_deliveries, mut paced_deliveries) = (Deliveries::default(), Deliveries::default());
     let mut min_events = u64::MAX;
     for w in watchers {
         let seen = tokio::time::timeout(Duration::from_secs(60), w)
@@ -641,7 +627,7 @@ async fn main() {
         "apiserver_load: {} watches, {} writers ({:?} client), {cores} cores, server in its own process, {} s per phase",
         args.watches, args.writers, args.client, args.seconds
     );
-    let latencies = counts.latency.lock().unwrap().clone();
+    let latencies = std::mem::take(&mut *counts.latency.lock().unwrap());
     let spread = |h: &Histogram| {
         format!(
             "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
@@ -707,7 +693,7 @@ mod tests {
 
     #[test]
     fn histogram_percentiles_are_bucket_upper_edges_and_overflow_is_exact() {
-        let mut h = Histogram::new();
+        let mut h = Histogram::default();
         for us in 1..=98 {
             h.record(us * 100); // 0.1 ms .. 9.8 ms
         }
@@ -718,11 +704,11 @@ mod tests {
         assert_eq!(h.percentile(0.5), 5_110); // rank 50: the 51st value, 5.1 ms
         assert_eq!(h.percentile(0.99), 150_000); // rank 98: the first overflow
         assert_eq!(h.max(), 250_000);
-        let mut merged = Histogram::new();
+        let mut merged = Histogram::default();
         merged.merge(&h);
         merged.merge(&h);
         assert_eq!(merged.count, 200);
         assert_eq!(merged.percentile(0.5), h.percentile(0.5));
-        assert_eq!(Histogram::new().percentile(0.99), 0);
+        assert_eq!(Histogram::default().percentile(0.99), 0);
     }
 }
