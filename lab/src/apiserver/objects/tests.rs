@@ -239,3 +239,33 @@ fn now_is_rfc3339_seconds_and_current() {
     let age = chrono::Utc::now().signed_duration_since(parsed);
     assert!(age >= chrono::TimeDelta::zero() && age < chrono::TimeDelta::seconds(2));
 }
+
+#[test]
+fn generation_only_on_the_kinds_that_have_one() {
+    let by_kind = |kind: &str| RESOURCES.iter().find(|d| d.kind == kind).unwrap();
+    for (kind, tracked) in [
+        ("ConfigMap", false),
+        ("Lease", false),
+        ("DaemonSet", true),
+        ("CertificateRequest", true),
+    ] {
+        let d = by_kind(kind);
+        // A client-sent generation is never kept.
+        let created = prepare_create(
+            d,
+            "ns",
+            json!({"metadata": {"name": "x", "generation": 7}, "spec": {"a": 1}}),
+            &Identity::admin(),
+        )
+        .unwrap();
+        let want = if tracked { json!(1) } else { Value::Null };
+        assert_eq!(created["metadata"]["generation"], want, "{kind} on create");
+        let mut changed = created.clone();
+        changed["spec"] = json!({"a": 2});
+        let Write::Put(updated) = prepare_update(d, None, "x", &created, changed).unwrap() else {
+            panic!("{kind}: a spec change is a write");
+        };
+        let want = if tracked { json!(2) } else { Value::Null };
+        assert_eq!(updated["metadata"]["generation"], want, "{kind} on update");
+    }
+}
