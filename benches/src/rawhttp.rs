@@ -342,7 +342,7 @@ fn invalid(e: impl ToString) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lab::apiserver::{ADMIN_TOKEN, ApiServer};
+    use apiserver::{ADMIN_TOKEN, ApiServer};
 
     #[tokio::test]
     async fn writes_and_streams_against_the_embedded_server() {

@@ -1,22 +1,12 @@
-//! The one-machine lab: an embedded Kubernetes API server and (later) the lab
-//! driver that puts simulated nodes on the real components.
+//! The one-machine lab driver: simulated nodes on the real components, with
+//! the embedded Kubernetes API server (`apiserver` crate) as the cluster.
 //!
 //! # Layout
 //!
-//! - [`apiserver`]: an in-memory Kubernetes API over HTTPS, good enough for
-//!   kube-rs (including watches and reflectors) and kubectl.
-//!   - `resources`: the table of served kinds;
-//!   - `store`: objects, the global resourceVersion, event history, broadcast;
-//!   - `watch`: per-watch filtering, bookmarks, timeouts;
-//!   - `objects`: create/update/delete semantics (metadata, status, finalizers, CSR rules);
-//!   - `patch`: merge, JSON and strategic merge patches;
-//!   - `selectors`: label and field selectors;
-//!   - `auth`, `rbac`: bearer tokens to identities, RBAC from stored objects;
-//!   - `discovery`: `/version`, `/api`, `/apis` documents;
-//!   - `handlers`: HTTP routing and operations; `tls`: CA and serving cert.
 //! - [`demo`]: the quick-start demo on the real OVS/OVN databases and
-//!   ovn-northd (until the full lab lands).
-//! - `main.rs`: the `kube-ovn-ipsec-lab` binary, a thin subcommand dispatcher.
+//!   ovn-northd: an identity generation activated and the NB/SB ipsec switch
+//!   flipped (until the full lifecycle lands).
+//! - `main.rs`: the `kube-ovn-ipsec-lab` binary, a thin subcommand dispatcher
+//!   (`demo`, and `apiserver` to run the embedded API server on its own).
 
-pub mod apiserver;
 pub mod demo;

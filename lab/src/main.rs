@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use lab::apiserver::{ADMIN_TOKEN, ApiServer};
+use apiserver::{ADMIN_TOKEN, ApiServer};
 
 /// The kube-ovn IPsec lab.
 #[derive(Debug, Parser)]

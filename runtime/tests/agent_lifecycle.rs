@@ -223,7 +223,7 @@ async fn csr_refused_by_the_api_is_reported_as_an_api_error() {
     let cluster = Cluster::start_with(Duration::from_secs(3600), true).await;
     let admin = cluster
         .api
-        .client(lab::apiserver::ADMIN_TOKEN)
+        .client(apiserver::ADMIN_TOKEN)
         .await
         .unwrap();
     // Every group the agent uses, all verbs, but no certificates.k8s.io.
@@ -253,7 +253,7 @@ async fn csr_refused_by_the_api_is_reported_as_an_api_error() {
     let token = "agent-without-csr-token";
     cluster.api.add_token(
         token,
-        lab::apiserver::Identity {
+        apiserver::Identity {
             username: "agent-without-csr".into(),
             uid: "9b2f0f0e-0000-4000-8000-000000000001".into(),
             groups: vec![],

@@ -47,7 +47,7 @@ async fn wait_exit(agent: &mut Child, limit: Duration) -> std::process::ExitStat
 async fn csr_count(cluster: &Cluster) -> usize {
     let client = cluster
         .api
-        .client(lab::apiserver::ADMIN_TOKEN)
+        .client(apiserver::ADMIN_TOKEN)
         .await
         .unwrap();
     Api::<CertificateSigningRequest>::all(client)

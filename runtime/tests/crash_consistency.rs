@@ -52,7 +52,7 @@ use actors::pki::PrivateKey;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
 use kube::api::ListParams;
-use lab::apiserver::ADMIN_TOKEN;
+use apiserver::ADMIN_TOKEN;
 use ovsdb::{MapChanges, MapColumn};
 use support::cluster::{Cluster, http_get};
 use x509_parser::prelude::{FromDer, X509Certificate};

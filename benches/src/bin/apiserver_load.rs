@@ -1,4 +1,4 @@
-//! Load on the embedded API server (`lab::apiserver`): ConfigMap
+//! Load on the embedded API server (`apiserver`): ConfigMap
 //! creates+updates over HTTPS while 100 watches are open, and the delay from
 //! a write to its watch event (p50/p99/max over every delivery to every watch).
 //!
@@ -44,7 +44,7 @@ use clap::Parser;
 use futures::AsyncReadExt as _;
 use http_body_util::BodyExt;
 use kube_ovn_ipsec_benches::rawhttp;
-use lab::apiserver::{ADMIN_TOKEN, ApiServer};
+use apiserver::{ADMIN_TOKEN, ApiServer};
 
 /// Options.
 #[derive(Debug, Parser)]

@@ -1,4 +1,4 @@
-//! A small cluster on `lab::apiserver` with RBAC on: the kube-ovn-cni
+//! A small cluster on `apiserver` with RBAC on: the kube-ovn-cni
 //! DaemonSet, its current ControllerRevision, N Nodes with chassis
 //! annotations, one CNI Pod per Node with a Pod-bound token, and the
 //! controller's own ServiceAccount with the permissions docs/controller.md
@@ -12,7 +12,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
-use lab::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle, Identity};
+use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle, Identity};
 use serde_json::{Value, json};
 
 pub const NS: &str = "kube-system";

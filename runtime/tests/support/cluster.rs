@@ -30,7 +30,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube_ovn_ipsec_api::names::k8s as names;
-use lab::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle};
+use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle};
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType, IsCa, Issuer,
     KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,

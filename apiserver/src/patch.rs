@@ -11,7 +11,7 @@
 
 use serde_json::{Map, Value};
 
-use super::error::ApiError;
+use crate::error::ApiError;
 
 /// Which PATCH flavour a request asked for, from its Content-Type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

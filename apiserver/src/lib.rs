@@ -6,14 +6,14 @@
 //! `docs/embedded-apiserver.md` for what is implemented and what is refused.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), lab::apiserver::Error> {
-//! use lab::apiserver::{ApiServer, Identity};
+//! # async fn demo() -> Result<(), apiserver::Error> {
+//! use apiserver::{ApiServer, Identity};
 //! let server = ApiServer::builder()
 //!     .token("cni", Identity::service_account("kube-system", "kube-ovn-cni"))
 //!     .rbac(true)
 //!     .start()
 //!     .await?;
-//! let admin = server.client(lab::apiserver::ADMIN_TOKEN).await?;
+//! let admin = server.client(apiserver::ADMIN_TOKEN).await?;
 //! let cni = server.client("cni").await?;
 //! # let _ = (admin, cni);
 //! server.shutdown().await;

@@ -18,7 +18,7 @@ use kube::api::{
 };
 use kube::core::{ObjectMeta, Status};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use lab::apiserver::{ADMIN_TOKEN, EXTRA_POD_UID, Identity};
+use apiserver::{ADMIN_TOKEN, EXTRA_POD_UID, Identity};
 use serde_json::json;
 
 fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
@@ -283,7 +283,7 @@ async fn finalizers_defer_deletion() {
 
 #[tokio::test]
 async fn watch_events_and_bookmarks() {
-    let s = lab::apiserver::ApiServer::builder()
+    let s = apiserver::ApiServer::builder()
         .bookmark_interval(Duration::from_millis(200))
         .start()
         .await
@@ -749,11 +749,11 @@ async fn pod_bound_token_is_stamped_on_csr() {
     );
     assert_eq!(extra[EXTRA_POD_UID], vec![pod.metadata.uid.unwrap()]);
     assert_eq!(
-        extra[lab::apiserver::EXTRA_NODE_NAME],
+        extra[apiserver::EXTRA_NODE_NAME],
         vec!["node1".to_string()]
     );
     assert_eq!(
-        extra[lab::apiserver::EXTRA_NODE_UID],
+        extra[apiserver::EXTRA_NODE_UID],
         vec![node.metadata.uid.unwrap()]
     );
 }

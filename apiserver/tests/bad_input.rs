@@ -9,7 +9,7 @@ mod common;
 use axum::http::{Method, Request};
 use common::server;
 use http_body_util::BodyExt;
-use lab::apiserver::{ADMIN_TOKEN, ApiServerHandle, MAX_BODY};
+use apiserver::{ADMIN_TOKEN, ApiServerHandle, MAX_BODY};
 use serde_json::{Value, json};
 
 async fn send(

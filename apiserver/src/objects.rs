@@ -2,15 +2,15 @@
 //! optimistic concurrency and status separation on update, finalizers on
 //! delete, and the few per-kind rules (CSR identity stamping and approval,
 //! status on create) the project relies on. Pure functions: the handlers call
-//! them inside [`Store::write`](super::store::Store::write).
+//! them inside [`Store::write`](crate::store::Store::write).
 
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
-use super::auth::Identity;
-use super::error::ApiError;
-use super::resources::{RESOURCES, ResourceDef, idx};
-use super::store::Write;
+use crate::auth::Identity;
+use crate::error::ApiError;
+use crate::resources::{RESOURCES, ResourceDef, idx};
+use crate::store::Write;
 
 /// Current time as the API's RFC 3339 second-precision timestamp.
 pub fn now() -> String {

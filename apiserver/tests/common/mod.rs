@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use base64::Engine as _;
-use lab::apiserver::{ApiServer, ApiServerHandle, Identity};
+use apiserver::{ApiServer, ApiServerHandle, Identity};
 use serde_json::{Value, json};
 
 /// Starts a server with RBAC on or off and extra tokens.

@@ -8,7 +8,7 @@ use rcgen::{
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-use super::error::Error;
+use crate::error::Error;
 
 /// The CA and serving certificate of one server run.
 #[derive(Debug)]

@@ -12,10 +12,10 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::error::ApiError;
-use super::resources::RESOURCES;
-use super::selectors::{FieldSelector, LabelSelector};
-use super::store::{EventType, Store, StoredEvent, Subscription, encode_event};
+use crate::error::ApiError;
+use crate::resources::RESOURCES;
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::store::{EventType, Store, StoredEvent, Subscription, encode_event};
 
 /// What one watch asked for.
 #[derive(Debug, Clone)]
@@ -362,7 +362,7 @@ const MAX_BATCH: usize = 64 * 1024;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::store::Write;
+    use crate::store::Write;
 
     type WatchRx = Pin<Box<dyn Stream<Item = Bytes> + Send>>;
 

@@ -2,8 +2,8 @@
 
 use serde_json::Value;
 
-use super::error::ApiError;
-use super::resources::ResourceDef;
+use crate::error::ApiError;
+use crate::resources::ResourceDef;
 
 /// One label requirement.
 #[derive(Debug, Clone, PartialEq)]
@@ -208,7 +208,7 @@ impl FieldSelector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::resources::{RESOURCES, idx};
+    use crate::resources::{RESOURCES, idx};
     use serde_json::json;
 
     fn obj() -> Value {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{csr, server};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use lab::apiserver::{ADMIN_TOKEN, ApiServerHandle, Identity};
+use apiserver::{ADMIN_TOKEN, ApiServerHandle, Identity};
 use serde_json::json;
 
 struct Kubectl {

@@ -3,9 +3,9 @@
 
 use serde_json::Value;
 
-use super::auth::Identity;
-use super::resources::idx;
-use super::store::Store;
+use crate::auth::Identity;
+use crate::resources::idx;
+use crate::store::Store;
 
 /// What a request wants to do (the real server's authorizer attributes).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -230,7 +230,7 @@ pub fn forbidden_message(id: &Identity, a: &Attributes) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::store::Write;
+    use crate::store::Write;
     use serde_json::json;
 
     fn attrs(

@@ -11,7 +11,7 @@
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
-use super::error::ApiError;
+use crate::error::ApiError;
 
 /// The protobuf media type.
 pub const CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";

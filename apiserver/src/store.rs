@@ -18,8 +18,8 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use super::error::ApiError;
-use super::resources::RESOURCES;
+use crate::error::ApiError;
+use crate::resources::RESOURCES;
 
 /// The type of a watch event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

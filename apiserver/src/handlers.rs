@@ -20,17 +20,17 @@ use futures::StreamExt as _;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{Identity, Tokens};
-use super::discovery;
-use super::error::ApiError;
-use super::objects::{self, certificate_changed, prepare_create, prepare_delete, prepare_update};
-use super::patch::{self, PatchKind};
-use super::protobuf;
-use super::rbac::{self, Attributes, Decision};
-use super::resources::{RESOURCES, ResourceDef, Storage, find, idx};
-use super::selectors::{FieldSelector, LabelSelector};
-use super::store::{Store, Write};
-use super::watch::{self, WatchSpec};
+use crate::auth::{Identity, Tokens};
+use crate::discovery;
+use crate::error::ApiError;
+use crate::objects::{self, certificate_changed, prepare_create, prepare_delete, prepare_update};
+use crate::patch::{self, PatchKind};
+use crate::protobuf;
+use crate::rbac::{self, Attributes, Decision};
+use crate::resources::{RESOURCES, ResourceDef, Storage, find, idx};
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::store::{Store, Write};
+use crate::watch::{self, WatchSpec};
 
 /// Largest request body accepted, as the real server's limit (3 MiB).
 pub const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -151,7 +151,7 @@ fn json_response(code: StatusCode, body: &Value) -> Response {
 }
 
 /// The answer to a write: the stored object, serialised once with its event.
-fn written_response(code: StatusCode, written: &super::store::Written) -> Response {
+fn written_response(code: StatusCode, written: &crate::store::Written) -> Response {
     match &written.json {
         Some(json) => bytes_response(code, json.clone(), "application/json"),
         None => json_response(code, &written.object),
@@ -708,7 +708,7 @@ fn delete_collection(
         .iter()
         .filter(|o| labels.matches(o) && fields.matches(o))
     {
-        let (ns, name) = super::store::key_of(obj);
+        let (ns, name) = crate::store::key_of(obj);
         let res = shared
             .store
             .write(rp.resource, &ns, &name, |cur| match cur {
@@ -733,7 +733,7 @@ fn self_subject_access_review(
     id: &Identity,
     mut review: Value,
 ) -> Result<Response, ApiError> {
-    let def = &RESOURCES[super::resources::find(
+    let def = &RESOURCES[crate::resources::find(
         "authorization.k8s.io",
         "v1",
         "selfsubjectaccessreviews",

@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::resources::{RESOURCES, ResourceDef, Storage, groups};
+use crate::resources::{RESOURCES, ResourceDef, Storage, groups};
 
 /// The Kubernetes version the server claims (matches k8s-openapi's `v1_33`).
 pub fn version() -> Value {

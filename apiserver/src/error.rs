@@ -5,7 +5,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::resources::ResourceDef;
+use crate::resources::ResourceDef;
 
 /// Errors of the embedded API server's library API.
 #[derive(Debug, thiserror::Error)]
