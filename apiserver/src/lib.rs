@@ -29,6 +29,7 @@ mod patch;
 mod protobuf;
 mod rbac;
 mod resources;
+mod routes;
 mod selectors;
 mod store;
 mod tls;
