@@ -8,16 +8,18 @@
 
 // Tests and benches fail loudly on any unexpected error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// A bench measures real elapsed time.
+#![allow(clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use kube_ovn_ipsec_api::Uid;
-use kube_ovn_ipsec_runtime::guards::GuardKeeper;
-use kube_ovn_ipsec_runtime::lease::{self, AllocationConfig, Lease, OsRandom};
-use kube_ovn_ipsec_runtime::xfrm::model::{ACTION_BLOCK, DIR_OUT, Family, Mark, Policy, Selector};
-use kube_ovn_ipsec_runtime::xfrm::{Xfrm, XfrmHandle};
+use kube_ovn_ipsec_api::names::defaults::RESERVED_MARK_BITS;
 use testbed::netns::Netns;
+use xfrm::alloc::{self, OsRandom};
+use xfrm::guard::{GuardKeeper, Guards};
+use xfrm::model::{ACTION_BLOCK, DIR_OUT, Family, Mark, Policy, Selector};
+use xfrm::{Xfrm, XfrmHandle};
 
 /// Installs `n` foreign outbound policies via netlink (fast): distinct
 /// /32 destinations, marks that never alias the lease's.
@@ -84,10 +86,8 @@ fn bench(c: &mut Criterion) {
     }
     let ns = Netns::create("koi-bench-guard").expect("netns");
     let mut setup = XfrmHandle::in_netns(ns.name()).expect("xfrm socket");
-    let uid = Uid::new("bench-node").expect("uid");
-    let mut lease: Lease =
-        lease::allocate(&uid, &[], &[], &AllocationConfig::default(), &mut OsRandom)
-            .expect("lease");
+    let allocation = alloc::allocate(&[], &[], RESERVED_MARK_BITS, &mut OsRandom).expect("lease");
+    let mut lease = Guards::new(allocation.mark);
     let mut keeper = GuardKeeper::new(XfrmHandle::in_netns(ns.name()).expect("xfrm socket"));
     assert!(keeper.arm(&mut lease).expect("arm").armed);
 
@@ -139,25 +139,18 @@ fn bench(c: &mut Criterion) {
             let policies = keeper.xfrm().dump_policies().expect("dump");
             let states = keeper.xfrm().dump_states().expect("dump");
             assert!(policies.len() >= 10_000);
-            lease::allocate(
-                &uid,
-                &policies,
-                &states,
-                &AllocationConfig::default(),
-                &mut OsRandom,
-            )
-            .expect("allocate")
+            alloc::allocate(&policies, &states, RESERVED_MARK_BITS, &mut OsRandom)
+                .expect("allocate")
         })
     });
     group.finish();
-    let alloc = median(
+    let allocation_median = median(
         (0..10)
             .map(|_| {
                 let t = Instant::now();
                 let p = keeper.xfrm().dump_policies().expect("dump");
                 let s = keeper.xfrm().dump_states().expect("dump");
-                lease::allocate(&uid, &p, &s, &AllocationConfig::default(), &mut OsRandom)
-                    .expect("allocate");
+                alloc::allocate(&p, &s, RESERVED_MARK_BITS, &mut OsRandom).expect("allocate");
                 t.elapsed()
             })
             .collect(),
@@ -169,7 +162,7 @@ fn bench(c: &mut Criterion) {
         );
     }
     println!(
-        "guard_readback: lease allocation (dump policies + states, alias/bypass scan) at 10000 policies: {alloc:?} (median)"
+        "guard_readback: lease allocation (dump policies + states, alias/bypass scan) at 10000 policies: {allocation_median:?} (median)"
     );
 }
 

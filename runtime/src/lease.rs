@@ -14,32 +14,19 @@ use kube_ovn_ipsec_api::names::ovs::{
     EXTERNAL_ID_PROTECTION_LEASE, EXTERNAL_ID_PROTECTION_MARK, EXTERNAL_ID_PROTECTION_NODE_UID,
     EXTERNAL_ID_PROTECTION_REQID, PROTECTION_KEYS,
 };
-use ovsdb::{MapChanges, MapColumn, MapSnapshot};
+use ovsdb::{MapChanges, MapColumn, MapSnapshot, MapWriter};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::fsutil::write_atomic;
-use crate::xfrm::model::{CandidateRejection, Family, Policy, State, check_candidate, find_bypass};
+use actors::keydir::write_atomic;
+use xfrm::alloc::RandomSource;
+use xfrm::guard::{GuardRecord, GuardSet};
+use xfrm::model::{Policy, State};
 
 /// File name of the lease in the key directory.
 pub const LEASE_FILE: &str = "protection-lease.json";
 /// Version of the lease file's format.
 pub const LEASE_FILE_VERSION: u32 = 1;
-/// Candidates tried before allocation gives up. With random 32-bit marks
-/// and 31-bit reqids a node would need millions of policies for 256
-/// rejections in a row; reaching it means something systematic (a
-/// wildcard-mask policy with a mark) that an operator must look at.
-pub const MAX_CANDIDATES: u32 = 256;
-
-/// A guard the lease armed: its family and kernel index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GuardRecord {
-    /// Address family of the guard.
-    pub family: Family,
-    /// The kernel's policy index.
-    pub index: u32,
-}
-
 /// The lease as persisted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -60,19 +47,19 @@ pub struct Lease {
     pub guards: Vec<GuardRecord>,
 }
 
+impl GuardSet for Lease {
+    fn mark(&self) -> u32 {
+        self.mark
+    }
+    fn guards(&self) -> &[GuardRecord] {
+        &self.guards
+    }
+    fn guards_mut(&mut self) -> &mut Vec<GuardRecord> {
+        &mut self.guards
+    }
+}
+
 impl Lease {
-    /// The recorded guard of `family`, if any.
-    pub fn guard(&self, family: Family) -> Option<GuardRecord> {
-        self.guards.iter().copied().find(|g| g.family == family)
-    }
-
-    /// Records (or replaces) the guard of `family`.
-    pub fn record_guard(&mut self, family: Family, index: u32) {
-        self.guards.retain(|g| g.family != family);
-        self.guards.push(GuardRecord { family, index });
-        self.guards.sort_by_key(|g| g.family);
-    }
-
     /// The four `external_ids` keys and values of the publication.
     pub fn publication(&self) -> MapChanges {
         MapChanges::from([
@@ -106,9 +93,11 @@ pub fn withdrawal() -> MapChanges {
 
 /// Publishes `lease` in `Open_vSwitch . external_ids`: the four keys in one
 /// guarded transaction, every other key untouched (the `ovsdb` crate's
-/// guarded map helper, retried on a concurrent writer).
+/// [`MapWriter`], which retries a lost guard itself). The writer is fresh, so
+/// it reads first: publication is rare, and an already published lease is
+/// then confirmed without a write.
 pub async fn publish(client: &ovsdb::Client, lease: &Lease) -> Result<MapSnapshot, Error> {
-    client
+    MapWriter::new(client.clone())
         .update_map(&MapColumn::ovs_external_ids(), &lease.publication(), 5)
         .await
         .map_err(Error::Ovsdb)
@@ -116,26 +105,10 @@ pub async fn publish(client: &ovsdb::Client, lease: &Lease) -> Result<MapSnapsho
 
 /// Removes the four keys in one guarded transaction (cleanup path only).
 pub async fn unpublish(client: &ovsdb::Client) -> Result<MapSnapshot, Error> {
-    client
+    MapWriter::new(client.clone())
         .update_map(&MapColumn::ovs_external_ids(), &withdrawal(), 5)
         .await
         .map_err(Error::Ovsdb)
-}
-
-/// Randomness for allocation (a trait so tests can force collisions).
-pub trait RandomSource {
-    /// A uniformly random 32-bit value.
-    fn next_u32(&mut self) -> u32;
-}
-
-/// The operating system's CSPRNG (through `rand`).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct OsRandom;
-
-impl RandomSource for OsRandom {
-    fn next_u32(&mut self) -> u32 {
-        rand::random()
-    }
 }
 
 /// Allocation settings.
@@ -154,9 +127,9 @@ impl Default for AllocationConfig {
 }
 
 /// Allocates a fresh lease for `node_uid` against the kernel's `policies`
-/// and `states`: random candidates, each rejected when it aliases an
-/// existing mark (under its mask) or reqid or has reserved bits; refuses
-/// with [`Error::BypassPresent`] while a bypass exists.
+/// and `states` ([`xfrm::alloc::allocate`]: aliases and reserved bits
+/// rejected, refused while a bypass exists), with a random lease id drawn
+/// from the same source.
 pub fn allocate(
     node_uid: &Uid,
     policies: &[Policy],
@@ -164,40 +137,21 @@ pub fn allocate(
     config: &AllocationConfig,
     rng: &mut dyn RandomSource,
 ) -> Result<Lease, Error> {
-    let mut last: Option<CandidateRejection> = None;
-    for _ in 0..MAX_CANDIDATES {
-        let mark = rng.next_u32();
-        let reqid = rng.next_u32() & 0x7fff_ffff;
-        if let Err(r) = check_candidate(mark, reqid, config.reserved_bits, policies, states) {
-            tracing::debug!(rejection = ?r, "lease candidate rejected");
-            last = Some(r);
-            continue;
-        }
-        // What remains matches every mark (a mark-specific bypass is an
-        // alias above): no candidate could avoid it.
-        if let Some(bypass) = find_bypass(mark, policies) {
-            return Err(Error::BypassPresent {
-                reason: bypass.to_string(),
-            });
-        }
-        let mut bytes = [0u8; 16];
-        for chunk in bytes.chunks_mut(4) {
-            chunk.copy_from_slice(&rng.next_u32().to_ne_bytes());
-        }
-        // Version 4 / RFC 4122 variant bits over the random bytes.
-        let lease_id = uuid::Builder::from_random_bytes(bytes).into_uuid();
-        return Ok(Lease {
-            version: LEASE_FILE_VERSION,
-            lease_id: lease_id.to_string(),
-            node_uid: node_uid.as_str().to_string(),
-            mark,
-            reqid,
-            guards: Vec::new(),
-        });
+    let xfrm::alloc::Allocation { mark, reqid } =
+        xfrm::alloc::allocate(policies, states, config.reserved_bits, rng)?;
+    let mut bytes = [0u8; 16];
+    for chunk in bytes.chunks_mut(4) {
+        chunk.copy_from_slice(&rng.next_u32().to_ne_bytes());
     }
-    Err(Error::LeaseExhausted {
-        attempts: MAX_CANDIDATES,
-        last: last.map_or_else(String::new, |r| format!("{r:?}")),
+    // Version 4 / RFC 4122 variant bits over the random bytes.
+    let lease_id = uuid::Builder::from_random_bytes(bytes).into_uuid();
+    Ok(Lease {
+        version: LEASE_FILE_VERSION,
+        lease_id: lease_id.to_string(),
+        node_uid: node_uid.as_str().to_string(),
+        mark,
+        reqid,
+        guards: Vec::new(),
     })
 }
 
@@ -266,7 +220,10 @@ impl LeaseStore {
             path: self.path(),
             reason: e.to_string(),
         })?;
-        write_atomic(&self.path(), &bytes, 0o600)
+        write_atomic(&self.path(), &bytes, 0o600).map_err(|e| Error::Io {
+            path: e.path,
+            source: e.source,
+        })
     }
 
     /// Moves a foreign lease aside as `protection-lease.<uid>.foreign.json`
@@ -302,7 +259,7 @@ impl LeaseStore {
     pub fn obtain(
         &self,
         node_uid: &Uid,
-        xfrm: &mut dyn crate::xfrm::Xfrm,
+        xfrm: &mut dyn xfrm::Xfrm,
         config: &AllocationConfig,
         rng: &mut dyn RandomSource,
     ) -> Result<(Lease, bool), Error> {

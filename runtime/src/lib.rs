@@ -1,6 +1,10 @@
-//! The agent's runtime processes (SPEC section 3): the IKE daemon and
-//! `ovs-monitor-ipsec`, and what the agent must know about the programs the
-//! image gives it before it runs them.
+//! The `kube-ovn-ipsec` binary: the agent's real adapters and their wiring.
+//!
+//! The actors (`actors` crate) decide; this crate does: it implements their
+//! ports over kube-rs, the `ovsdb` client, netlink XFRM (`xfrm` crate), the
+//! key directory and the IKE daemon and ovs-monitor-ipsec as foreground
+//! children, serves `/status`, `/readyz`, `/healthz` and `/metrics`, and
+//! puts the actor tree together in `run`'s start-up order.
 //!
 //! # Layout
 //! - [`agent`]: `kube-ovn-ipsec run` — the actor tree with its real adapters
@@ -8,10 +12,8 @@
 //! - [`monitor_patch`]: does the `ovs-monitor-ipsec` script the agent would
 //!   run carry the project's patch (`image/patches/ovs-monitor-ipsec-3.1.patch`)?
 //!   Decides whether the agent keeps its CA workaround.
-//! - [`xfrm`]: netlink XFRM — pure model and codec, and [`xfrm::XfrmHandle`].
 //! - [`lease`]: the output-protection lease — allocation, persistence,
 //!   OVSDB publication.
-//! - [`guards`]: arming, read-back and re-adding of the XFRM guards.
 //! - [`sa`]: SA attribution by reqid + mark + exact selector, and the
 //!   observation record.
 //! - [`capability`]: the capability gate (ovn-controller's output
@@ -21,20 +23,18 @@
 //!   the CA workaround.
 //! - [`monitor`]: ovs-monitor-ipsec — start, `tunnels/show`, the
 //!   acknowledgement of the active generation.
-//! - [`fsutil`]: crash-safe writes, the boot ID.
+//! - [`fsutil`]: the boot ID (crash-safe writes are `actors::keydir::write_atomic`).
 //! - [`Error`]: the crate's one error type.
 
 pub mod agent;
 pub mod capability;
 pub mod fsutil;
-pub mod guards;
 pub mod ike;
 pub mod lease;
 pub mod monitor;
 pub mod monitor_patch;
 pub mod process;
 pub mod sa;
-pub mod xfrm;
 
 use std::path::PathBuf;
 
@@ -75,40 +75,18 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// A netlink XFRM request failed.
-    #[error("netlink XFRM {what}: {source}")]
-    Netlink {
-        /// The request.
-        what: &'static str,
-        /// The kernel's (or socket's) error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The kernel sent a netlink message that cannot be parsed.
+    /// Kernel XFRM: a netlink request, its reply, lease allocation or a
+    /// guard.
     #[error(transparent)]
-    Codec(#[from] xfrm::codec::CodecError),
-    /// Lease allocation refused: a policy would let marked tunnel traffic
-    /// out in plaintext ahead of the guards (SPEC §4).
-    #[error("lease allocation refused: bypass present: {reason}")]
-    BypassPresent {
-        /// The bypass policy, described.
+    Xfrm(#[from] xfrm::Error),
+    /// Blocking work run off the async executor did not complete (its
+    /// thread panicked, or the runtime is shutting down).
+    #[error("{what} did not complete: {reason}")]
+    Blocking {
+        /// The operation.
+        what: &'static str,
+        /// Why.
         reason: String,
-    },
-    /// Every lease candidate was rejected.
-    #[error("no usable lease after {attempts} candidates (last rejection: {last})")]
-    LeaseExhausted {
-        /// Candidates tried.
-        attempts: u32,
-        /// The last rejection.
-        last: String,
-    },
-    /// A guard was deleted but still reads back (cleanup path).
-    #[error("guard {family} index {index} still present after deletion")]
-    GuardStillPresent {
-        /// Its family.
-        family: xfrm::model::Family,
-        /// Its index.
-        index: u32,
     },
     /// A program could not be run.
     #[error("could not run `{command}`: {source}")]
@@ -157,11 +135,8 @@ impl Error {
             Error::NotAMonitorScript { .. } => "not_a_monitor_script",
             Error::Io { .. } => "io",
             Error::Corrupt { .. } => "corrupt",
-            Error::Netlink { .. } => "netlink",
-            Error::Codec(_) => "netlink_codec",
-            Error::BypassPresent { .. } => "bypass_present",
-            Error::LeaseExhausted { .. } => "lease_exhausted",
-            Error::GuardStillPresent { .. } => "guard_still_present",
+            Error::Xfrm(e) => e.metric_label(),
+            Error::Blocking { .. } => "blocking",
             Error::Ovsdb(_) => "ovsdb",
             Error::Spawn { .. } => "spawn",
             Error::CommandTimeout { .. } => "command_timeout",

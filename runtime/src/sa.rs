@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 use crate::lease::Lease;
-use crate::xfrm::model::{DIR_OUT, Family, Policy, State, compare_guard};
+use xfrm::model::{DIR_OUT, Family, Policy, State, compare_guard};
 
 /// File name of the observation record in the key directory.
 pub const OBSERVATIONS_FILE: &str = "sa-observations.json";
@@ -169,7 +169,7 @@ pub fn attribute(
     policies: &[Policy],
     tunnels: &[TunnelEndpoints],
 ) -> Attribution {
-    let exact = crate::xfrm::model::Mark::exact(lease.mark);
+    let exact = xfrm::model::Mark::exact(lease.mark);
     let mut out = Attribution::default();
     for s in states {
         let mark_ok = s.mark.is_none_or(|m| m == exact);
@@ -238,14 +238,17 @@ pub fn record(
         path: path.clone(),
         reason: e.to_string(),
     })?;
-    crate::fsutil::write_atomic(&path, &bytes, 0o600)?;
+    actors::keydir::write_atomic(&path, &bytes, 0o600).map_err(|e| Error::Io {
+        path: e.path,
+        source: e.source,
+    })?;
     Ok(obs)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xfrm::model::{Mark, PROTO_ESP, Selector, Template};
+    use xfrm::model::{Mark, PROTO_ESP, Selector, Template};
 
     fn lease() -> Lease {
         Lease {

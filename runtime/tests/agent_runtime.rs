@@ -16,6 +16,8 @@
 //!   no key material); foreign ones are not.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 
@@ -26,12 +28,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, ListParams};
 use kube_ovn_ipsec_runtime::lease::LeaseStore;
-use kube_ovn_ipsec_runtime::xfrm::model::{Family, Policy, compare_guard};
-use kube_ovn_ipsec_runtime::xfrm::{Xfrm, XfrmHandle};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::{Pid, getpgid};
 use support::cluster::{Cluster, http_get};
 use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode};
+use xfrm::model::{Family, Policy, compare_guard};
+use xfrm::{Xfrm, XfrmHandle};
 
 async fn wait_exit(agent: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let deadline = Instant::now() + limit;
@@ -45,11 +47,7 @@ async fn wait_exit(agent: &mut Child, limit: Duration) -> std::process::ExitStat
 }
 
 async fn csr_count(cluster: &Cluster) -> usize {
-    let client = cluster
-        .api
-        .client(apiserver::ADMIN_TOKEN)
-        .await
-        .unwrap();
+    let client = cluster.api.client(apiserver::ADMIN_TOKEN).await.unwrap();
     Api::<CertificateSigningRequest>::all(client)
         .list(&ListParams::default())
         .await

@@ -4,6 +4,8 @@
 
 // Tests and benches fail loudly on any unexpected error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 
@@ -11,10 +13,12 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kube_ovn_ipsec_api::Uid;
-use kube_ovn_ipsec_runtime::guards::{GuardEvent, GuardKeeper, GuardStatus};
-use kube_ovn_ipsec_runtime::lease::{AllocationConfig, LeaseStore, OsRandom};
-use kube_ovn_ipsec_runtime::xfrm::XfrmHandle;
-use kube_ovn_ipsec_runtime::xfrm::model::Family;
+use kube_ovn_ipsec_runtime::lease::{AllocationConfig, LeaseStore};
+use xfrm::XfrmHandle;
+use xfrm::alloc::OsRandom;
+use xfrm::guard::GuardSet as _;
+use xfrm::guard::{GuardEvent, GuardKeeper, GuardStatus};
+use xfrm::model::Family;
 
 fn foreign_policies(ns: &testbed::netns::Netns, mark: u32) {
     // Same priority and selector as the guards, similar marks, an ESP

@@ -8,9 +8,10 @@ mod common;
 
 use common::*;
 use kube_ovn_ipsec_api::Uid;
-use kube_ovn_ipsec_runtime::lease::{AllocationConfig, LeaseStore, Loaded, OsRandom, RandomSource};
-use kube_ovn_ipsec_runtime::xfrm::Xfrm;
-use kube_ovn_ipsec_runtime::xfrm::model::check_candidate;
+use kube_ovn_ipsec_runtime::lease::{AllocationConfig, LeaseStore, Loaded};
+use xfrm::Xfrm;
+use xfrm::alloc::{OsRandom, RandomSource};
+use xfrm::model::check_candidate;
 
 /// Offers `script` first, then a clean candidate.
 struct Scripted(Vec<u32>);

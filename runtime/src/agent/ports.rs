@@ -1,11 +1,11 @@
-//! The runtime actors' ports over this crate's adapters: lease and guards
-//! ([`crate::lease`], [`crate::guards`] over netlink XFRM), the IKE daemon
+//! The protection, IKE and monitor actors' ports over this crate's adapters: lease and guards
+//! ([`crate::lease`], [`xfrm::guard`] over netlink XFRM), the IKE daemon
 //! ([`crate::ike`]) and the monitor ([`crate::monitor`], with the
 //! acknowledgement and, for an unpatched monitor only, the CA workaround).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use actors::ports::{
     Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,
@@ -16,23 +16,26 @@ use kube_ovn_ipsec_api::Uid;
 use kube_ovn_ipsec_api::digest::Sha256Digest;
 use kube_ovn_ipsec_api::status::Reason;
 
-use crate::guards::{GuardEvent, GuardKeeper};
-use crate::ike::{IkeConfig, IkeDaemon, parse_listcerts};
-use crate::lease::{self, AllocationConfig, Lease, LeaseStore, OsRandom};
+use crate::ike::{IkeConfig, IkeDaemon};
+use crate::lease::{self, AllocationConfig, Lease, LeaseStore};
 use crate::monitor::{self, ActiveIdentity, Monitor, MonitorConfig};
 use crate::monitor_patch::MonitorPatch;
 use crate::process::Launcher;
 use crate::sa;
-use crate::xfrm::{Xfrm, XfrmHandle};
+use kube_ovn_ipsec_api::strongswan::parse_listcerts;
+use xfrm::alloc::OsRandom;
+use xfrm::guard::{GuardEvent, GuardKeeper};
+use xfrm::{Xfrm, XfrmHandle};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn protection_err(e: crate::Error) -> actors::Error {
+fn protection_err(e: impl Into<crate::Error>) -> actors::Error {
+    let e: crate::Error = e.into();
     let reason = match &e {
-        crate::Error::BypassPresent { .. } => Reason::BypassPolicyPresent,
-        crate::Error::LeaseExhausted { .. } => Reason::LeaseAllocationFailed,
+        crate::Error::Xfrm(xfrm::Error::BypassPresent { .. }) => Reason::BypassPolicyPresent,
+        crate::Error::Xfrm(xfrm::Error::LeaseExhausted { .. }) => Reason::LeaseAllocationFailed,
         crate::Error::Ovsdb(_) => Reason::OvsdbUnavailable,
         _ => Reason::GuardMissing,
     };
@@ -63,17 +66,42 @@ fn create_key_dir(dir: Option<&Path>) -> Result<(), crate::Error> {
 }
 
 /// [`ProtectionPort`] over the lease file, netlink XFRM and OVSDB.
-#[derive(Debug)]
+///
+/// Netlink requests and lease-file writes block (a netlink round trip is
+/// microseconds, a dump of 10,000 policies milliseconds, an fsync'd write
+/// milliseconds): they run on tokio's blocking threads, never inside an
+/// actor's handler. OVSDB calls are async and stay on the executor.
+#[derive(Debug, Clone)]
 pub struct ProtectionAdapter {
+    node: Arc<ProtectedNode>,
+    ovs: ovsdb::Client,
+}
+
+/// What the blocking side of [`ProtectionAdapter`] owns.
+#[derive(Debug)]
+struct ProtectedNode {
     store: LeaseStore,
     node_uid: Uid,
     allocation: AllocationConfig,
     keeper: Mutex<GuardKeeper<XfrmHandle>>,
     lease: Mutex<Option<Lease>>,
-    ovs: ovsdb::Client,
     /// What the last SA observation recorded (boot ID, attribution), so the
     /// record is rewritten only when it changes.
     observed: Mutex<Option<(String, sa::Attribution)>>,
+}
+
+/// Runs `f` on a blocking thread: netlink and fsync'd writes never block
+/// the executor the actors run on.
+async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> actors::Result<T> + Send + 'static,
+) -> actors::Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        protection_err(crate::Error::Blocking {
+            what,
+            reason: e.to_string(),
+        })
+    })?
 }
 
 impl ProtectionAdapter {
@@ -87,16 +115,20 @@ impl ProtectionAdapter {
         ovs: ovsdb::Client,
     ) -> Self {
         Self {
-            store: LeaseStore::new(key_dir),
-            node_uid,
-            allocation,
-            keeper: Mutex::new(GuardKeeper::new(xfrm)),
-            lease: Mutex::new(None),
+            node: Arc::new(ProtectedNode {
+                store: LeaseStore::new(key_dir),
+                node_uid,
+                allocation,
+                keeper: Mutex::new(GuardKeeper::new(xfrm)),
+                lease: Mutex::new(None),
+                observed: Mutex::new(None),
+            }),
             ovs,
-            observed: Mutex::new(None),
         }
     }
+}
 
+impl ProtectedNode {
     fn current(&self) -> actors::Result<Lease> {
         lock(&self.lease)
             .clone()
@@ -104,6 +136,82 @@ impl ProtectionAdapter {
                 reason: Reason::GuardMissing,
                 detail: "no lease obtained yet".into(),
             })
+    }
+
+    fn obtain_lease(&self) -> actors::Result<LeaseSummary> {
+        // The identity actor may not have created the key directory yet.
+        create_key_dir(self.store.path().parent()).map_err(protection_err)?;
+        let (lease, allocated) = {
+            let mut keeper = lock(&self.keeper);
+            self.store
+                .obtain(
+                    &self.node_uid,
+                    keeper.xfrm(),
+                    &self.allocation,
+                    &mut OsRandom,
+                )
+                .map_err(protection_err)?
+        };
+        let summary = LeaseSummary {
+            lease_id: lease.lease_id.clone(),
+            mark: lease.mark,
+            reqid: lease.reqid,
+            allocated,
+        };
+        *lock(&self.lease) = Some(lease);
+        Ok(summary)
+    }
+
+    fn evaluate_guards(&self) -> actors::Result<GuardReadback> {
+        let mut lease_slot = lock(&self.lease);
+        let Some(lease) = lease_slot.as_mut() else {
+            return Err(actors::Error::Protection {
+                reason: Reason::GuardMissing,
+                detail: "no lease obtained yet".into(),
+            });
+        };
+        let eval = lock(&self.keeper).evaluate(lease).map_err(protection_err)?;
+        if eval.lease_changed {
+            self.store.save(lease).map_err(protection_err)?;
+        }
+        Ok(GuardReadback {
+            armed: eval.armed,
+            changes: eval.events.iter().map(change_of).collect(),
+        })
+    }
+
+    /// Attributes the kernel's SAs and policies to `lease` over `tunnels`
+    /// and records the observation when it changed.
+    fn observe_sas(
+        &self,
+        lease: &Lease,
+        tunnels: &[sa::TunnelEndpoints],
+    ) -> actors::Result<SaSummary> {
+        let (states, policies) = {
+            let mut keeper = lock(&self.keeper);
+            let xfrm = keeper.xfrm();
+            let states = xfrm.dump_states().map_err(protection_err)?;
+            (states, xfrm.dump_policies().map_err(protection_err)?)
+        };
+        let attribution = sa::attribute(lease, &states, &policies, tunnels);
+        let mut summary = SaSummary {
+            tunnels: tunnels.len(),
+            sas: attribution.sas.len(),
+            policies: attribution.policies.len(),
+            recorded: false,
+        };
+        let boot_id = crate::fsutil::boot_id().map_err(protection_err)?;
+        let mut observed = lock(&self.observed);
+        let current = (boot_id, attribution);
+        if observed.as_ref() != Some(&current) {
+            let lease_file = self.store.path();
+            let dir = lease_file.parent().unwrap_or(Path::new("."));
+            let now = k8s_openapi::jiff::Timestamp::now().to_string();
+            sa::record(dir, lease, current.1.clone(), now).map_err(protection_err)?;
+            *observed = Some(current);
+            summary.recorded = true;
+        }
+        Ok(summary)
     }
 }
 
@@ -143,50 +251,17 @@ fn change_of(e: &GuardEvent) -> GuardChange {
 #[async_trait]
 impl ProtectionPort for ProtectionAdapter {
     async fn obtain_lease(&self) -> actors::Result<LeaseSummary> {
-        // The identity actor may not have created the key directory yet.
-        create_key_dir(self.store.path().parent()).map_err(protection_err)?;
-        // Netlink requests here are short, local and bounded: done inline.
-        let (lease, allocated) = {
-            let mut keeper = lock(&self.keeper);
-            self.store
-                .obtain(
-                    &self.node_uid,
-                    keeper.xfrm(),
-                    &self.allocation,
-                    &mut OsRandom,
-                )
-                .map_err(protection_err)?
-        };
-        let summary = LeaseSummary {
-            lease_id: lease.lease_id.clone(),
-            mark: lease.mark,
-            reqid: lease.reqid,
-            allocated,
-        };
-        *lock(&self.lease) = Some(lease);
-        Ok(summary)
+        let node = Arc::clone(&self.node);
+        blocking("lease", move || node.obtain_lease()).await
     }
 
     async fn evaluate_guards(&self) -> actors::Result<GuardReadback> {
-        let mut lease_slot = lock(&self.lease);
-        let Some(lease) = lease_slot.as_mut() else {
-            return Err(actors::Error::Protection {
-                reason: Reason::GuardMissing,
-                detail: "no lease obtained yet".into(),
-            });
-        };
-        let eval = lock(&self.keeper).evaluate(lease).map_err(protection_err)?;
-        if eval.lease_changed {
-            self.store.save(lease).map_err(protection_err)?;
-        }
-        Ok(GuardReadback {
-            armed: eval.armed,
-            changes: eval.events.iter().map(change_of).collect(),
-        })
+        let node = Arc::clone(&self.node);
+        blocking("guard read-back", move || node.evaluate_guards()).await
     }
 
     async fn publish_lease(&self) -> actors::Result<()> {
-        let lease = self.current()?;
+        let lease = self.node.current()?;
         lease::publish(&self.ovs, &lease)
             .await
             .map(|_| ())
@@ -194,36 +269,12 @@ impl ProtectionPort for ProtectionAdapter {
     }
 
     async fn observe_sas(&self) -> actors::Result<SaSummary> {
-        let lease = self.current()?;
+        let lease = self.node.current()?;
         let tunnels = sa::read_tunnels(&self.ovs, lease.reqid)
             .await
             .map_err(protection_err)?;
-        // Two dumps, short and local: done inline like the read-back.
-        let (states, policies) = {
-            let mut keeper = lock(&self.keeper);
-            let xfrm = keeper.xfrm();
-            let states = xfrm.dump_states().map_err(protection_err)?;
-            (states, xfrm.dump_policies().map_err(protection_err)?)
-        };
-        let attribution = sa::attribute(&lease, &states, &policies, &tunnels);
-        let mut summary = SaSummary {
-            tunnels: tunnels.len(),
-            sas: attribution.sas.len(),
-            policies: attribution.policies.len(),
-            recorded: false,
-        };
-        let boot_id = crate::fsutil::boot_id().map_err(protection_err)?;
-        let mut observed = lock(&self.observed);
-        let current = (boot_id, attribution);
-        if observed.as_ref() != Some(&current) {
-            let lease_file = self.store.path();
-            let dir = lease_file.parent().unwrap_or(Path::new("."));
-            let now = k8s_openapi::jiff::Timestamp::now().to_string();
-            sa::record(dir, &lease, current.1.clone(), now).map_err(protection_err)?;
-            *observed = Some(current);
-            summary.recorded = true;
-        }
-        Ok(summary)
+        let node = Arc::clone(&self.node);
+        blocking("SA attribution", move || node.observe_sas(&lease, &tunnels)).await
     }
 }
 
@@ -376,7 +427,15 @@ impl RunningMonitor for RunningMon {
                 .ike
                 .cacerts_dir
                 .join("kube-ovn-ipsec-trust.pem");
-            crate::fsutil::write_atomic(&dst, &pem, 0o644).map_err(|e| process_err("ike", e))?;
+            actors::keydir::write_atomic(&dst, &pem, 0o644).map_err(|e| {
+                process_err(
+                    "ike",
+                    crate::Error::Io {
+                        path: e.path,
+                        source: e.source,
+                    },
+                )
+            })?;
             self.ipsec("rereadcacerts").await?;
             tracing::info!(dst = %dst.display(), "CA workaround applied (unpatched ovs-monitor-ipsec)");
             self.workaround_applied = Some(active.trust_digest);

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actors::bus::Bus;
-use actors::clock::{SystemClock, WallClock};
 use actors::identity::IdentityConfig;
 use actors::metrics::PrometheusMetrics;
 use actors::status::StatusBoard;
@@ -28,15 +27,16 @@ use actors::tree::{self, AgentTreeArgs};
 use k8s_openapi::api::core::v1::Node;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
+use kube_ovn_ipsec_api::clock::{Clock, SystemClock};
 use kube_ovn_ipsec_api::ident::{Chassis, Uid};
 use kube_ovn_ipsec_api::names::ovs;
 use ovsdb::MapColumn;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use actors::ike::ProcessConfig;
+use actors::process_watch::ProcessConfig;
 use actors::protection::ProtectionConfig;
-use actors::tree::RuntimePorts;
+use actors::tree::TunnelPorts;
 
 use super::config::{IkeDaemonKind, RunArgs};
 use super::events::{EventForwarder, ForwarderArgs, NodeEvents};
@@ -51,7 +51,7 @@ use crate::lease::AllocationConfig;
 use crate::monitor::MonitorConfig;
 use crate::monitor_patch;
 use crate::process::Launcher;
-use crate::xfrm::XfrmHandle;
+use xfrm::XfrmHandle;
 
 /// Why the agent could not start (after start-up, failures are the
 /// supervisor's and show in `/status`).
@@ -215,7 +215,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     })?;
     tracing::info!(node = %args.node_name, node_uid = %node_uid.as_str(), chassis = %chassis.as_str(), key_dir = %args.key_dir.display(), "starting agent");
 
-    let clock: Arc<dyn WallClock> = Arc::new(SystemClock);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let board = StatusBoard::new(clock.clone());
     board.set_node(node_uid.clone(), chassis.clone());
     let mut registry = Registry::default();
@@ -256,11 +256,21 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     tracing::info!("capability gate passed: both ovn-controllers advertise output protection");
     let patch = monitor_patch::inspect(&args.monitor_script).map_err(AgentError::Runtime)?;
     tracing::info!(?patch, ca_workaround = patch.needs_ca_workaround(), script = %args.monitor_script.display(), "ovs-monitor-ipsec");
-    let xfrm = match &args.xfrm_netns {
-        Some(ns) => XfrmHandle::in_netns(ns),
+    // Opening the socket (in another namespace: a helper thread that
+    // enters it) blocks: off the executor, like every netlink call.
+    let netns = args.xfrm_netns.clone();
+    let xfrm = tokio::task::spawn_blocking(move || match netns {
+        Some(ns) => XfrmHandle::in_netns(&ns),
         None => XfrmHandle::open(),
-    }
-    .map_err(AgentError::Runtime)?;
+    })
+    .await
+    .map_err(|e| {
+        AgentError::Runtime(crate::Error::Blocking {
+            what: "opening the netlink XFRM socket",
+            reason: e.to_string(),
+        })
+    })?
+    .map_err(|e| AgentError::Runtime(e.into()))?;
     let stop_grace = Duration::from_secs(args.stop_grace);
     let ike = IkeConfig {
         ipsec: args.ipsec.clone(),
@@ -281,7 +291,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         appctl: args.ovs_appctl.clone(),
         stop_grace,
     };
-    let runtime_ports = RuntimePorts {
+    let tunnel_ports = TunnelPorts {
         protection: Arc::new(ProtectionAdapter::new(
             &args.key_dir,
             node_uid.clone(),
@@ -365,7 +375,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         supervisor: SupervisorConfig::default(),
         extra_children: Vec::new(),
     };
-    tree_args.extra_children = tree::runtime_child_specs(&tree_args, runtime_ports);
+    tree_args.extra_children = tree::tunnel_child_specs(&tree_args, tunnel_ports);
     let (supervisor, join) = tree::start(tree_args).await?;
 
     while !*shutdown.borrow() {

@@ -1,5 +1,6 @@
 use super::*;
-use crate::xfrm::model::{ACTION_ALLOW, DIR_OUT, Mark, Selector};
+use xfrm::alloc::{MAX_CANDIDATES, OsRandom};
+use xfrm::model::{ACTION_ALLOW, DIR_OUT, Family, Mark, Selector};
 
 /// Replays a fixed sequence, then counts up (never repeats a value).
 struct Scripted(Vec<u32>, u32);

@@ -3,8 +3,8 @@
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 
-use kube_ovn_ipsec_runtime::xfrm::XfrmHandle;
 use testbed::netns::Netns;
+use xfrm::XfrmHandle;
 
 /// A fresh network namespace (cleaned up on drop) and an XFRM socket in it.
 pub fn netns(prefix: &str) -> (Netns, XfrmHandle) {

@@ -9,10 +9,75 @@
 //! lease's recorded indexes changed (the caller persists the lease then).
 //! Nothing here runs on exit or drop: guards outlive the agent.
 
-use crate::Error;
-use crate::lease::Lease;
-use crate::xfrm::model::{Family, FieldMismatch, Policy, compare_guard};
-use crate::xfrm::{AddOutcome, Xfrm};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Family, FieldMismatch, Policy, compare_guard};
+use crate::{AddOutcome, Error, Xfrm};
+
+/// A guard that was armed: its family and kernel index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuardRecord {
+    /// Address family of the guard.
+    pub family: Family,
+    /// The kernel's policy index.
+    pub index: u32,
+}
+
+/// What the keeper needs of a lease: the mark its guards block, and where
+/// the kernel indexes of its guards are recorded. The agent's persisted
+/// lease implements it; [`Guards`] is the plain form.
+pub trait GuardSet {
+    /// The output mark (matched exactly, `/0xffffffff`).
+    fn mark(&self) -> u32;
+    /// The recorded guards.
+    fn guards(&self) -> &[GuardRecord];
+    /// The recorded guards, to update.
+    fn guards_mut(&mut self) -> &mut Vec<GuardRecord>;
+
+    /// The recorded guard of `family`, if any.
+    fn guard(&self, family: Family) -> Option<GuardRecord> {
+        self.guards().iter().copied().find(|g| g.family == family)
+    }
+
+    /// Records (or replaces) the guard of `family`.
+    fn record_guard(&mut self, family: Family, index: u32) {
+        let guards = self.guards_mut();
+        guards.retain(|g| g.family != family);
+        guards.push(GuardRecord { family, index });
+        guards.sort_by_key(|g| g.family);
+    }
+}
+
+/// A mark and its recorded guards, without the rest of a lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Guards {
+    /// The output mark.
+    pub mark: u32,
+    /// The recorded guards.
+    pub records: Vec<GuardRecord>,
+}
+
+impl Guards {
+    /// Guards of `mark`, none recorded yet.
+    pub fn new(mark: u32) -> Self {
+        Self {
+            mark,
+            records: Vec::new(),
+        }
+    }
+}
+
+impl GuardSet for Guards {
+    fn mark(&self) -> u32 {
+        self.mark
+    }
+    fn guards(&self) -> &[GuardRecord] {
+        &self.records
+    }
+    fn guards_mut(&mut self) -> &mut Vec<GuardRecord> {
+        &mut self.records
+    }
+}
 
 /// Something worth an event (and a log line) that happened to a guard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,13 +194,13 @@ impl<X: Xfrm> GuardKeeper<X> {
 
     /// Arms the guards of `lease`: the same as [`Self::evaluate`], named
     /// for the first call.
-    pub fn arm(&mut self, lease: &mut Lease) -> Result<Evaluation, Error> {
+    pub fn arm(&mut self, lease: &mut impl GuardSet) -> Result<Evaluation, Error> {
         self.evaluate(lease)
     }
 
     /// Reads every guard back by its recorded index and compares it field
     /// by field; installs a missing one (never over a conflicting policy).
-    pub fn evaluate(&mut self, lease: &mut Lease) -> Result<Evaluation, Error> {
+    pub fn evaluate(&mut self, lease: &mut impl GuardSet) -> Result<Evaluation, Error> {
         let mut eval = Evaluation {
             armed: true,
             guards: Vec::new(),
@@ -155,11 +220,11 @@ impl<X: Xfrm> GuardKeeper<X> {
 
     fn evaluate_family(
         &mut self,
-        lease: &mut Lease,
+        lease: &mut impl GuardSet,
         family: Family,
         eval: &mut Evaluation,
     ) -> Result<GuardStatus, Error> {
-        let expected = Policy::guard(family, lease.mark);
+        let expected = Policy::guard(family, lease.mark());
         let recorded = lease.guard(family).map(|g| g.index);
         if let Some(index) = recorded {
             let probe = Policy {
@@ -255,10 +320,10 @@ impl<X: Xfrm> GuardKeeper<X> {
     /// Deletes the lease's guards — only policies that match the lease's
     /// guard exactly — and confirms they are gone. For the cleanup path
     /// (SPEC §8) only; the agent's run path never calls it.
-    pub fn withdraw(&mut self, lease: &Lease) -> Result<Withdrawal, Error> {
+    pub fn withdraw(&mut self, lease: &impl GuardSet) -> Result<Withdrawal, Error> {
         let mut out = Withdrawal::default();
         for family in Family::ALL {
-            let expected = Policy::guard(family, lease.mark);
+            let expected = Policy::guard(family, lease.mark());
             let found = match lease.guard(family) {
                 Some(g) => self.xfrm.get_policy_by_index(&Policy {
                     index: g.index,

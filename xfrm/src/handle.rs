@@ -12,9 +12,9 @@ use std::io;
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_XFRM};
 
-use super::codec::{self, NLMSG_DONE, NLMSG_ERROR, XFRM_MSG_NEWPOLICY, XFRM_MSG_NEWSA};
-use super::model::{Policy, State};
 use crate::Error;
+use crate::codec::{self, NLMSG_DONE, NLMSG_ERROR, XFRM_MSG_NEWPOLICY, XFRM_MSG_NEWSA};
+use crate::model::{Policy, State};
 
 /// Outcome of adding a policy.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 use super::*;
-use crate::xfrm::model::{PROTO_ESP, Policy, Template};
+use crate::model::{PROTO_ESP, Policy, Template};
 
 #[test]
 fn add_request_round_trips_through_the_reply_parser() {

@@ -19,7 +19,7 @@ use netlink_packet_xfrm::{
     XfrmMessage,
 };
 
-use super::model::{Family, Mark, Policy, Selector, State, Template};
+use crate::model::{Family, Mark, Policy, Selector, State, Template};
 
 /// `NLMSG_ERROR`.
 pub const NLMSG_ERROR: u16 = 2;
