@@ -12,8 +12,8 @@ use kube_ovn_ipsec_api::Sha256Digest;
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 
 use crate::Error;
-use crate::ike::LoadedCert;
 use crate::process::{Launcher, ProcessSpec, Supervised};
+use kube_ovn_ipsec_api::strongswan::LoadedCert;
 
 /// Timeout of one `ovs-appctl` request.
 pub const APPCTL_TIMEOUT: Duration = Duration::from_secs(10);

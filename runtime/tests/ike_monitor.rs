@@ -7,6 +7,8 @@
 
 // Tests and benches fail loudly on any unexpected error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 
@@ -14,17 +16,18 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kube_ovn_ipsec_api::Uid;
-use kube_ovn_ipsec_runtime::guards::GuardKeeper;
 use kube_ovn_ipsec_runtime::ike::{IkeConfig, IkeDaemon};
-use kube_ovn_ipsec_runtime::lease::{self, AllocationConfig, Lease, LeaseStore, OsRandom};
+use kube_ovn_ipsec_runtime::lease::{self, AllocationConfig, Lease, LeaseStore};
 use kube_ovn_ipsec_runtime::monitor::{self, ActiveIdentity, Monitor, MonitorConfig};
 use kube_ovn_ipsec_runtime::monitor_patch;
 use kube_ovn_ipsec_runtime::process::{Launcher, ProcessSpec, Supervised};
 use kube_ovn_ipsec_runtime::sa::{self, TunnelEndpoints};
-use kube_ovn_ipsec_runtime::xfrm::{Xfrm, XfrmHandle};
 use nix::sys::signal::Signal;
-use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode, NodeCert, TestCa, Tunnel};
+use testbed::ipsec::{CaFiles, DEBIAN_MONITOR_SCRIPT, IpsecNode, NodeCert, Tunnel};
 use testbed::netns::wait_for;
+use xfrm::alloc::OsRandom;
+use xfrm::guard::GuardKeeper;
+use xfrm::{Xfrm, XfrmHandle};
 
 struct Node {
     // Field order is drop order: processes before the namespace.
@@ -39,7 +42,7 @@ struct Node {
     node: IpsecNode,
 }
 
-async fn setup(node: IpsecNode, ca: &TestCa) -> Node {
+async fn setup(node: IpsecNode, ca: &CaFiles) -> Node {
     let launcher = Launcher::nsenter(node.netns().holder_pid());
     let cert = ca.issue(node.chassis()).unwrap();
     let db = node.dir().join("conf.db");
@@ -176,15 +179,10 @@ fn guards_present(n: &mut Node) {
     let guards = policies
         .iter()
         .filter(|p| {
-            kube_ovn_ipsec_runtime::xfrm::model::Family::ALL
-                .iter()
-                .any(|f| {
-                    kube_ovn_ipsec_runtime::xfrm::model::compare_guard(
-                        &kube_ovn_ipsec_runtime::xfrm::model::Policy::guard(*f, n.lease.mark),
-                        p,
-                    )
+            xfrm::model::Family::ALL.iter().any(|f| {
+                xfrm::model::compare_guard(&xfrm::model::Policy::guard(*f, n.lease.mark), p)
                     .is_empty()
-                })
+            })
         })
         .count();
     assert_eq!(guards, 2, "guards missing from a dump: {policies:#?}");
@@ -224,7 +222,7 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
         "ovs-monitor-ipsec missing: install openvswitch-ipsec"
     );
     let t0 = Instant::now();
-    let ca = TestCa::create("kube-ovn-ipsec runtime test CA").unwrap();
+    let ca = CaFiles::create("kube-ovn-ipsec runtime test CA").unwrap();
     let (a, b) = IpsecNode::pair("koi-rt-ike", "chass-a", "chass-b").unwrap();
     let mut a = setup(a, &ca).await;
     let mut b = setup(b, &ca).await;
@@ -290,7 +288,7 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
         // all the same, so the status is checked regardless.
         let _ = a.node.send_marked_udp(b_ip, 6081, mark);
         let h = a.node.ipsec(&["statusall"]).ok()?;
-        let h = kube_ovn_ipsec_runtime::ike::parse_status(&h);
+        let h = kube_ovn_ipsec_api::strongswan::parse_status(&h);
         h.ike_sas.into_iter().find(|s| s.state == "ESTABLISHED")
     })
     .unwrap_or_else(|| {

@@ -17,6 +17,8 @@
 // Helpers of this test binary panic on failure just like the #[test]s do
 // (clippy's allow-unwrap-in-tests covers only the latter).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -24,8 +26,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use kube_ovn_ipsec_api::strongswan::IkeSa;
 use kube_ovn_ipsec_runtime::monitor_patch::{self, MonitorPatch};
-use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IkeSa, IpsecNode, StartOptions, TestCa, Tunnel};
+use testbed::ipsec::{CaFiles, DEBIAN_MONITOR_SCRIPT, IpsecNode, StartOptions, Tunnel};
 
 const PREFIX: &str = "koi-mp";
 const IKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -125,12 +128,12 @@ struct Pair {
     a: IpsecNode,
     b: IpsecNode,
     to_b: Tunnel,
-    ca: TestCa,
+    ca: CaFiles,
 }
 
 fn start_pair(script: &Path) -> (Pair, Duration) {
     let t0 = Instant::now();
-    let ca = TestCa::create("kube-ovn-ipsec test CA").unwrap();
+    let ca = CaFiles::create("kube-ovn-ipsec test CA").unwrap();
     let (mut a, mut b) = IpsecNode::pair(PREFIX, "chass-a", "chass-b").unwrap();
     let mut opts = StartOptions::new(&ca, script);
     opts.write_ovs_conf = true;

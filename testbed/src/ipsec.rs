@@ -14,7 +14,7 @@
 //! ```no_run
 //! # use testbed::ipsec::*;
 //! # fn main() -> Result<(), IpsecError> {
-//! let ca = TestCa::create("kube-ovn-ipsec test CA")?;
+//! let ca = CaFiles::create("kube-ovn-ipsec test CA")?;
 //! let (mut a, mut b) = IpsecNode::pair("koi-doc", "chass-a", "chass-b")?;
 //! let script = std::path::Path::new(DEBIAN_MONITOR_SCRIPT);
 //! a.start(&StartOptions::new(&ca, script))?;
@@ -31,6 +31,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kube_ovn_ipsec_api::strongswan::{IkeSa, parse_status};
+use kube_ovn_ipsec_api::test_util::{TestCa, TestKeyAlg};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -80,16 +82,18 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IpsecError + '_ {
     }
 }
 
-/// A test certificate authority (RSA-2048, made with `openssl`).
+/// The workspace's one test CA (`api`'s, RSA-2048, as OVS 3.1's
+/// ovs-monitor-ipsec loads only RSA into strongSwan) written out as the PEM
+/// files strongSwan and the monitor read.
 #[derive(Debug)]
-pub struct TestCa {
+pub struct CaFiles {
     dir: tempfile::TempDir,
     /// The CA certificate (PEM), the trust bundle given to the nodes.
     pub cert: PathBuf,
-    key: PathBuf,
+    ca: TestCa,
 }
 
-/// A node certificate and key issued by a [`TestCa`].
+/// A node certificate and key issued by a [`CaFiles`].
 #[derive(Debug, Clone)]
 pub struct NodeCert {
     /// Certificate (PEM), subject `/O=kube-ovn/CN=<chassis>`, SAN `DNS:<chassis>`.
@@ -98,97 +102,43 @@ pub struct NodeCert {
     pub key: PathBuf,
 }
 
-impl TestCa {
-    /// Creates a self-signed CA with subject `/O=kube-ovn/CN=<cn>`.
+impl CaFiles {
+    /// Creates a self-signed CA with subject `/O=kube-ovn/CN=<cn>` and
+    /// writes its certificate.
     pub fn create(cn: &str) -> Result<Self, IpsecError> {
         let dir = tempfile::Builder::new()
             .prefix("koi-ca-")
             .tempdir()
             .map_err(io_err(Path::new("/tmp")))?;
+        let ca = TestCa::rsa(cn);
         let cert = dir.path().join("ca.pem");
-        let key = dir.path().join("ca.key");
-        netns::run(
-            Command::new("openssl")
-                .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes"])
-                .args([
-                    "-keyout".as_ref(),
-                    key.as_os_str(),
-                    "-out".as_ref(),
-                    cert.as_os_str(),
-                    "-subj".as_ref(),
-                    format!("/O=kube-ovn/CN={cn}").as_ref(),
-                    "-days".as_ref(),
-                    "2".as_ref(),
-                ]),
-        )?;
-        Ok(Self { dir, cert, key })
+        std::fs::write(&cert, ca.cert_pem()).map_err(io_err(&cert))?;
+        Ok(Self { dir, cert, ca })
+    }
+
+    /// The CA itself (to verify or sign in-process).
+    pub fn ca(&self) -> &TestCa {
+        &self.ca
     }
 
     /// Issues an RSA-2048 certificate for `chassis` with subject
     /// `/O=kube-ovn/CN=<chassis>` and SAN `DNS:<chassis>` — O before CN, so RFC 2253 renders
     /// `CN=<chassis>,O=kube-ovn` and the monitor's `CN=(.+?),` finds it
-    /// (`TESTBED.md` defect 4).
+    /// (`TESTBED.md` defect 4) — and writes certificate and key.
+    ///
+    /// The SAN matters: the monitor sets `leftid=<CN>`, and strongSwan only
+    /// uses an ID the certificate contains as subjectAltName — otherwise it
+    /// falls back to the subject DN, which the peer's `rightid=<chassis>`
+    /// does not match ("no matching peer config found").
     pub fn issue(&self, chassis: &str) -> Result<NodeCert, IpsecError> {
+        let leaf = self.ca.issue(chassis, TestKeyAlg::Rsa2048);
         let base = self.dir.path().join(chassis);
         let key = base.with_extension("key");
-        let csr = base.with_extension("csr");
         let cert = base.with_extension("pem");
-        let ext = base.with_extension("ext");
-        // The leaf the project's signer issues (SPEC section 6). The SAN
-        // matters: the monitor sets `leftid=<CN>`, and strongSwan only uses
-        // an ID the certificate contains as subjectAltName — otherwise it
-        // falls back to the subject DN, which the peer's `rightid=<chassis>`
-        // does not match ("no matching peer config found").
-        std::fs::write(
-            &ext,
-            format!(
-                "basicConstraints=critical,CA:FALSE\n\
-                 keyUsage=critical,digitalSignature,keyEncipherment\n\
-                 subjectAltName=DNS:{chassis}\n"
-            ),
-        )
-        .map_err(io_err(&ext))?;
-        netns::run(
-            Command::new("openssl")
-                .args(["req", "-newkey", "rsa:2048", "-nodes"])
-                .args([
-                    "-keyout".as_ref(),
-                    key.as_os_str(),
-                    "-out".as_ref(),
-                    csr.as_os_str(),
-                    "-subj".as_ref(),
-                    format!("/O=kube-ovn/CN={chassis}").as_ref(),
-                ]),
-        )?;
-        // A random serial instead of -CAcreateserial: no shared serial file.
-        let serial = format!("0x{:016x}", std::process::id() as u64 * 1_000_003 + nanos());
-        netns::run(
-            Command::new("openssl")
-                .args(["x509", "-req", "-days", "2"])
-                .args([
-                    "-in".as_ref(),
-                    csr.as_os_str(),
-                    "-CA".as_ref(),
-                    self.cert.as_os_str(),
-                    "-CAkey".as_ref(),
-                    self.key.as_os_str(),
-                    "-set_serial".as_ref(),
-                    serial.as_ref(),
-                    "-extfile".as_ref(),
-                    ext.as_os_str(),
-                    "-out".as_ref(),
-                    cert.as_os_str(),
-                ]),
-        )?;
+        std::fs::write(&key, leaf.key_pem()).map_err(io_err(&key))?;
+        std::fs::write(&cert, leaf.cert_pem()).map_err(io_err(&cert))?;
         Ok(NodeCert { cert, key })
     }
-}
-
-fn nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos() as u64)
-        .unwrap_or_default()
 }
 
 /// How [`IpsecNode::start`] runs the node.
@@ -196,7 +146,7 @@ fn nanos() -> u64 {
 pub struct StartOptions<'a> {
     /// CA that issues this node's certificate; its certificate becomes the
     /// monitor's `other_config:ca_cert`.
-    pub ca: &'a TestCa,
+    pub ca: &'a CaFiles,
     /// The ovs-monitor-ipsec script to run with `python3` (Debian's original
     /// or a patched copy).
     pub monitor_script: &'a Path,
@@ -209,7 +159,7 @@ pub struct StartOptions<'a> {
 
 impl<'a> StartOptions<'a> {
     /// Runs `monitor_script` with a certificate from `ca`; no `ovs.conf`.
-    pub fn new(ca: &'a TestCa, monitor_script: &'a Path) -> Self {
+    pub fn new(ca: &'a CaFiles, monitor_script: &'a Path) -> Self {
         Self {
             ca,
             monitor_script,
@@ -258,82 +208,6 @@ impl Tunnel {
             reqid: 1,
         }
     }
-}
-
-/// An IKE_SA as `ipsec statusall` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IkeSa {
-    /// Connection name, e.g. `ovn-chassb-0-out-1`.
-    pub conn: String,
-    /// charon's unique id (the `[n]`).
-    pub unique_id: u32,
-    /// State word, e.g. `ESTABLISHED`, `CONNECTING`.
-    pub state: String,
-    /// Initiator SPI (hex), when shown.
-    pub spi_i: Option<String>,
-    /// Responder SPI (hex), when shown.
-    pub spi_r: Option<String>,
-}
-
-/// Parses the IKE_SA lines of `ipsec statusall` / `ipsec status`:
-/// `<conn>[<id>]: <STATE> ...` and `<conn>[<id>]: IKEv2 SPIs: <i>_i[*] <r>_r[*], ...`.
-pub fn parse_ike_sas(status: &str) -> Vec<IkeSa> {
-    let mut sas: Vec<IkeSa> = Vec::new();
-    for line in status.lines() {
-        let line = line.trim();
-        let Some((head, rest)) = line.split_once(": ") else {
-            continue;
-        };
-        let Some((conn, id)) = head.strip_suffix(']').and_then(|h| h.rsplit_once('[')) else {
-            continue;
-        };
-        let Ok(unique_id) = id.parse::<u32>() else {
-            continue;
-        };
-        let rest = rest.trim();
-        if let Some(spis) = rest
-            .strip_prefix("IKEv2 SPIs: ")
-            .or_else(|| rest.strip_prefix("IKEv1 SPIs: "))
-        {
-            let mut words = spis.split([' ', ',']).filter(|w| !w.is_empty());
-            let spi_i = words
-                .next()
-                .map(|w| w.trim_end_matches('*').trim_end_matches("_i").to_string());
-            let spi_r = words
-                .next()
-                .map(|w| w.trim_end_matches('*').trim_end_matches("_r").to_string());
-            if let Some(sa) = sas
-                .iter_mut()
-                .find(|s| s.unique_id == unique_id && s.conn == conn)
-            {
-                sa.spi_i = spi_i;
-                sa.spi_r = spi_r;
-            }
-            continue;
-        }
-        // "ESTABLISHED 2 seconds ago, ..." but "CONNECTING, a...b".
-        let state = rest
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .trim_end_matches(',');
-        if !state.is_empty() && state.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
-            if sas
-                .iter()
-                .any(|s| s.unique_id == unique_id && s.conn == conn)
-            {
-                continue;
-            }
-            sas.push(IkeSa {
-                conn: conn.to_string(),
-                unique_id,
-                state: state.to_string(),
-                spi_i: None,
-                spi_r: None,
-            });
-        }
-    }
-    sas
 }
 
 /// The daemons of a started node.
@@ -666,7 +540,7 @@ impl IpsecNode {
 
     /// The node's IKE_SAs (`ipsec statusall`).
     pub fn ike_sas(&self) -> Result<Vec<IkeSa>, IpsecError> {
-        Ok(parse_ike_sas(&self.ipsec(&["statusall"])?))
+        Ok(parse_status(&self.ipsec(&["statusall"])?).ike_sas)
     }
 
     /// Connections starter has routed (trap policies installed), from the
@@ -837,41 +711,4 @@ pub fn strongswan_conf_of(script: &Path) -> Result<String, IpsecError> {
     let python = interpreter_of(script)?;
     let out = netns::run(Command::new(python).arg("-c").arg(CODE).arg(script))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const STATUSALL: &str = "\
-Status of IKE charon daemon (strongSwan 5.9.8, Linux 6.1.0, x86_64):
-Connections:
-ovn-chassb-0-out-1:  %any...10.77.0.2  IKEv2
-Routed Connections:
-ovn-chassb-0-out-1{1}:  ROUTED, TRANSPORT, reqid 1
-Security Associations (1 up, 0 connecting):
-ovn-chassb-0-out-1[1]: ESTABLISHED 2 seconds ago, 10.77.0.1[CN=chass-a, O=kube-ovn]...10.77.0.2[CN=chass-b, O=kube-ovn]
-ovn-chassb-0-out-1[1]: IKEv2 SPIs: 5b1d0c1a2f3e4d5c_i* 8a9b0c1d2e3f4a5b_r, public key reauthentication in 2 hours
-ovn-chassb-0-out-1[1]: IKE proposal: AES_GCM_16_256/PRF_HMAC_SHA2_256/MODP_2048
-     other[2]: CONNECTING, 10.77.0.1[%any]...10.77.0.9[%any]
-";
-
-    #[test]
-    fn parses_ike_sas_with_spis() {
-        let sas = parse_ike_sas(STATUSALL);
-        assert_eq!(sas.len(), 2, "{sas:?}");
-        assert_eq!(
-            sas[0],
-            IkeSa {
-                conn: "ovn-chassb-0-out-1".into(),
-                unique_id: 1,
-                state: "ESTABLISHED".into(),
-                spi_i: Some("5b1d0c1a2f3e4d5c".into()),
-                spi_r: Some("8a9b0c1d2e3f4a5b".into()),
-            }
-        );
-        assert_eq!(sas[1].conn, "other");
-        assert_eq!(sas[1].state, "CONNECTING");
-        assert_eq!(sas[1].spi_i, None);
-    }
 }

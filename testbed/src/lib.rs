@@ -13,6 +13,11 @@
 //! - `netns`: network (and mount) namespaces and veth pairs.
 //! - `ipsec`: a simulated node running strongSwan starter and ovs-monitor-ipsec.
 
+// A harness of real daemons in real time: it waits for sockets and
+// processes with blocking sleeps and wall-clock deadlines, outside any async
+// executor, and is never part of a shipped binary.
+#![allow(clippy::disallowed_methods)]
+
 pub mod ipsec;
 pub mod netns;
 pub mod ovs;
