@@ -6,11 +6,12 @@ use std::fmt;
 
 use kube_ovn_ipsec_api::ident::Chassis;
 use kube_ovn_ipsec_api::names::k8s::SUBJECT_ORGANIZATION;
-use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
+use kube_ovn_ipsec_api::pki::{
+    Certificate, CertificateChain, LEAF_BACKDATE, LEAF_LIFETIME_SLACK, TrustBundle,
+};
 use kube_ovn_ipsec_api::time::Timestamp;
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
 use sha2::{Digest, Sha256};
-use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::error::{Error, Result};
 
@@ -99,9 +100,11 @@ fn reject(reason: impl fmt::Display) -> Error {
 }
 
 /// Everything an issued certificate must satisfy before activation:
-/// it is for `key`, names exactly `chassis`, chains to `trust`, is valid
-/// now and its lifetime is sane (positive, not beyond what was requested
-/// plus the signer's 5-minute backdate and a minute of slack).
+/// it is for `key`, names exactly `chassis`, chains to `trust` (through
+/// the intermediates that came with it, by `api`'s one chain verifier), is
+/// valid now and its lifetime is sane (positive, not beyond what was
+/// requested plus the signer's backdate and slack, api's
+/// `LEAF_BACKDATE` and `LEAF_LIFETIME_SLACK`).
 pub fn verify_issued(
     issued_pem: &[u8],
     key: &PrivateKey,
@@ -111,28 +114,23 @@ pub fn verify_issued(
     requested_lifetime_secs: u32,
 ) -> Result<Certificate> {
     // The CSR status may carry a chain: the leaf comes first.
-    let blocks =
-        kube_ovn_ipsec_api::pki::parse_pem(issued_pem, kube_ovn_ipsec_api::pki::PEM_CERTIFICATE)
-            .map_err(|e| reject(format!("status.certificate: {e}")))?;
-    let leaf_der = blocks
-        .first()
-        .ok_or_else(|| reject("status.certificate holds no certificate"))?;
-    let cert = Certificate::from_der(leaf_der).map_err(reject)?;
-
-    let (_, x) = X509Certificate::from_der(leaf_der).map_err(reject)?;
-    if x.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
+    let chain = CertificateChain::from_pem(issued_pem)
+        .map_err(|e| reject(format!("status.certificate: {e}")))?;
+    let cert = chain.leaf();
+    if cert.public_key_bytes() != key.public_key_raw() {
         return Err(reject("certificate is not for the pending key"));
     }
     cert.check_chassis_identity(chassis).map_err(reject)?;
-    trust
-        .verify_leaf(&cert, now)
+    chain
+        .verify(trust, now)
         .map_err(|e| reject(format!("does not verify against the trust bundle: {e}")))?;
     let lifetime = cert.not_after().secs_since(cert.not_before());
-    let max = i64::from(requested_lifetime_secs) + 5 * 60 + 60;
+    let max = i64::from(requested_lifetime_secs)
+        + i64::try_from((LEAF_BACKDATE + LEAF_LIFETIME_SLACK).as_secs()).unwrap_or(i64::MAX);
     if lifetime <= 0 || lifetime > max {
         return Err(reject(format!("lifetime {lifetime}s outside (0, {max}s]")));
     }
-    Ok(cert)
+    Ok(chain.into_leaf())
 }
 
 #[cfg(test)]

@@ -167,7 +167,10 @@ pub enum Error {
         not_after: String,
     },
 
-    /// No certificate in the trust bundle issued this certificate.
+    /// No path leads from the certificate (through the intermediates given
+    /// with it) to a CA of the trust bundle: a signature does not verify,
+    /// an issuer is not a CA allowed to sign certificates, is expired or
+    /// exceeds its path length, or an intermediate is missing.
     #[error("certificate does not chain to the trust bundle")]
     Untrusted,
 

@@ -1,10 +1,13 @@
 //! The kube-ovn-ipsec contract as types: every name, document and encoding
 //! that the agent, the cleanup init container, the controller and the lab
-//! share (SPEC.md). Pure code: no I/O, no clock, no randomness beyond the
+//! share (SPEC.md). Pure code: no I/O, no clock reads outside
+//! [`SystemClock`], no randomness beyond the
 //! CSPRNG inside signing.
 //!
 //! # Layout
 //!
+//! * [`clock`] — the [`Clock`](clock::Clock) trait, [`SystemClock`](clock::SystemClock)
+//!   (the only reader of the system clock) and [`FixedClock`](clock::FixedClock).
 //! * [`names`] — annotation keys, token extra keys, signer, ConfigMap and
 //!   Secret names, OVSDB keys, the capability marker, key directory,
 //!   defaults (7-day lifetime, reserved marks, guard priority, caps) and exit
@@ -13,18 +16,25 @@
 //! * [`time`] — [`Timestamp`], whole-second UTC with a single RFC 3339
 //!   spelling.
 //! * [`digest`] — [`Sha256Digest`], lowercase-hex serde.
-//! * [`pki`] — strict PEM reader, [`Certificate`], [`TrustBundle`] (and the
-//!   one trust-digest definition), chain and chassis-identity checks, the
-//!   renewal point.
+//! * [`pki`] — the strict PEM codec, [`Certificate`], the SPKI key-type
+//!   parser, [`TrustBundle`] (the one trust-digest definition and the one
+//!   chain verifier, intermediates included), the leaf profile constants
+//!   (`ipsec tunnel` EKU, backdate), chassis-identity checks, the renewal
+//!   point.
 //! * [`csr`] — the CSR name derivation, with its byte layout.
 //! * [`canonical`] — canonical JSON (RFC 8785 restricted to integers).
 //! * [`signed`] — [`SigningKey`] (PKCS#8 RSA / P-256), detached signatures,
 //!   the `payload.alg.signature` annotation form, typed-state verification.
 //! * [`status`] — the `/status` document, [`Phase`], [`Reason`].
+//! * [`backoff`] — the 1 s … 30 s restart/retry schedule, reset after 60 s
+//!   healthy (actors, processes, renewals, OVSDB reconnects).
+//! * [`strongswan`] — `ipsec statusall` and `listcerts` output, parsed (the
+//!   agent's probe and the testbed's waits read it the same way).
 //! * [`coordination`] — the coordination record, phase state machine,
 //!   [`Receipt`] and [`ReleaseReceipt`].
 //! * [`error`] — the crate's one [`Error`] with `metric_label()`.
-//! * `test_util` (feature `test-util`) — shared CA/leaf fixtures.
+//! * `test_util` (feature `test-util`) — the one test CA of the workspace
+//!   (roots, intermediates, leaves, signed CSRs) and shared leaf fixtures.
 //!
 //! # Flow of a receipt
 //!
@@ -39,7 +49,9 @@
 //!             (+ live Pod / CSR binding checks against the API)
 //! ```
 
+pub mod backoff;
 pub mod canonical;
+pub mod clock;
 pub mod coordination;
 pub mod csr;
 pub mod digest;
@@ -49,10 +61,12 @@ pub mod names;
 pub mod pki;
 pub mod signed;
 pub mod status;
+pub mod strongswan;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
 pub mod time;
 
+pub use clock::{Clock, FixedClock, SystemClock};
 pub use coordination::{
     Challenge, CoordinationPhase, CoordinationRecord, Receipt, ReceiptStatus, ReleaseReceipt,
     ReleaseStatus,

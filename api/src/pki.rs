@@ -6,7 +6,16 @@
 //! * [`Certificate`] is an owned, pre-parsed X.509 certificate with the facts
 //!   the agent and controller check: key algorithm, validity, subject, SANs,
 //!   CA flag, and [`Certificate::digest`] = SHA-256 over the DER.
-//! * [`TrustBundle`] is the `ovn-ipsec-trust` `ca.crt` content. Its digest is
+//! * [`SpkiKey`] is the one SubjectPublicKeyInfo key-type parser (RSA size,
+//!   EC curve); callers apply their own policy to what it reports.
+//! * [`CertificateChain`] is a PEM chain as a signer returns it: the leaf
+//!   first, then the intermediates that came with it.
+//! * [`IPSEC_TUNNEL_EKU`], [`LEAF_BACKDATE`] and [`LEAF_LIFETIME_SLACK`]
+//!   describe the leaf this project issues, for the signer and every check of
+//!   an issued leaf.
+//! * [`TrustBundle`] is the `ovn-ipsec-trust` `ca.crt` content and the one
+//!   chain verifier ([`TrustBundle::verify_chain`]): every trust decision in
+//!   the agent and the controller goes through it. Its digest is
 //!   **SHA-256 over the concatenation of the DER certificates in bundle
 //!   order** (SPEC §2). Concatenation is unambiguous without extra framing
 //!   because every DER certificate is a self-delimiting SEQUENCE with its own
@@ -17,17 +26,16 @@
 //! trust decision in this project.
 
 use std::fmt;
+use std::time::Duration;
 
 use aws_lc_rs::signature::{self, UnparsedPublicKey, VerificationAlgorithm};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use x509_parser::oid_registry::{
-    OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
     OID_PKCS1_SHA256WITHRSA, OID_PKCS1_SHA384WITHRSA, OID_PKCS1_SHA512WITHRSA,
     OID_SIG_ECDSA_WITH_SHA256, OID_SIG_ECDSA_WITH_SHA384,
 };
 use x509_parser::prelude::{FromDer, GeneralName, ParsedExtension, X509Certificate};
-use x509_parser::public_key::PublicKey;
 
 use crate::digest::Sha256Digest;
 use crate::error::{Error, Result};
@@ -35,12 +43,34 @@ use crate::ident::{Chassis, Uid};
 use crate::names::k8s;
 use crate::time::Timestamp;
 
+mod spki;
+pub use spki::SpkiKey;
+
 /// PEM label of a certificate block.
 pub const PEM_CERTIFICATE: &str = "CERTIFICATE";
 /// PEM label of a PKCS#8 private key block.
 pub const PEM_PRIVATE_KEY: &str = "PRIVATE KEY";
 /// PEM label of a PKCS#10 CSR block (what goes into CSR `spec.request`).
 pub const PEM_CERTIFICATE_REQUEST: &str = "CERTIFICATE REQUEST";
+
+/// One PEM block: its label and the decoded DER.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PemBlock {
+    /// The label between `-----BEGIN ` and `-----` (e.g. `CERTIFICATE`).
+    pub label: String,
+    /// The decoded body.
+    pub der: Vec<u8>,
+}
+
+impl fmt::Debug for PemBlock {
+    // The body may be a private key: never print it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PemBlock")
+            .field("label", &self.label)
+            .field("len", &self.der.len())
+            .finish()
+    }
+}
 
 /// Parses a PEM text that must consist only of `label` blocks and blank
 /// lines, returning each block's DER in order.
@@ -51,42 +81,69 @@ pub const PEM_CERTIFICATE_REQUEST: &str = "CERTIFICATE REQUEST";
 /// unpadded base64, empty blocks, unterminated blocks and an input with no
 /// block.
 pub fn parse_pem(input: &[u8], label: &str) -> Result<Vec<Vec<u8>>> {
+    parse_pem_inner(input, Some(label)).map(|blocks| blocks.into_iter().map(|b| b.der).collect())
+}
+
+/// Like [`parse_pem`], but accepts blocks of any label and returns each with
+/// its label, so the caller can say *which* label was wrong.
+pub fn parse_pem_blocks(input: &[u8]) -> Result<Vec<PemBlock>> {
+    parse_pem_inner(input, None)
+}
+
+fn parse_pem_inner(input: &[u8], label: Option<&str>) -> Result<Vec<PemBlock>> {
     let text = std::str::from_utf8(input).map_err(|_| Error::InvalidPem {
         reason: "input is not UTF-8".into(),
     })?;
-    let begin = format!("-----BEGIN {label}-----");
-    let end = format!("-----END {label}-----");
     let bad = |line: usize, what: &str| Error::InvalidPem {
         reason: format!("line {line}: {what}"),
     };
 
     let mut blocks = Vec::new();
-    // Some(start line, body) while inside a block.
-    let mut open: Option<(usize, String)> = None;
+    // Some(start line, label, body) while inside a block.
+    let mut open: Option<(usize, String, String)> = None;
     for (i, raw) in text.split('\n').enumerate() {
         let n = i + 1;
         let line = raw.trim_end_matches(['\r', ' ', '\t']);
         match open.as_mut() {
             None if line.is_empty() => {}
-            None if line == begin => open = Some((n, String::new())),
-            None if line.starts_with("-----BEGIN ") => {
-                return Err(bad(n, &format!("unexpected block, expected {label}")));
+            None => {
+                let found = line
+                    .strip_prefix("-----BEGIN ")
+                    .and_then(|l| l.strip_suffix("-----"))
+                    .filter(|l| !l.is_empty() && !l.contains("-----"));
+                match (found, label) {
+                    (Some(found), Some(want)) if found != want => {
+                        return Err(bad(n, &format!("unexpected block, expected {want}")));
+                    }
+                    (Some(found), _) => open = Some((n, found.to_owned(), String::new())),
+                    (None, Some(want)) if line.starts_with("-----BEGIN ") => {
+                        return Err(bad(n, &format!("unexpected block, expected {want}")));
+                    }
+                    (None, _) => return Err(bad(n, "text outside a PEM block")),
+                }
             }
-            None => return Err(bad(n, "text outside a PEM block")),
-            Some((start, body)) if line == end => {
+            Some((start, found, body))
+                if line
+                    .strip_prefix("-----END ")
+                    .and_then(|l| l.strip_suffix("-----"))
+                    == Some(found.as_str()) =>
+            {
                 let der = STANDARD
                     .decode(body.as_bytes())
                     .map_err(|_| bad(*start, "block body is not valid padded base64"))?;
                 if der.is_empty() {
                     return Err(bad(*start, "empty block"));
                 }
-                blocks.push(der);
+                blocks.push(PemBlock {
+                    label: std::mem::take(found),
+                    der,
+                });
                 open = None;
             }
             Some(_) if line.starts_with("-----") => {
                 return Err(bad(n, "unexpected boundary inside a block"));
             }
-            Some((_, body)) => {
+            Some((_, _, body)) => {
                 if !line
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
@@ -97,12 +154,15 @@ pub fn parse_pem(input: &[u8], label: &str) -> Result<Vec<Vec<u8>>> {
             }
         }
     }
-    if let Some((start, _)) = open {
+    if let Some((start, _, _)) = open {
         return Err(bad(start, "block is not terminated"));
     }
     if blocks.is_empty() {
         return Err(Error::InvalidPem {
-            reason: format!("no {label} block"),
+            reason: match label {
+                Some(label) => format!("no {label} block"),
+                None => "no PEM block".into(),
+            },
         });
     }
     Ok(blocks)
@@ -126,6 +186,36 @@ pub fn encode_pem(label: &str, der: &[u8]) -> String {
     out.push_str("-----\n");
     out
 }
+
+/// `id-kp-ipsecTunnel` (1.3.6.1.5.5.7.3.6, RFC 2459), as OID arcs: the X.509
+/// meaning of the Kubernetes usage `ipsec tunnel`, and the one extended key
+/// usage a leaf of this project carries. The dotted form is
+/// [`ipsec_tunnel_eku_dotted`].
+pub const IPSEC_TUNNEL_EKU: &[u64] = &[1, 3, 6, 1, 5, 5, 7, 3, 6];
+
+/// [`IPSEC_TUNNEL_EKU`] in dotted form (`"1.3.6.1.5.5.7.3.6"`), as
+/// x509-parser's `Oid::to_id_string` spells it.
+pub fn ipsec_tunnel_eku_dotted() -> String {
+    let arcs: Vec<String> = IPSEC_TUNNEL_EKU.iter().map(u64::to_string).collect();
+    arcs.join(".")
+}
+
+/// How far a leaf's `notBefore` is backdated before the signing time, to
+/// tolerate clock skew between nodes (SPEC §6).
+pub const LEAF_BACKDATE: Duration = Duration::from_secs(5 * 60);
+
+/// Slack allowed on an issued leaf's lifetime beyond what was requested plus
+/// [`LEAF_BACKDATE`] (issuer clocks and rounding).
+pub const LEAF_LIFETIME_SLACK: Duration = Duration::from_secs(60);
+
+/// Longest chain of intermediates [`TrustBundle::verify_chain`] follows
+/// between a leaf and a trust anchor.
+pub const MAX_INTERMEDIATES: usize = 4;
+
+/// Most intermediates a chain may carry at all: the path search is
+/// exponential in the worst case, so an oversized chain is refused before
+/// any signature is checked.
+pub const MAX_CHAIN_CERTIFICATES: usize = 8;
 
 /// A public key algorithm this project accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -161,9 +251,15 @@ pub struct Certificate {
     /// SubjectPublicKeyInfo's BIT STRING: PKCS#1 RSAPublicKey or EC point,
     /// the form aws-lc-rs `UnparsedPublicKey` takes.
     public_key: Vec<u8>,
+    /// The whole SubjectPublicKeyInfo, DER.
+    spki_der: Vec<u8>,
     not_before: Timestamp,
     not_after: Timestamp,
     is_ca: bool,
+    /// basicConstraints pathLenConstraint.
+    path_len: Option<u32>,
+    /// keyUsage keyCertSign, `None` when the certificate has no keyUsage.
+    key_cert_sign: Option<bool>,
     subject_raw: Vec<u8>,
     issuer_raw: Vec<u8>,
     subject_attributes: usize,
@@ -199,37 +295,15 @@ impl Certificate {
             return Err(bad_cert("trailing bytes after the certificate"));
         }
         let spki = x.public_key();
-        let key = if spki.algorithm.algorithm == OID_PKCS1_RSAENCRYPTION {
-            let bits = match spki.parsed() {
-                Ok(PublicKey::RSA(rsa)) => rsa.key_size(),
-                _ => return Err(bad_cert("unparseable RSA public key")),
-            };
-            if bits < 2048 {
-                return Err(Error::UnsupportedKey {
-                    reason: format!("RSA-{bits} is shorter than 2048 bits"),
-                });
-            }
-            KeyAlgorithm::Rsa { bits }
-        } else if spki.algorithm.algorithm == OID_KEY_TYPE_EC_PUBLIC_KEY {
-            let curve = spki
-                .algorithm
-                .parameters
-                .as_ref()
-                .and_then(|p| p.as_oid().ok());
-            match curve {
-                Some(c) if c == OID_EC_P256 => KeyAlgorithm::EcdsaP256,
-                Some(c) if c == OID_NIST_EC_P384 => KeyAlgorithm::EcdsaP384,
-                _ => {
-                    return Err(Error::UnsupportedKey {
-                        reason: "EC curve other than P-256/P-384".into(),
-                    });
-                }
-            }
-        } else {
-            return Err(Error::UnsupportedKey {
-                reason: format!("public key algorithm {}", spki.algorithm.algorithm),
-            });
-        };
+        let key = SpkiKey::from_spki(spki)?.key_algorithm()?;
+        let path_len = x
+            .basic_constraints()
+            .map_err(bad_cert)?
+            .and_then(|bc| bc.value.path_len_constraint);
+        let key_cert_sign = x
+            .key_usage()
+            .map_err(bad_cert)?
+            .map(|ku| ku.value.key_cert_sign());
 
         let validity = x.validity();
         let not_before = Timestamp::from_unix(validity.not_before.timestamp())?;
@@ -263,9 +337,12 @@ impl Certificate {
             digest: Sha256Digest::of(der),
             key,
             public_key: spki.subject_public_key.data.to_vec(),
+            spki_der: spki.raw.to_vec(),
             not_before,
             not_after,
             is_ca: x.is_ca(),
+            path_len,
+            key_cert_sign,
             subject_raw: x.subject().as_raw().to_vec(),
             issuer_raw: x.issuer().as_raw().to_vec(),
             subject_attributes,
@@ -307,9 +384,15 @@ impl Certificate {
         self.key
     }
 
-    /// The subject public key in the form aws-lc-rs verifies with.
-    pub(crate) fn public_key_bytes(&self) -> &[u8] {
+    /// The subject public key (the SubjectPublicKeyInfo BIT STRING: PKCS#1
+    /// RSAPublicKey or EC point), the form aws-lc-rs verifies with.
+    pub fn public_key_bytes(&self) -> &[u8] {
         &self.public_key
+    }
+
+    /// The whole SubjectPublicKeyInfo, DER (what a CSR's key is compared by).
+    pub fn subject_public_key_info(&self) -> &[u8] {
+        &self.spki_der
     }
 
     /// notBefore.
@@ -340,6 +423,22 @@ impl Certificate {
     /// `DNS:` SANs, in order.
     pub fn dns_names(&self) -> &[String] {
         &self.dns_names
+    }
+
+    /// How many SANs are not `DNS:` names (IP, URI, email, ...).
+    pub fn other_san_count(&self) -> usize {
+        self.other_sans
+    }
+
+    /// basicConstraints pathLenConstraint, if any.
+    pub fn path_len_constraint(&self) -> Option<u32> {
+        self.path_len
+    }
+
+    /// Whether this certificate may sign certificates: a CA whose keyUsage,
+    /// when present, includes keyCertSign (RFC 5280 §4.2.1.3).
+    pub fn may_sign_certificates(&self) -> bool {
+        self.is_ca && self.key_cert_sign != Some(false)
     }
 
     /// Fails unless `not_before <= at <= not_after`.
@@ -504,23 +603,198 @@ impl TrustBundle {
         self.certificates.iter().map(Certificate::to_pem).collect()
     }
 
-    /// Fails unless `leaf` is valid at `now` and was issued directly by a
-    /// certificate in this bundle that is itself valid at `now`.
-    ///
-    /// Intermediates are not followed: the bundle must contain the issuing
-    /// CA, which keeps "what does this node trust" equal to "what is in
-    /// `ca.crt`".
-    pub fn verify_leaf(&self, leaf: &Certificate, now: Timestamp) -> Result<()> {
-        leaf.check_valid_at(now)?;
-        let issued = self
+    /// Whether the bundle holds this exact certificate (by DER).
+    pub fn contains(&self, der: &[u8]) -> bool {
+        self.certificates.iter().any(|c| c.der() == der)
+    }
+
+    /// Appends a CA certificate unless it is already present; returns
+    /// whether it was added. Fails (and changes nothing) for a non-CA.
+    pub fn add(&mut self, certificate: Certificate) -> Result<bool> {
+        if !certificate.is_ca() {
+            return Err(Error::InvalidTrustBundle {
+                reason: "certificate to add is not a CA".into(),
+            });
+        }
+        if self.contains(certificate.der()) {
+            return Ok(false);
+        }
+        self.certificates.push(certificate);
+        self.digest = trust_digest(self.certificates.iter().map(|c| c.der()));
+        Ok(true)
+    }
+
+    /// The bundle holding only the certificate whose DER is `keep` (a CA
+    /// retirement). Fails when `keep` is not in the bundle, since a bundle
+    /// is never empty.
+    pub fn retain_only(&self, keep: &[u8]) -> Result<Self> {
+        let kept: Vec<Certificate> = self
             .certificates
             .iter()
-            .any(|ca| ca.check_valid_at(now).is_ok() && leaf.verify_issued_by(ca).is_ok());
-        if issued {
-            Ok(())
-        } else {
-            Err(Error::Untrusted)
+            .filter(|c| c.der() == keep)
+            .cloned()
+            .collect();
+        Self::from_certificates(kept)
+    }
+
+    /// Fails unless `leaf` is valid at `now` and chains to this bundle
+    /// without intermediates: [`TrustBundle::verify_chain`] with none.
+    pub fn verify_leaf(&self, leaf: &Certificate, now: Timestamp) -> Result<()> {
+        self.verify_chain(leaf, &[], now).map(|_| ())
+    }
+
+    /// The one chain verifier: finds a path from `leaf` through
+    /// `intermediates` (any order, e.g. the rest of a PEM chain) to a CA of
+    /// this bundle, and returns it.
+    ///
+    /// On the path, every certificate is valid at `at`, every signature
+    /// verifies with its issuer's key (aws-lc-rs), and every issuer —
+    /// intermediate or bundle CA — is a CA (basicConstraints) whose keyUsage,
+    /// when present, allows keyCertSign and whose pathLenConstraint allows
+    /// the intermediates below it. At most [`MAX_INTERMEDIATES`] are
+    /// followed, and a chain with more than [`MAX_CHAIN_CERTIFICATES`] is
+    /// refused outright. Intermediates that are not needed are ignored.
+    ///
+    /// Errors: [`Error::CertificateNotValidNow`] when the leaf itself is
+    /// outside its validity, [`Error::Untrusted`] when no path exists.
+    pub fn verify_chain(
+        &self,
+        leaf: &Certificate,
+        intermediates: &[Certificate],
+        at: Timestamp,
+    ) -> Result<VerifiedChain> {
+        leaf.check_valid_at(at)?;
+        if intermediates.len() > MAX_CHAIN_CERTIFICATES {
+            return Err(Error::Untrusted);
         }
+        let mut path = Vec::new();
+        let anchor = self
+            .find_path(leaf, intermediates, at, &mut path)
+            .ok_or(Error::Untrusted)?;
+        Ok(VerifiedChain {
+            leaf: leaf.clone(),
+            intermediates: path.iter().map(|&i| intermediates[i].clone()).collect(),
+            anchor: self.certificates[anchor].clone(),
+        })
+    }
+
+    /// Depth-first search for an issuer of `child`; `path` holds the
+    /// indices of the intermediates already between the leaf and `child`
+    /// (so its length is what a candidate issuer's pathLenConstraint
+    /// bounds). Returns the index of the bundle CA that ends the path.
+    fn find_path(
+        &self,
+        child: &Certificate,
+        intermediates: &[Certificate],
+        at: Timestamp,
+        path: &mut Vec<usize>,
+    ) -> Option<usize> {
+        let below = path.len();
+        // A bundle CA first: the shortest path wins.
+        if let Some(anchor) = self
+            .certificates
+            .iter()
+            .position(|ca| may_issue(ca, child, below, at))
+        {
+            return Some(anchor);
+        }
+        if below >= MAX_INTERMEDIATES {
+            return None;
+        }
+        for (i, candidate) in intermediates.iter().enumerate() {
+            if path.contains(&i) || !may_issue(candidate, child, below, at) {
+                continue;
+            }
+            path.push(i);
+            if let Some(anchor) = self.find_path(candidate, intermediates, at, path) {
+                return Some(anchor);
+            }
+            path.pop();
+        }
+        None
+    }
+}
+
+/// Whether `issuer` may have issued `child` with `below` intermediates
+/// under it on the path: a CA allowed to sign certificates, within its path
+/// length and validity, whose key verifies `child`'s signature.
+fn may_issue(issuer: &Certificate, child: &Certificate, below: usize, at: Timestamp) -> bool {
+    issuer.may_sign_certificates()
+        && issuer
+            .path_len
+            .is_none_or(|max| usize::try_from(max).is_ok_and(|max| below <= max))
+        && issuer.check_valid_at(at).is_ok()
+        && child.verify_issued_by(issuer).is_ok()
+}
+
+/// A path [`TrustBundle::verify_chain`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedChain {
+    /// The verified leaf.
+    pub leaf: Certificate,
+    /// The intermediates on the path, the leaf's issuer first.
+    pub intermediates: Vec<Certificate>,
+    /// The bundle CA the path ends at.
+    pub anchor: Certificate,
+}
+
+impl VerifiedChain {
+    /// The leaf and the intermediates on the path as PEM, leaf first: the
+    /// chain to hand on (the anchor is already in every bundle).
+    pub fn to_pem(&self) -> String {
+        std::iter::once(&self.leaf)
+            .chain(&self.intermediates)
+            .map(Certificate::to_pem)
+            .collect()
+    }
+}
+
+/// A certificate chain as a signer returns it (CSR `status.certificate`,
+/// cert-manager `status.certificate`): the leaf first, then whatever
+/// intermediates came with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateChain {
+    leaf: Certificate,
+    intermediates: Vec<Certificate>,
+}
+
+impl CertificateChain {
+    /// Parses a PEM chain: only `CERTIFICATE` blocks, at least one, each a
+    /// certificate [`Certificate::from_der`] accepts.
+    pub fn from_pem(pem: &[u8]) -> Result<Self> {
+        let mut certificates = parse_pem(pem, PEM_CERTIFICATE)?
+            .iter()
+            .map(|der| Certificate::from_der(der))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter();
+        let leaf = certificates.next().ok_or_else(|| Error::InvalidPem {
+            reason: "no certificate".into(),
+        })?;
+        Ok(CertificateChain {
+            leaf,
+            intermediates: certificates.collect(),
+        })
+    }
+
+    /// The leaf (first certificate).
+    pub fn leaf(&self) -> &Certificate {
+        &self.leaf
+    }
+
+    /// The certificates after the leaf, in the order received.
+    pub fn intermediates(&self) -> &[Certificate] {
+        &self.intermediates
+    }
+
+    /// The leaf, dropping the rest.
+    pub fn into_leaf(self) -> Certificate {
+        self.leaf
+    }
+
+    /// Verifies this chain against `trust` at `at`
+    /// ([`TrustBundle::verify_chain`]).
+    pub fn verify(&self, trust: &TrustBundle, at: Timestamp) -> Result<VerifiedChain> {
+        trust.verify_chain(&self.leaf, &self.intermediates, at)
     }
 }
 

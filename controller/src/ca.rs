@@ -14,12 +14,17 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
+use kube_ovn_ipsec_api::clock::Clock;
+use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 
-use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::names;
 use crate::signer::{CaKeyAlgorithm, CertificateAuthority};
-use crate::trust::TrustBundle;
+
+/// An `api` PKI error as the controller reports a bad trust bundle.
+fn bundle_error(e: kube_ovn_ipsec_api::Error) -> Error {
+    Error::TrustBundleInvalid(e.to_string())
+}
 
 /// Which CA the controller signs with, and where its objects live.
 #[derive(Clone, Debug)]
@@ -61,7 +66,7 @@ pub async fn ensure_ca(
             }
         }
     };
-    let bundle = ensure_in_bundle(client, &settings.namespace, ca.cert_der()).await?;
+    let bundle = ensure_in_bundle(client, &settings.namespace, ca.certificate()).await?;
     Ok((ca, bundle))
 }
 
@@ -79,7 +84,7 @@ pub async fn rotate_ca(
     let new = CertificateAuthority::generate(settings.algorithm, settings.lifetime, clock.now())?;
     // Bundle first: a leaf from the new CA must never reach a node whose
     // bundle cannot verify it.
-    let bundle = ensure_in_bundle(client, &settings.namespace, new.cert_der()).await?;
+    let bundle = ensure_in_bundle(client, &settings.namespace, new.certificate()).await?;
     current.data = ca_secret(&settings.namespace, &new).data;
     // resourceVersion from the read: a concurrent rotation fails instead of
     // silently replacing the other's CA.
@@ -117,7 +122,7 @@ pub fn plan_retire(
     active_der: &[u8],
     acknowledged_digest: &str,
 ) -> Result<TrustBundle> {
-    let digest = bundle.digest();
+    let digest = bundle.digest().to_hex();
     if !digest.eq_ignore_ascii_case(acknowledged_digest.trim()) {
         return Err(Error::RotationRefused(format!(
             "the bundle's digest is {digest}, not the acknowledged {acknowledged_digest}: \
@@ -129,14 +134,12 @@ pub fn plan_retire(
             "the active CA is not in the bundle".into(),
         ));
     }
-    if bundle.certs().len() < 2 {
+    if bundle.certificates().len() < 2 {
         return Err(Error::RotationRefused(
             "the bundle holds only the active CA".into(),
         ));
     }
-    let mut out = bundle.clone();
-    out.retain_only(active_der);
-    Ok(out)
+    bundle.retain_only(active_der).map_err(bundle_error)
 }
 
 /// Reads the trust bundle ConfigMap (cert-manager mode: provided by the operator).
@@ -151,13 +154,18 @@ pub async fn read_bundle(client: &Client, namespace: &str) -> Result<TrustBundle
     }
 }
 
-async fn ensure_in_bundle(client: &Client, namespace: &str, ca_der: &[u8]) -> Result<TrustBundle> {
+async fn ensure_in_bundle(
+    client: &Client,
+    namespace: &str,
+    ca: &Certificate,
+) -> Result<TrustBundle> {
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     // Bounded retry on write conflicts with another replica or an operator edit.
     for _ in 0..5 {
         match maps.get_opt(names::TRUST_CONFIGMAP).await? {
             None => {
-                let bundle = TrustBundle::new(vec![ca_der.to_vec()]);
+                let bundle =
+                    TrustBundle::from_certificates(vec![ca.clone()]).map_err(bundle_error)?;
                 let mut cm = ConfigMap {
                     metadata: ObjectMeta {
                         name: Some(names::TRUST_CONFIGMAP.into()),
@@ -175,7 +183,7 @@ async fn ensure_in_bundle(client: &Client, namespace: &str, ca_der: &[u8]) -> Re
             }
             Some(mut cm) => {
                 let mut bundle = bundle_from_configmap(&cm)?;
-                if !bundle.add(ca_der.to_vec()) {
+                if !bundle.add(ca.clone()).map_err(bundle_error)? {
                     return Ok(bundle);
                 }
                 write_bundle(&mut cm, &bundle);
@@ -203,7 +211,7 @@ fn bundle_from_configmap(cm: &ConfigMap) -> Result<TrustBundle> {
         .ok_or_else(|| {
             Error::TrustBundleInvalid(format!("key {} missing", names::TRUST_CONFIGMAP_KEY))
         })?;
-    TrustBundle::from_pem(pem)
+    TrustBundle::from_pem(pem.as_bytes()).map_err(bundle_error)
 }
 
 fn write_bundle(cm: &mut ConfigMap, bundle: &TrustBundle) {
@@ -213,7 +221,10 @@ fn write_bundle(cm: &mut ConfigMap, bundle: &TrustBundle) {
     cm.metadata
         .annotations
         .get_or_insert_with(BTreeMap::new)
-        .insert(names::TRUST_DIGEST_ANNOTATION.into(), bundle.digest());
+        .insert(
+            names::TRUST_DIGEST_ANNOTATION.into(),
+            bundle.digest().to_hex(),
+        );
 }
 
 fn ca_secret(namespace: &str, ca: &CertificateAuthority) -> Secret {

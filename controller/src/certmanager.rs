@@ -7,8 +7,10 @@
 //! its create call returned, its namespace, its ServiceAccount as requester,
 //! the exact CSR bytes), it names the configured ClusterIssuer, the usages
 //! are `[ipsec tunnel]`, the certificate carries the CSR's key, chassis and
-//! no CA bit, its lifetime is within what was asked, and its chain verifies
-//! to the trust bundle. A CertificateRequest someone else created under the
+//! no CA bit, its lifetime is within [`crate::profile`]'s bounds for what was
+//! asked, and its chain (with any intermediates cert-manager returned)
+//! verifies to the trust bundle through `api`'s one chain verifier — the
+//! same one the agent applies. A CertificateRequest someone else created under the
 //! same name is deleted and replaced, never read; one someone else approved
 //! gains nothing, because approval is not what this path trusts.
 
@@ -18,21 +20,18 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
-use x509_parser::extensions::GeneralName;
-use x509_parser::prelude::{FromDer, X509Certificate};
+use kube_ovn_ipsec_api::clock::timestamp;
+use kube_ovn_ipsec_api::pki::{Certificate, CertificateChain, TrustBundle};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Rejection, Result};
 use crate::names;
-use crate::signer::BACKDATE;
-use crate::trust::{TrustBundle, der_to_pem, parse_cert_pems, unix_seconds};
+use crate::profile;
 use crate::validate::ValidatedCsr;
 
 /// cert-manager's API group.
 pub const GROUP: &str = "cert-manager.io";
 /// Label on each CertificateRequest naming the CSR UID it serves.
 pub const CSR_UID_LABEL: &str = "kube-ovn.io/ipsec-csr-uid";
-/// Slack allowed on a returned lifetime beyond the request (issuer clocks and rounding).
-const LIFETIME_SLACK: Duration = Duration::from_secs(60);
 
 /// The configured cert-manager target.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,66 +115,6 @@ impl NewCertificateRequest {
     }
 }
 
-/// Why a cert-manager result is not copied into the CSR.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum Rejection {
-    /// The CertificateRequest is not in the controller's namespace.
-    #[error("namespace check failed: CertificateRequest is in {0:?}")]
-    Namespace(String),
-    /// The CertificateRequest is not the one the controller created.
-    #[error(
-        "ownership check failed: CertificateRequest was not created by this controller for this CSR"
-    )]
-    NotOurs,
-    /// The CertificateRequest names another issuer.
-    #[error("issuer check failed: {0} is not the configured ClusterIssuer")]
-    Issuer(String),
-    /// The CertificateRequest's requester is not the controller's ServiceAccount.
-    #[error("requester check failed: {0:?} is not the controller's ServiceAccount")]
-    Requester(String),
-    /// The usages differ from `[ipsec tunnel]`.
-    #[error("usages check failed: {0:?}")]
-    Usages(Vec<String>),
-    /// The certificate is missing or does not parse.
-    #[error("certificate check failed: {0}")]
-    Malformed(&'static str),
-    /// The certificate's key is not the CSR's key.
-    #[error("key check failed: the certificate carries another public key")]
-    KeyMismatch,
-    /// The certificate's subject or SANs do not name the chassis exactly.
-    #[error("name check failed: {0}")]
-    Names(String),
-    /// The certificate is a CA.
-    #[error("CA check failed: the certificate has CA:true")]
-    IsCa,
-    /// The certificate's lifetime exceeds what was requested, or it is not valid now.
-    #[error("lifetime check failed: {0}")]
-    Lifetime(String),
-    /// The chain does not verify to the trust bundle.
-    #[error("chain check failed: the certificate does not verify to the trust bundle")]
-    Chain,
-}
-
-impl Rejection {
-    /// CamelCase reason for the CSR `Failed` condition and metrics.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Rejection::Namespace(_) => "CertManagerNamespace",
-            Rejection::NotOurs => "CertManagerRequestNotOurs",
-            Rejection::Issuer(_) => "CertManagerIssuer",
-            Rejection::Requester(_) => "CertManagerRequester",
-            Rejection::Usages(_) => "CertManagerUsages",
-            Rejection::Malformed(_) => "CertManagerMalformedCertificate",
-            Rejection::KeyMismatch => "CertManagerKeyMismatch",
-            Rejection::Names(_) => "CertManagerNames",
-            Rejection::IsCa => "CertManagerIsCA",
-            Rejection::Lifetime(_) => "CertManagerLifetime",
-            Rejection::Chain => "CertManagerChainUntrusted",
-        }
-    }
-}
-
 /// What a returned CertificateRequest must match.
 #[derive(Clone, Copy, Debug)]
 pub struct Expected<'a> {
@@ -192,7 +131,9 @@ pub struct Expected<'a> {
 }
 
 /// Checks a returned, issued CertificateRequest. Pure. On success returns
-/// the PEM to copy into the CSR status (the leaf).
+/// the PEM to copy into the CSR status: the leaf, then the intermediates on
+/// its verified path to the trust bundle (none when a bundle CA issued it
+/// directly); anything else cert-manager returned is dropped.
 pub fn check_issued(
     cr: &CertificateRequestView,
     expected: Expected<'_>,
@@ -204,46 +145,29 @@ pub fn check_issued(
         .certificate
         .as_deref()
         .ok_or(Rejection::Malformed("no certificate"))?;
-    let text = std::str::from_utf8(pem_bytes).map_err(|_| Rejection::Malformed("not UTF-8"))?;
-    let chain = parse_cert_pems(text).map_err(|_| Rejection::Malformed("not PEM certificates"))?;
-    let (leaf_der, _rest_of_chain) = chain
-        .split_first()
-        .ok_or(Rejection::Malformed("empty chain"))?;
-    let (rest, leaf) = X509Certificate::from_der(leaf_der)
-        .map_err(|_| Rejection::Malformed("leaf does not parse"))?;
-    if !rest.is_empty() {
-        return Err(Rejection::Malformed("trailing bytes after the leaf"));
+    if std::str::from_utf8(pem_bytes).is_err() {
+        return Err(Rejection::Malformed("not UTF-8"));
     }
-    if leaf.public_key().raw != expected.csr.spki_der.as_slice() {
+    let chain = CertificateChain::from_pem(pem_bytes)
+        .map_err(|_| Rejection::Malformed("not PEM certificates"))?;
+    let leaf = chain.leaf();
+    if leaf.subject_public_key_info() != expected.csr.spki_der.as_slice() {
         return Err(Rejection::KeyMismatch);
     }
-    check_names(&leaf, &expected.csr.chassis)?;
+    check_names(leaf, &expected.csr.chassis)?;
     if leaf.is_ca() {
         return Err(Rejection::IsCa);
     }
-    let now_s = unix_seconds(now);
-    let v = leaf.validity();
-    let (nb, na) = (v.not_before.timestamp(), v.not_after.timestamp());
-    let allowed = (expected.csr.lifetime + BACKDATE + LIFETIME_SLACK).as_secs();
-    let allowed = i64::try_from(allowed).unwrap_or(i64::MAX);
-    if na <= now_s || nb > now_s + LIFETIME_SLACK.as_secs() as i64 {
-        return Err(Rejection::Lifetime("certificate is not valid now".into()));
-    }
-    if na.saturating_sub(nb) > allowed || na.saturating_sub(now_s) > allowed {
-        return Err(Rejection::Lifetime(format!(
-            "validity {}s exceeds the requested {}s",
-            na.saturating_sub(nb),
-            expected.csr.lifetime.as_secs()
-        )));
-    }
-    // The agent accepts only a leaf issued directly by a CA in the bundle
-    // (api's `TrustBundle::verify_leaf` follows no intermediates), so the
-    // check here is the same: whatever else cert-manager returned in the
-    // chain is neither needed nor copied.
-    if !trust.verifies(leaf_der, &[], now) {
-        return Err(Rejection::Chain);
-    }
-    Ok(der_to_pem(leaf_der))
+    profile::check_lifetime(
+        leaf.not_before().unix(),
+        leaf.not_after().unix(),
+        now,
+        expected.csr.lifetime,
+    )
+    .map_err(Rejection::Lifetime)?;
+    let at = timestamp(now).map_err(|_| Rejection::Lifetime("time out of range".into()))?;
+    let verified = chain.verify(trust, at).map_err(|_| Rejection::Chain)?;
+    Ok(verified.to_pem())
 }
 
 /// Checks that a CertificateRequest is the one the controller created for this CSR.
@@ -279,26 +203,21 @@ pub fn check_ownership(
     Ok(())
 }
 
-fn check_names(leaf: &X509Certificate<'_>, chassis: &str) -> Result<(), Rejection> {
-    let cns: Vec<_> = leaf
-        .subject()
-        .iter_common_name()
-        .filter_map(|a| a.as_str().ok())
-        .collect();
+fn check_names(leaf: &Certificate, chassis: &str) -> Result<(), Rejection> {
+    let cns = leaf.common_names();
     if cns != [chassis] {
         return Err(Rejection::Names(format!("CN {cns:?}")));
     }
-    let san = leaf
-        .subject_alternative_name()
-        .map_err(|_| Rejection::Malformed("SAN extension does not parse"))?
-        .ok_or_else(|| Rejection::Names("no SAN".into()))?;
-    match san.value.general_names.as_slice() {
-        [GeneralName::DNSName(d)] if *d == chassis => Ok(()),
-        other => Err(Rejection::Names(format!(
-            "{} SANs, not exactly DNS:{chassis}",
-            other.len()
-        ))),
+    let sans = leaf.dns_names().len() + leaf.other_san_count();
+    if sans == 0 {
+        return Err(Rejection::Names("no SAN".into()));
     }
+    if leaf.other_san_count() != 0 || leaf.dns_names() != [chassis] {
+        return Err(Rejection::Names(format!(
+            "{sans} SANs, not exactly DNS:{chassis}"
+        )));
+    }
+    Ok(())
 }
 
 /// The CertificateRequest operations the controller needs; the kube

@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::policy::Policy;
 use crate::signer::CaKeyAlgorithm;
-use crate::validate::Policy;
 
 /// Parses `90d`, `12h`, `30m`, `45s` or plain seconds.
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {

@@ -1,10 +1,11 @@
-//! The crate's one error type.
+//! The crate's one error type, and [`Rejection`], the reasons a
+//! cert-manager result is refused.
 //!
 //! Operational failures only: a CSR that fails validation is not an error
-//! but a [`crate::validate::Denial`], and a cert-manager result that fails
-//! its checks is a [`crate::certmanager::Rejection`].
-
-use crate::certmanager::Rejection;
+//! but a [`crate::denial::Denial`]. A cert-manager result that fails its
+//! checks is a [`Rejection`], carried by [`Error::CertManagerRejected`]; it
+//! lives here so this module is a leaf that imports no other module of the
+//! crate.
 
 /// What can go wrong while the controller runs.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +57,66 @@ impl Error {
             Error::Config(_) => "config",
             Error::Metrics(_) => "metrics",
             Error::MissingField(_) => "missing_field",
+        }
+    }
+}
+
+/// Why a cert-manager result is not copied into the CSR.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The CertificateRequest is not in the controller's namespace.
+    #[error("namespace check failed: CertificateRequest is in {0:?}")]
+    Namespace(String),
+    /// The CertificateRequest is not the one the controller created.
+    #[error(
+        "ownership check failed: CertificateRequest was not created by this controller for this CSR"
+    )]
+    NotOurs,
+    /// The CertificateRequest names another issuer.
+    #[error("issuer check failed: {0} is not the configured ClusterIssuer")]
+    Issuer(String),
+    /// The CertificateRequest's requester is not the controller's ServiceAccount.
+    #[error("requester check failed: {0:?} is not the controller's ServiceAccount")]
+    Requester(String),
+    /// The usages differ from `[ipsec tunnel]`.
+    #[error("usages check failed: {0:?}")]
+    Usages(Vec<String>),
+    /// The certificate is missing or does not parse.
+    #[error("certificate check failed: {0}")]
+    Malformed(&'static str),
+    /// The certificate's key is not the CSR's key.
+    #[error("key check failed: the certificate carries another public key")]
+    KeyMismatch,
+    /// The certificate's subject or SANs do not name the chassis exactly.
+    #[error("name check failed: {0}")]
+    Names(String),
+    /// The certificate is a CA.
+    #[error("CA check failed: the certificate has CA:true")]
+    IsCa,
+    /// The certificate's lifetime exceeds what was requested, or it is not valid now.
+    #[error("lifetime check failed: {0}")]
+    Lifetime(String),
+    /// The chain does not verify to the trust bundle.
+    #[error("chain check failed: the certificate does not verify to the trust bundle")]
+    Chain,
+}
+
+impl Rejection {
+    /// CamelCase reason for the CSR `Failed` condition and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Rejection::Namespace(_) => "CertManagerNamespace",
+            Rejection::NotOurs => "CertManagerRequestNotOurs",
+            Rejection::Issuer(_) => "CertManagerIssuer",
+            Rejection::Requester(_) => "CertManagerRequester",
+            Rejection::Usages(_) => "CertManagerUsages",
+            Rejection::Malformed(_) => "CertManagerMalformedCertificate",
+            Rejection::KeyMismatch => "CertManagerKeyMismatch",
+            Rejection::Names(_) => "CertManagerNames",
+            Rejection::IsCa => "CertManagerIsCA",
+            Rejection::Lifetime(_) => "CertManagerLifetime",
+            Rejection::Chain => "CertManagerChainUntrusted",
         }
     }
 }

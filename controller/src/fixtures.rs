@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 
 use rcgen::{CertificateParams, DnType, KeyPair};
 
-use crate::validate::{CsrView, DaemonSetView, LiveContext, NodeView, PodView, Policy};
+use crate::policy::Policy;
+use crate::validate::{CsrView, DaemonSetView, LiveContext, NodeView, PodView};
 
 /// The chassis the fixtures' requests and contexts name.
 pub const CHASSIS: &str = "chassis-1";

@@ -9,34 +9,47 @@
 //! # Layout
 //!
 //! Pure core (no I/O; unit-tested and fuzzed):
-//! - [`validate`]: `validate(csr, live, policy) -> Result<ValidatedCsr, Denial>`
-//!   and the PKCS#10 parser [`validate::inspect_request`].
-//! - [`signer`]: the built-in CA and the leaf profile.
-//! - [`trust`]: the trust bundle (PEM, digest, chain verification).
+//! - [`pkcs10`]: the PKCS#10 parser, request bytes to
+//!   [`pkcs10::RequestFacts`] ([`pkcs10::inspect_request`]; what the fuzzer drives).
+//! - [`validate`]: the identity checks,
+//!   `validate(csr, live, policy) -> Result<ValidatedCsr, Denial>`.
+//! - [`denial`]: [`denial::Denial`], the reasons a CSR is denied.
+//! - [`policy`]: [`policy::Policy`], what the operator allows.
+//! - [`profile`]: what an issued leaf looks like (backdate, key usages, the
+//!   `ipsec tunnel` EKU, lifetime bounds), for the signer and the
+//!   cert-manager result check alike.
+//! - [`signer`]: the built-in CA, issuing leaves to the profile.
 //! - [`certmanager`]: the checks on a cert-manager result ([`certmanager::check_issued`])
 //!   and the forwarding flow over a small [`certmanager::CertificateRequestApi`] trait.
 //! - [`ca::plan_retire`]: the CA retirement decision.
+//!
+//! PEM, certificates, the trust bundle and its chain verification, the SPKI
+//! key-type parser and the clock trait are `kube_ovn_ipsec_api`'s (one
+//! implementation shared with the agent).
 //!
 //! Kube glue (thin):
 //! - [`live`]: API objects to views, live reads for one CSR.
 //! - [`ca`]: the CA Secret and trust ConfigMap, rotation and retirement.
 //! - [`reconcile`]: the kube-runtime controller over CSRs.
-//! - [`metrics`], [`config`], [`clock`], [`error`], [`names`].
+//! - [`metrics`], [`config`], [`names`].
+//! - [`error`]: the crate's one error type (a leaf module).
 //! - [`run`]: wires it all together; `main.rs` only parses flags and calls it.
 
 pub mod ca;
 pub mod certmanager;
-pub mod clock;
 pub mod config;
+pub mod denial;
 pub mod error;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fixtures;
 pub mod live;
 pub mod metrics;
 pub mod names;
+pub mod pkcs10;
+pub mod policy;
+pub mod profile;
 pub mod reconcile;
 pub mod signer;
-pub mod trust;
 pub mod validate;
 
 use std::future::Future;
@@ -44,11 +57,11 @@ use std::sync::{Arc, RwLock};
 
 use crate::ca::CaSettings;
 use crate::certmanager::{CertManagerConfig, CertManagerForwarder, KubeCertificateRequests};
-use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::reconcile::{Shared, SignerMode};
+use kube_ovn_ipsec_api::clock::Clock;
 
 pub use crate::error::Error;
 

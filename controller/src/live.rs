@@ -23,7 +23,8 @@ use kube::{Api, Client, ResourceExt};
 
 use crate::error::Result;
 use crate::names;
-use crate::validate::{CsrView, DaemonSetView, LiveContext, NodeView, PodView, Policy};
+use crate::policy::Policy;
+use crate::validate::{CsrView, DaemonSetView, LiveContext, NodeView, PodView};
 
 /// The pure view of a CSR object.
 pub fn csr_view(csr: &CertificateSigningRequest) -> CsrView {

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use controller::ca::{self, CaSettings};
-use controller::clock::SystemClock;
 use controller::config::Config;
 use controller::metrics::Metrics;
+use kube_ovn_ipsec_api::clock::SystemClock;
 
 #[derive(Parser)]
 #[command(version, about = "Kube-OVN IPsec CSR controller")]

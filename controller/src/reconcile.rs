@@ -19,15 +19,17 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
+use kube_ovn_ipsec_api::clock::Clock;
+use kube_ovn_ipsec_api::pki::{PEM_CERTIFICATE, TrustBundle, encode_pem};
+
 use crate::certmanager::{CertManagerForwarder, Forwarded, KubeCertificateRequests};
-use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::live::{LiveCache, csr_view, fetch_live};
 use crate::metrics::Metrics;
 use crate::names;
+use crate::policy::Policy;
 use crate::signer::CertificateAuthority;
-use crate::trust::TrustBundle;
-use crate::validate::{Policy, validate};
+use crate::validate::validate;
 
 /// How a validated CSR gets its certificate.
 pub enum SignerMode {
@@ -63,7 +65,12 @@ pub struct Shared {
 
 impl Shared {
     fn trust(&self) -> TrustBundle {
-        self.trust.read().map(|t| t.clone()).unwrap_or_default()
+        // A writer only ever swaps in a whole bundle, so a poisoned lock
+        // still holds a complete one.
+        self.trust
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -170,7 +177,7 @@ pub async fn reconcile(csr: Arc<CertificateSigningRequest>, shared: Arc<Shared>)
                 .read()
                 .map(|c| c.clone())
                 .map_err(|_| Error::CaSecretInvalid("CA lock poisoned".into()))?;
-            crate::trust::der_to_pem(&ca.sign(&validated, now)?)
+            encode_pem(PEM_CERTIFICATE, &ca.sign(&validated, now)?)
         }
         SignerMode::CertManager(fwd) => {
             let uid = csr.metadata.uid.clone().unwrap_or_default();

@@ -4,34 +4,26 @@
 //! key and the validated chassis come from the request; nothing else the
 //! node asked for (extensions, subject spelling) is copied.
 //!
-//! Leaf profile (SPEC §6):
-//! - subject `O=kube-ovn, CN=<chassis>`, one SAN `DNS:<chassis>`;
-//! - `NotBefore = now − 5 min` (clock skew between nodes), `NotAfter = now +
-//!   lifetime`, capped at the CA's own `NotAfter` so no leaf outlives its issuer;
-//! - key usage `digitalSignature`, plus `keyEncipherment` for RSA keys;
-//! - extended key usage `id-kp-ipsecTunnel` (1.3.6.1.5.5.7.3.6): the X.509
-//!   meaning of the Kubernetes usage `ipsec tunnel`, as Kubernetes' own
-//!   signers map it. strongSwan and libreswan do not require an EKU for IKE,
-//!   and do not reject this one;
-//! - `basicConstraints CA:FALSE`, an authority key identifier (so peers pick
-//!   the right CA while a rotation puts two in the bundle), a random 128-bit serial.
+//! The leaf follows [`crate::profile`] (subject, SAN, validity, key usages,
+//! the `ipsec tunnel` EKU, `CA:FALSE`); this module adds what only an
+//! issuer knows: an authority key identifier (so peers pick the right CA
+//! while a rotation puts two in the bundle) and a random 128-bit serial.
 
 use std::time::{Duration, SystemTime};
 
+use kube_ovn_ipsec_api::clock::unix_seconds;
+use kube_ovn_ipsec_api::pki::{Certificate, PEM_CERTIFICATE, parse_pem};
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, PKCS_RSA_SHA256, PublicKeyData,
-    SanType, SerialNumber, SignatureAlgorithm,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, PKCS_RSA_SHA256, PublicKeyData, SanType, SerialNumber,
+    SignatureAlgorithm,
 };
-use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::error::{Error, Result};
 use crate::names;
-use crate::trust::{der_to_pem, unix_seconds};
-use crate::validate::{KeyKind, ValidatedCsr};
-
-/// How far `NotBefore` is backdated to tolerate clock skew between nodes.
-pub const BACKDATE: Duration = Duration::from_secs(5 * 60);
+use crate::pkcs10::KeyKind;
+use crate::profile::{self, BACKDATE};
+use crate::validate::ValidatedCsr;
 
 /// The CA's key algorithm.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -45,7 +37,7 @@ pub enum CaKeyAlgorithm {
 
 /// The built-in CA: certificate and signing key.
 pub struct CertificateAuthority {
-    cert_der: Vec<u8>,
+    certificate: Certificate,
     issuer: Issuer<'static, KeyPair>,
     not_after: i64,
 }
@@ -94,41 +86,48 @@ impl CertificateAuthority {
 
     /// Loads a CA from its PEM certificate and PEM (PKCS#8) key.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self> {
-        let block = pem::parse(cert_pem)
-            .map_err(|_| Error::CaSecretInvalid("certificate is not PEM".into()))?;
+        let der = parse_pem(cert_pem.as_bytes(), PEM_CERTIFICATE)
+            .ok()
+            .and_then(|mut blocks| blocks.drain(..).next())
+            .ok_or_else(|| Error::CaSecretInvalid("certificate is not PEM".into()))?;
         let key = KeyPair::from_pem(key_pem)
             .map_err(|_| Error::CaSecretInvalid("key is not a PEM private key".into()))?;
-        Self::from_der_and_key(block.into_contents(), key)
+        Self::from_der_and_key(der, key)
     }
 
     fn from_der_and_key(cert_der: Vec<u8>, key: KeyPair) -> Result<Self> {
-        let (_, cert) = X509Certificate::from_der(&cert_der)
+        let certificate = Certificate::from_der(&cert_der)
             .map_err(|_| Error::CaSecretInvalid("certificate does not parse".into()))?;
-        if !cert.is_ca() {
+        if !certificate.is_ca() {
             return Err(Error::CaSecretInvalid("certificate is not a CA".into()));
         }
-        if cert.public_key().raw != key.subject_public_key_info().as_slice() {
+        if certificate.subject_public_key_info() != key.subject_public_key_info().as_slice() {
             return Err(Error::CaSecretInvalid(
                 "key does not match certificate".into(),
             ));
         }
-        let not_after = cert.validity().not_after.timestamp();
+        let not_after = certificate.not_after().unix();
         let issuer = Issuer::from_ca_cert_der(&cert_der.as_slice().into(), key)?;
         Ok(Self {
-            cert_der,
+            certificate,
             issuer,
             not_after,
         })
     }
 
+    /// The CA certificate, parsed.
+    pub fn certificate(&self) -> &Certificate {
+        &self.certificate
+    }
+
     /// The CA certificate, DER.
     pub fn cert_der(&self) -> &[u8] {
-        &self.cert_der
+        self.certificate.der()
     }
 
     /// The CA certificate, PEM.
     pub fn cert_pem(&self) -> String {
-        der_to_pem(&self.cert_der)
+        self.certificate.to_pem()
     }
 
     /// The CA key as PKCS#8 PEM, for the Secret only. Never log it.
@@ -153,20 +152,11 @@ impl CertificateAuthority {
         )];
         params.serial_number = Some(random_serial()?);
         params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = match csr.key_kind {
-            KeyKind::Rsa(_) => {
-                vec![
-                    KeyUsagePurpose::DigitalSignature,
-                    KeyUsagePurpose::KeyEncipherment,
-                ]
-            }
-            KeyKind::EcdsaP256 => vec![KeyUsagePurpose::DigitalSignature],
-        };
-        params.extended_key_usages =
-            vec![ExtendedKeyUsagePurpose::Other(IPSEC_TUNNEL_EKU.to_vec())];
+        params.key_usages = profile::key_usages(csr.key_kind);
+        params.extended_key_usages = profile::extended_key_usages();
         params.use_authority_key_identifier_extension = true;
-        params.not_before = to_offset(now.checked_sub(BACKDATE).unwrap_or(now))?;
-        let not_after = unix_seconds(now + csr.lifetime).min(self.not_after);
+        let (not_before, not_after) = profile::leaf_validity(now, csr.lifetime, self.not_after);
+        params.not_before = from_unix(not_before)?;
         params.not_after = from_unix(not_after)?;
         let key = RequestKey {
             kind: csr.key_kind,
@@ -175,9 +165,6 @@ impl CertificateAuthority {
         Ok(params.signed_by(&key, &self.issuer)?.der().to_vec())
     }
 }
-
-/// id-kp-ipsecTunnel arcs.
-const IPSEC_TUNNEL_EKU: &[u64] = &[1, 3, 6, 1, 5, 5, 7, 3, 6];
 
 /// The request's public key as rcgen needs it for the leaf's SPKI.
 struct RequestKey<'a> {

@@ -4,25 +4,18 @@
 
 mod common;
 
-use std::time::SystemTime;
-
 use common::*;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube_ovn_ipsec_api::clock::{Clock, SystemClock};
 use kube_ovn_ipsec_api::ident::Chassis;
-use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
+use kube_ovn_ipsec_api::pki::{Certificate, PEM_CERTIFICATE_REQUEST, TrustBundle, encode_pem};
 use kube_ovn_ipsec_api::time::Timestamp;
 use rcgen::{KeyPair, PKCS_ECDSA_P256_SHA256, PKCS_RSA_SHA256};
 
 fn now() -> Timestamp {
-    Timestamp::from_unix(
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64,
-    )
-    .unwrap()
+    kube_ovn_ipsec_api::clock::timestamp(SystemClock.now()).unwrap()
 }
 
 async fn submit(client: &kube::Client, csr: &CertificateSigningRequest) {
@@ -164,11 +157,7 @@ async fn bad_csrs_are_denied_through_the_api_with_their_reason_and_never_signed(
         "LifetimeOutOfBounds",
     ));
 
-    let garbage = pem::encode(&pem::Pem::new(
-        "CERTIFICATE REQUEST",
-        vec![0x30, 0x03, 2, 1, 0],
-    ))
-    .into_bytes();
+    let garbage = encode_pem(PEM_CERTIFICATE_REQUEST, &[0x30, 0x03, 2, 1, 0]).into_bytes();
     cases.push((
         "garbage request",
         n0.client.clone(),

@@ -1,5 +1,5 @@
 use super::*;
-use crate::test_util::{self, TestCa, TestKeyAlg};
+use crate::test_util::{self, CaSpec, TestCa, TestKeyAlg};
 use proptest::prelude::*;
 
 fn ts(secs: i64) -> Timestamp {
@@ -193,6 +193,253 @@ fn validity_and_renewal_point() {
     let again = ca.issue_for_key("chassis-x", &leaf.key_pkcs8_der, Some((nb, na)));
     assert_ne!(again.certificate.digest(), c.digest());
     assert!(leaf.signing_key().matches_certificate(&again.certificate));
+}
+
+// ---- chain verification through intermediates ----
+
+fn chain_of(leaf: &test_util::TestLeaf) -> CertificateChain {
+    CertificateChain::from_pem(leaf.chain_pem().as_bytes()).unwrap()
+}
+
+#[test]
+fn chain_direct_leaf_verifies() {
+    let now = ts(1_700_000_000);
+    let root = test_util::p256_ca();
+    let leaf = test_util::p256_leaf();
+    let chain = chain_of(leaf);
+    assert!(chain.intermediates().is_empty());
+    let verified = chain.verify(&root.trust_bundle(), now).unwrap();
+    assert!(verified.intermediates.is_empty());
+    assert_eq!(verified.anchor, root.certificate);
+    assert_eq!(verified.to_pem(), leaf.cert_pem());
+}
+
+#[test]
+fn chain_leaf_via_one_intermediate_verifies() {
+    let now = ts(1_700_000_000);
+    let root = TestCa::p256("root");
+    let inter = CaSpec::new("intermediate").issued_by(&root);
+    let leaf = inter.leaf("chassis-x").issue();
+    let chain = chain_of(&leaf);
+    assert_eq!(
+        chain.intermediates(),
+        std::slice::from_ref(&inter.certificate)
+    );
+    let trust = root.trust_bundle();
+    let verified = trust
+        .verify_chain(chain.leaf(), chain.intermediates(), now)
+        .unwrap();
+    assert_eq!(
+        verified.intermediates,
+        std::slice::from_ref(&inter.certificate)
+    );
+    assert_eq!(verified.to_pem(), leaf.chain_pem());
+    // Two levels, intermediates in any order, unneeded ones ignored.
+    let inter2 = CaSpec::new("intermediate 2").issued_by(&inter);
+    let deep = inter2.leaf("chassis-y").issue();
+    let stray = test_util::p256_ca().certificate.clone();
+    let shuffled = [stray, inter.certificate.clone(), inter2.certificate.clone()];
+    let verified = trust
+        .verify_chain(&deep.certificate, &shuffled, now)
+        .unwrap();
+    assert_eq!(
+        verified.intermediates,
+        [inter2.certificate.clone(), inter.certificate.clone()]
+    );
+}
+
+#[test]
+fn chain_missing_intermediate_is_refused() {
+    let now = ts(1_700_000_000);
+    let root = TestCa::p256("root");
+    let inter = CaSpec::new("intermediate").issued_by(&root);
+    let leaf = inter.leaf("chassis-x").issue();
+    let trust = root.trust_bundle();
+    assert_eq!(
+        trust.verify_leaf(&leaf.certificate, now),
+        Err(Error::Untrusted)
+    );
+    assert_eq!(
+        trust.verify_chain(&leaf.certificate, &[], now),
+        Err(Error::Untrusted)
+    );
+    // With the intermediate in the bundle itself, no chain is needed.
+    let both =
+        TrustBundle::from_certificates(vec![root.certificate.clone(), inter.certificate.clone()])
+            .unwrap();
+    both.verify_leaf(&leaf.certificate, now).unwrap();
+}
+
+#[test]
+fn chain_intermediate_that_is_not_a_ca_is_refused() {
+    let now = ts(1_700_000_000);
+    let root = TestCa::p256("root");
+    let trust = root.trust_bundle();
+    for spec in [
+        CaSpec::new("not a CA").not_a_ca(),
+        CaSpec::new("no keyCertSign").without_cert_sign(),
+    ] {
+        let bogus = spec.issued_by(&root);
+        let leaf = bogus.leaf("chassis-x").issue();
+        assert_eq!(
+            trust.verify_chain(&leaf.certificate, &leaf.chain, now),
+            Err(Error::Untrusted)
+        );
+    }
+}
+
+#[test]
+fn chain_expired_intermediate_is_refused() {
+    let now = ts(1_700_000_000);
+    let root = TestCa::p256("root");
+    let expired = CaSpec::new("expired intermediate")
+        .valid(now.plus_secs(-7200), now.plus_secs(-3600))
+        .issued_by(&root);
+    let leaf = expired
+        .leaf("chassis-x")
+        .valid(now.plus_secs(-60), now.plus_secs(3600))
+        .issue();
+    let trust = root.trust_bundle();
+    assert_eq!(
+        trust.verify_chain(&leaf.certificate, &leaf.chain, now),
+        Err(Error::Untrusted)
+    );
+    // The same chain verified while the intermediate was valid passes.
+    let earlier = now.plus_secs(-5000);
+    let early_leaf = expired
+        .leaf("chassis-x")
+        .valid(earlier.plus_secs(-60), earlier.plus_secs(60))
+        .issue();
+    trust
+        .verify_chain(&early_leaf.certificate, &early_leaf.chain, earlier)
+        .unwrap();
+}
+
+#[test]
+fn chain_to_the_wrong_root_is_refused() {
+    let now = ts(1_700_000_000);
+    let root = TestCa::p256("root");
+    let inter = CaSpec::new("intermediate").issued_by(&root);
+    let leaf = inter.leaf("chassis-x").issue();
+    // Same name, different key: the signature check decides.
+    let impostor = TestCa::p256("root");
+    assert_eq!(
+        impostor
+            .trust_bundle()
+            .verify_chain(&leaf.certificate, &leaf.chain, now),
+        Err(Error::Untrusted)
+    );
+    assert_eq!(
+        test_util::p256_ca()
+            .trust_bundle()
+            .verify_chain(&leaf.certificate, &leaf.chain, now),
+        Err(Error::Untrusted)
+    );
+}
+
+#[test]
+fn chain_path_length_and_size_are_bounded() {
+    let now = ts(1_700_000_000);
+    // pathLen 0 on the root: it may issue leaves, not intermediates.
+    let root = CaSpec::new("root").path_len(0).self_signed();
+    root.trust_bundle()
+        .verify_leaf(&root.issue("chassis-x", TestKeyAlg::P256).certificate, now)
+        .unwrap();
+    let inter = CaSpec::new("intermediate").issued_by(&root);
+    let leaf = inter.leaf("chassis-x").issue();
+    assert_eq!(
+        root.trust_bundle()
+            .verify_chain(&leaf.certificate, &leaf.chain, now),
+        Err(Error::Untrusted)
+    );
+    // An oversized chain is refused before any path search.
+    let open = TestCa::p256("open root");
+    let inter = CaSpec::new("intermediate").issued_by(&open);
+    let leaf = inter.leaf("chassis-x").issue();
+    let many = vec![inter.certificate.clone(); MAX_CHAIN_CERTIFICATES + 1];
+    assert_eq!(
+        open.trust_bundle()
+            .verify_chain(&leaf.certificate, &many, now),
+        Err(Error::Untrusted)
+    );
+    // The leaf's own validity is reported as such.
+    let late = ts(1_700_000_000).plus_secs(100 * 365 * 86400 * 30);
+    assert!(matches!(
+        open.trust_bundle()
+            .verify_chain(&leaf.certificate, &leaf.chain, late),
+        Err(Error::CertificateNotValidNow { .. })
+    ));
+}
+
+#[test]
+fn trust_bundle_add_and_retain_only() {
+    let a = test_util::rsa_ca().certificate.clone();
+    let b = test_util::p256_ca().certificate.clone();
+    let mut bundle = TrustBundle::from_certificates(vec![a.clone()]).unwrap();
+    assert!(bundle.add(b.clone()).unwrap());
+    assert!(!bundle.add(b.clone()).unwrap());
+    assert_eq!(bundle.digest(), trust_digest([a.der(), b.der()]));
+    assert!(bundle.contains(b.der()));
+    assert!(
+        bundle
+            .add(test_util::p256_leaf().certificate.clone())
+            .is_err()
+    );
+    let only_b = bundle.retain_only(b.der()).unwrap();
+    assert_eq!(only_b.certificates(), std::slice::from_ref(&b));
+    assert_eq!(only_b.digest(), trust_digest([b.der()]));
+    assert!(only_b.retain_only(a.der()).is_err(), "never empty");
+}
+
+#[test]
+fn pem_blocks_keep_their_labels() {
+    let ca = test_util::p256_ca().cert_pem();
+    let key = test_util::p256_leaf().key_pem();
+    let blocks = parse_pem_blocks(format!("{ca}\n{key}").as_bytes()).unwrap();
+    let labels: Vec<&str> = blocks.iter().map(|b| b.label.as_str()).collect();
+    assert_eq!(labels, [PEM_CERTIFICATE, PEM_PRIVATE_KEY]);
+    assert_eq!(blocks[0].der, test_util::p256_ca().cert_der());
+    assert!(!format!("{:?}", blocks[1]).contains(&key[30..40]));
+    assert!(matches!(
+        parse_pem_blocks(b"junk"),
+        Err(Error::InvalidPem { .. })
+    ));
+    assert!(matches!(
+        parse_pem_blocks(b""),
+        Err(Error::InvalidPem { reason }) if reason == "no PEM block"
+    ));
+}
+
+#[test]
+fn spki_key_types_and_the_ipsec_eku() {
+    let rsa = test_util::rsa_leaf()
+        .certificate
+        .subject_public_key_info()
+        .to_vec();
+    assert_eq!(
+        SpkiKey::from_der(&rsa).unwrap(),
+        SpkiKey::Rsa {
+            bits: 2048,
+            exponent: Some(65537)
+        }
+    );
+    let ec = test_util::p256_leaf()
+        .certificate
+        .subject_public_key_info()
+        .to_vec();
+    let key = SpkiKey::from_der(&ec).unwrap();
+    assert_eq!(key, SpkiKey::EcdsaP256 { uncompressed: true });
+    assert_eq!(key.key_algorithm().unwrap(), KeyAlgorithm::EcdsaP256);
+    assert!(matches!(
+        (SpkiKey::Rsa {
+            bits: 1024,
+            exponent: Some(3)
+        })
+        .key_algorithm(),
+        Err(Error::UnsupportedKey { .. })
+    ));
+    assert!(SpkiKey::from_der(&[0x30, 0x00]).is_err());
+    assert_eq!(ipsec_tunnel_eku_dotted(), "1.3.6.1.5.5.7.3.6");
 }
 
 proptest! {

@@ -3,36 +3,23 @@
 //! a foreign requester; and a CertificateRequest someone else created.
 
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType, IsCa, Issuer,
-    KeyPair, PKCS_ECDSA_P256_SHA256,
-};
+use kube_ovn_ipsec_api::pki::{PEM_CERTIFICATE, parse_pem};
+use kube_ovn_ipsec_api::test_util::{CaSpec, TestCa};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, PKCS_ECDSA_P256_SHA256};
 
 use super::*;
 use crate::validate::tests::{Fx, request, rsa2048};
+use kube_ovn_ipsec_api::clock::{Clock, SystemClock};
 
 const NS: &str = "kube-system";
 const ISSUER: &str = "kube-ovn-ipsec";
 const ME: &str = "system:serviceaccount:kube-system:ovn";
 
-/// A CA the stand-in issues from.
-struct TestCa {
-    der: Vec<u8>,
-    issuer: Issuer<'static, KeyPair>,
-}
-
+/// A CA the stand-in issues from: an external issuer's (`CN` only).
 fn test_ca(cn: &str) -> TestCa {
-    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut p = CertificateParams::default();
-    p.distinguished_name.push(DnType::CommonName, cn);
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let der = p.self_signed(&key).unwrap().der().to_vec();
-    TestCa {
-        der,
-        issuer: Issuer::new(p, key),
-    }
+    CaSpec::new(cn).without_organization().self_signed()
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -68,28 +55,29 @@ impl StandIn {
     }
 
     fn trust(&self) -> TrustBundle {
-        TrustBundle::new(vec![self.ca.der.clone()])
+        self.ca.trust_bundle()
     }
 
     fn issue(&self, cr: &mut CertificateRequestView, lifetime: Duration) {
-        let mut p =
-            CertificateSigningRequestParams::from_pem(std::str::from_utf8(&cr.request).unwrap())
-                .unwrap();
         let now = time::OffsetDateTime::now_utc();
         let lifetime = if self.mode == Mode::TooLong {
             lifetime * 10
         } else {
             lifetime
         };
-        p.params.not_before = now;
-        p.params.not_after = now + lifetime;
         let issuer = if self.mode == Mode::WrongChain {
-            &self.other_ca.issuer
+            &self.other_ca
         } else {
-            &self.ca.issuer
+            &self.ca
         };
-        let cert = p.signed_by(issuer).unwrap();
-        cr.certificate = Some(cert.pem().into_bytes());
+        let pem = issuer
+            .sign_request(std::str::from_utf8(&cr.request).unwrap())
+            .tweak(|p| {
+                p.not_before = now;
+                p.not_after = now + lifetime;
+            })
+            .pem();
+        cr.certificate = Some(pem.into_bytes());
         cr.ready = Some(true);
     }
 }
@@ -169,7 +157,7 @@ async fn forward(mode: Mode, fx: &Fx) -> (Result<Forwarded>, StandIn) {
             &fx.csr.request,
             &v,
             &trust,
-            SystemTime::now(),
+            SystemClock.now(),
         )
         .await;
     (out, fwd.api)
@@ -189,8 +177,12 @@ async fn honest_issuer_result_is_accepted_for_p256_and_rsa() {
         let Forwarded::Issued(pem) = out.unwrap() else {
             panic!("not issued")
         };
-        let der = parse_cert_pems(&pem).unwrap().remove(0);
-        assert!(stand_in.trust().verifies(&der, &[], SystemTime::now()));
+        let der = parse_pem(pem.as_bytes(), PEM_CERTIFICATE)
+            .unwrap()
+            .remove(0);
+        let leaf = kube_ovn_ipsec_api::pki::Certificate::from_der(&der).unwrap();
+        let now = kube_ovn_ipsec_api::clock::timestamp(SystemClock.now()).unwrap();
+        assert!(stand_in.trust().verify_leaf(&leaf, now).is_ok());
     }
 }
 
@@ -256,7 +248,7 @@ async fn request_someone_else_created_and_approved_is_replaced_not_read() {
             &fx.csr.request,
             &v,
             &trust,
-            SystemTime::now(),
+            SystemClock.now(),
         )
         .await
         .unwrap();
@@ -277,7 +269,7 @@ async fn request_someone_else_created_and_approved_is_replaced_not_read() {
 #[test]
 fn pure_checks_reject_key_and_name_substitution_and_ca_results() {
     let ca = test_ca("issuer CA");
-    let trust = TrustBundle::new(vec![ca.der.clone()]);
+    let trust = ca.trust_bundle();
     let fx = Fx::new();
     let v = fx.run().unwrap();
     let cfg = config();
@@ -302,19 +294,20 @@ fn pure_checks_reject_key_and_name_substitution_and_ca_results() {
         ..Default::default()
     };
     let issue = |tweak: &dyn Fn(&mut CertificateParams), key: Option<&KeyPair>| {
-        let other = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
         let req = request(key.unwrap_or(crate::validate::tests::p256()));
-        let mut p =
-            CertificateSigningRequestParams::from_pem(std::str::from_utf8(&req).unwrap()).unwrap();
-        let _ = other;
         let now = time::OffsetDateTime::now_utc();
-        p.params.not_before = now;
-        p.params.not_after = now + Duration::from_secs(86400);
-        tweak(&mut p.params);
+        let pem = ca
+            .sign_request(std::str::from_utf8(&req).unwrap())
+            .tweak(|p| {
+                p.not_before = now;
+                p.not_after = now + Duration::from_secs(86400);
+                tweak(p);
+            })
+            .pem();
         let mut cr = base.clone();
-        cr.certificate = Some(p.signed_by(&ca.issuer).unwrap().pem().into_bytes());
+        cr.certificate = Some(pem.into_bytes());
         cr.ready = Some(true);
-        check_issued(&cr, expected, &trust, SystemTime::now())
+        check_issued(&cr, expected, &trust, SystemClock.now())
     };
     issue(&|_| {}, None).unwrap();
     let other = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();

@@ -1,13 +1,29 @@
 use std::time::{Duration, SystemTime};
 
 use kube_ovn_ipsec_api::ident::Chassis;
-use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle as ApiBundle};
+use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_api::time::Timestamp;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::*;
-use crate::trust::TrustBundle;
 use crate::validate::tests::{CHASSIS, Fx, request, rsa2048};
+
+/// A bundle of these CA certificates (DER), in order.
+fn bundle_of(ders: &[&[u8]]) -> TrustBundle {
+    TrustBundle::from_certificates(
+        ders.iter()
+            .map(|d| Certificate::from_der(d).unwrap())
+            .collect(),
+    )
+    .unwrap()
+}
+
+/// Whether the leaf (DER) chains to `bundle` at `at`.
+fn verifies(bundle: &TrustBundle, leaf_der: &[u8], at: SystemTime) -> bool {
+    bundle
+        .verify_leaf(&Certificate::from_der(leaf_der).unwrap(), ts(at))
+        .is_ok()
+}
 
 fn now() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000)
@@ -35,7 +51,7 @@ fn p256_leaf_has_the_spec_profile_and_verifies_with_the_agents_checks() {
     let leaf = Certificate::from_der(&der).unwrap();
     leaf.check_chassis_identity(&Chassis::new(CHASSIS).unwrap())
         .unwrap();
-    let bundle = ApiBundle::from_pem(ca.cert_pem().as_bytes()).unwrap();
+    let bundle = TrustBundle::from_pem(ca.cert_pem().as_bytes()).unwrap();
     bundle.verify_leaf(&leaf, ts(now())).unwrap();
     assert_eq!(leaf.not_before().unix(), unix_seconds(now()) - 300);
     assert_eq!(leaf.not_after().unix(), unix_seconds(now()) + 7 * 86400);
@@ -64,7 +80,7 @@ fn rsa_leaf_also_has_key_encipherment() {
     let ku = x.key_usage().unwrap().unwrap().value;
     assert!(ku.digital_signature() && ku.key_encipherment());
     assert_eq!(x.public_key().raw, v.spki_der.as_slice());
-    assert!(TrustBundle::new(vec![ca.cert_der().to_vec()]).verifies(&der, &[], now()));
+    assert!(verifies(&bundle_of(&[ca.cert_der()]), &der, now()));
 }
 
 #[test]
@@ -118,7 +134,7 @@ fn rsa_ca_signs_too() {
     .unwrap();
     let v = Fx::new().run().unwrap();
     let der = ca.sign(&v, now()).unwrap();
-    assert!(TrustBundle::new(vec![ca.cert_der().to_vec()]).verifies(&der, &[], now()));
+    assert!(verifies(&bundle_of(&[ca.cert_der()]), &der, now()));
 }
 
 #[test]
@@ -126,27 +142,31 @@ fn rotation_bundle_verifies_leaves_of_both_cas_and_retire_needs_the_acknowledged
     let old = ca();
     let new = ca();
     let v = Fx::new().run().unwrap();
-    let mut bundle = TrustBundle::new(vec![old.cert_der().to_vec()]);
-    assert!(bundle.add(new.cert_der().to_vec()));
-    assert!(!bundle.add(new.cert_der().to_vec()));
+    let mut bundle = bundle_of(&[old.cert_der()]);
+    assert!(bundle.add(new.certificate().clone()).unwrap());
+    assert!(!bundle.add(new.certificate().clone()).unwrap());
     for ca in [&old, &new] {
-        assert!(bundle.verifies(&ca.sign(&v, now()).unwrap(), &[], now()));
+        assert!(verifies(&bundle, &ca.sign(&v, now()).unwrap(), now()));
     }
-    let parsed = TrustBundle::from_pem(&bundle.to_pem()).unwrap();
+    let parsed = TrustBundle::from_pem(bundle.to_pem().as_bytes()).unwrap();
     assert_eq!(parsed.digest(), bundle.digest());
     assert_eq!(
-        bundle.digest(),
-        ApiBundle::from_pem(bundle.to_pem().as_bytes())
+        bundle.digest().to_hex(),
+        TrustBundle::from_pem(bundle.to_pem().as_bytes())
             .unwrap()
             .digest()
             .to_hex()
     );
 
-    let old_digest = TrustBundle::new(vec![old.cert_der().to_vec()]).digest();
+    let old_digest = bundle_of(&[old.cert_der()]).digest().to_hex();
     let refused = crate::ca::plan_retire(&bundle, new.cert_der(), &old_digest).unwrap_err();
     assert_eq!(refused.metric_label(), "rotation_refused");
-    let retired = crate::ca::plan_retire(&bundle, new.cert_der(), &bundle.digest()).unwrap();
-    assert_eq!(retired.certs(), &[new.cert_der().to_vec()]);
-    assert!(!retired.verifies(&old.sign(&v, now()).unwrap(), &[], now()));
-    assert!(crate::ca::plan_retire(&retired, new.cert_der(), &retired.digest()).is_err());
+    let retired =
+        crate::ca::plan_retire(&bundle, new.cert_der(), &bundle.digest().to_hex()).unwrap();
+    assert_eq!(
+        retired.certificates(),
+        std::slice::from_ref(new.certificate())
+    );
+    assert!(!verifies(&retired, &old.sign(&v, now()).unwrap(), now()));
+    assert!(crate::ca::plan_retire(&retired, new.cert_der(), &retired.digest().to_hex()).is_err());
 }

@@ -8,11 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle, Identity};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
-use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle, Identity};
 use serde_json::{Value, json};
 
 pub const NS: &str = "kube-system";
@@ -220,7 +220,7 @@ impl Cluster {
                 client,
                 &config,
                 metrics,
-                Arc::new(controller::clock::SystemClock),
+                Arc::new(kube_ovn_ipsec_api::clock::SystemClock),
                 async {
                     let _ = rx.await;
                 },
