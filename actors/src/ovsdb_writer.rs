@@ -1,12 +1,19 @@
-//! The OVSDB writer: activates an identity generation with one guarded
-//! transaction that sets `other_config:private_key`, `certificate` and
-//! `ca_cert` together, other keys untouched (through [`OvsdbIdentity`]),
-//! and publishes `Activated{generation}` only after the commit is confirmed.
+//! The OVSDB writer: the only writer of the identity keys
+//! `other_config:private_key`, `certificate` and `ca_cert`. It activates an
+//! identity generation with one guarded transaction that sets the three
+//! together, other keys untouched (through [`OvsdbIdentity`]), and publishes
+//! `Activated{generation}` only after the commit is confirmed.
+//!
+//! One activation is one [`OvsdbIdentity::activate`] call and no loop here:
+//! the adapter's guarded write already re-reads and retries a lost guard, a
+//! bounded number of times, in one place (the `ovsdb` crate's `MapWriter`).
+//! A second loop around it would only multiply that bound. An activation
+//! that still fails is reported as `Failed`; OVSDB then keeps the previous
+//! generation.
 //!
 //! Activation is idempotent: when OVSDB already points at the generation
 //! (a restart after a commit whose confirmation was lost) it is confirmed
-//! without a transaction. A guard conflict (someone changed the keys between
-//! read and write) re-reads and tries again, a bounded number of times.
+//! without writing anything.
 
 use std::sync::Arc;
 
@@ -14,12 +21,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
 use crate::bus::{ActivationEvent, ActivationRequest, Bus, IdentityEvent};
-use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::ports::{OvsdbIdentity, OvsdbIdentityKeys};
-
-/// Guard conflicts tolerated per activation before reporting failure.
-const MAX_CONFLICTS: usize = 3;
 
 /// Start-up arguments (cloned for every incarnation).
 #[derive(Debug, Clone)]
@@ -48,21 +51,6 @@ pub struct OvsdbWriterState {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OvsdbWriter;
 
-async fn activate(ovsdb: &dyn OvsdbIdentity, want: &OvsdbIdentityKeys) -> Result<bool> {
-    for _ in 0..MAX_CONFLICTS {
-        let current = ovsdb.read().await?;
-        if &current == want {
-            return Ok(false);
-        }
-        match ovsdb.activate(&current, want).await {
-            Ok(()) => return Ok(true),
-            Err(Error::ActivationConflict) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(Error::ActivationConflict)
-}
-
 impl Actor for OvsdbWriter {
     type Msg = OvsdbWriterMsg;
     type State = OvsdbWriterState;
@@ -90,13 +78,13 @@ impl Actor for OvsdbWriter {
         let start = Instant::now();
         let want = OvsdbIdentityKeys::from_paths(&req.paths);
         let generation = req.generation;
-        match activate(state.args.ovsdb.as_ref(), &want).await {
-            Ok(wrote) => {
+        match state.args.ovsdb.activate(&want).await {
+            Ok(()) => {
                 state
                     .args
                     .metrics
                     .activation_latency(start.elapsed().as_secs_f64());
-                tracing::info!(generation, wrote, "OVSDB points at generation");
+                tracing::info!(generation, "OVSDB points at generation");
                 state
                     .args
                     .bus

@@ -16,10 +16,12 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use kube_ovn_ipsec_api::names::ovs as ovs_keys;
-use ovsdb::{Client, MapChanges, MapColumn};
+use ovsdb::{Client, MapChanges, MapColumn, MapWriter};
 use testbed::ovs::{OvnCentral, OvsdbServer};
 
 /// How long `ovn-northd` may take to mirror the NB switch into SB before the
@@ -111,7 +113,7 @@ pub async fn run(dir: &Path) -> Result<(), DemoError> {
         ),
     ]);
     let t = Instant::now();
-    let written = ovs
+    let written = MapWriter::new(ovs.clone())
         .update_map(&MapColumn::ovs_other_config(), &changes, 5)
         .await
         .map_err(ovsdb_err("activate generation 1"))?;

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
 use apiserver::{ADMIN_TOKEN, ApiServer};
+use clap::{Parser, Subcommand};
 
 /// The kube-ovn IPsec lab.
 #[derive(Debug, Parser)]

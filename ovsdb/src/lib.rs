@@ -11,12 +11,22 @@
 //!   to JSON values (partial reads, size cap), JSON-RPC messages, OVSDB atoms,
 //!   sets and maps, operations, results and table updates. No I/O; unit-tested
 //!   on round trips and bytes captured from `ovsdb-server`.
-//! - [`client`]: the tokio transport. A background task owns the socket;
-//!   [`Client`] is a cloneable handle, [`MonitorStream`] a stream of
-//!   [`MonitorEvent`]s that reports disconnects and resyncs.
-//! - [`helpers`]: guarded, key-preserving updates of a map column
-//!   (`Open_vSwitch` `other_config` / `external_ids`), `NB_Global.ipsec`,
-//!   and waiting for `SB_Global.ipsec` through a monitor.
+//! - [`connection`]: the connection task. It owns the socket, answers the
+//!   server's `echo`, probes a silent server, routes responses and monitor
+//!   updates, and reconnects (the one backoff schedule of
+//!   `kube_ovn_ipsec_api::backoff`), re-establishing monitors. Also
+//!   what it is configured with ([`Address`], [`Config`]) and what it emits
+//!   on a monitor ([`MonitorEvent`]).
+//! - [`client`]: the handle. [`Client`] is the request/response API (a
+//!   cheap, cloneable channel to the task); [`MonitorStream`] a stream of
+//!   [`MonitorEvent`]s that reports disconnects and resyncs. It knows nothing
+//!   of what the helpers build on it.
+//! - [`helpers`]: what this project does with OVSDB. [`helpers::map`]: map
+//!   columns (`Open_vSwitch` `other_config` / `external_ids`), one guarded
+//!   transaction on [`Client`], and [`MapWriter`], which keeps each column's
+//!   last known value and holds the crate's one retry loop for guarded
+//!   writes. [`helpers::ovn`]: `NB_Global.ipsec`, and waiting for
+//!   `SB_Global.ipsec` through a monitor.
 //! - [`Error`]: the one error type, with [`Error::metric_label`].
 //!
 //! # Connection semantics
@@ -37,6 +47,7 @@
 //! live in `tests/`.
 
 pub mod client;
+pub mod connection;
 pub mod datum;
 mod error;
 pub mod framing;
@@ -44,11 +55,12 @@ pub mod helpers;
 pub mod jsonrpc;
 pub mod protocol;
 
-pub use client::{Address, Backoff, Client, Config, MonitorEvent, MonitorStream};
+pub use client::{Client, MonitorStream};
+pub use connection::{Address, Config, MonitorEvent};
 pub use datum::{Atom, Datum};
 pub use error::Error;
 pub use helpers::{
-    MapChanges, MapColumn, MapSnapshot, OPEN_VSWITCH, OVN_NORTHBOUND, OVN_SOUTHBOUND,
+    MapChanges, MapColumn, MapSnapshot, MapWriter, OPEN_VSWITCH, OVN_NORTHBOUND, OVN_SOUTHBOUND,
 };
 pub use protocol::{
     Condition, MonitorRequest, Mutation, Operation, OperationResult, Row, RowUpdate, RowUpdate2,

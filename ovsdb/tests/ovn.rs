@@ -2,6 +2,8 @@
 
 // Test helpers outside #[test] fns may unwrap too: a panic is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 

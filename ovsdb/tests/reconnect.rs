@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ovsdb::{
-    Client, Config, Datum, Error, MapChanges, MapColumn, MonitorEvent, MonitorRequest,
+    Client, Config, Datum, Error, MapChanges, MapColumn, MapWriter, MonitorEvent, MonitorRequest,
     OPEN_VSWITCH, RowUpdate2, TableUpdates,
 };
 use testbed::ovs::OvsdbServer;
@@ -54,7 +54,8 @@ async fn monitor_survives_server_crash_and_restart() {
     ));
 
     let col = MapColumn::ovs_other_config();
-    c.update_map(&col, &MapChanges::from([("k".into(), Some("1".into()))]), 3)
+    MapWriter::new(c.clone())
+        .update_map(&col, &MapChanges::from([("k".into(), Some("1".into()))]), 3)
         .await
         .unwrap();
     match timeout(next(5), v1.next()).await.unwrap() {

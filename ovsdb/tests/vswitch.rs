@@ -3,9 +3,12 @@
 
 // Test helpers outside #[test] fns may unwrap too: a panic is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
 
 use ovsdb::{
-    Client, Condition, Datum, Error, MapChanges, MapColumn, Mutation, OPEN_VSWITCH, Operation, Row,
+    Client, Condition, Datum, Error, MapChanges, MapColumn, MapWriter, Mutation, OPEN_VSWITCH,
+    Operation, Row,
 };
 use testbed::ovs::OvsdbServer;
 
@@ -36,6 +39,7 @@ async fn guarded_activation_sets_keys_together_and_keeps_others() {
     ])
     .unwrap();
     let c = Client::connect_str(&s.address()).await.unwrap();
+    let w = MapWriter::new(c.clone());
     let col = MapColumn::ovs_other_config();
 
     let before = c.read_map(&col).await.unwrap();
@@ -56,13 +60,13 @@ async fn guarded_activation_sets_keys_together_and_keeps_others() {
     assert_eq!(vsctl_get(&s, "other_config:keep"), "me");
 
     // Removing a key is a change too; a no-op update is not written.
-    let out = c
+    let out = w
         .update_map(&col, &changes(&[("ca_cert", None)]), 3)
         .await
         .unwrap();
     assert!(!out.entries.contains_key("ca_cert"));
     assert_eq!(
-        c.update_map(&col, &changes(&[("ca_cert", None)]), 1)
+        w.update_map(&col, &changes(&[("ca_cert", None)]), 1)
             .await
             .unwrap(),
         out
@@ -74,6 +78,7 @@ async fn concurrent_writer_fails_the_guard_and_retry_keeps_its_key() {
     let dir = tempfile::tempdir().unwrap();
     let s = OvsdbServer::start_vswitch(dir.path()).unwrap();
     let c = Client::connect_str(&s.address()).await.unwrap();
+    let w = MapWriter::new(c.clone());
     let col = MapColumn::ovs_other_config();
     let gen1 = changes(&[
         ("private_key", Some("/k/1/key.pem")),
@@ -94,7 +99,7 @@ async fn concurrent_writer_fails_the_guard_and_retry_keeps_its_key() {
     assert_eq!(vsctl_get(&s, "other_config:private_key"), "");
 
     // The retrying wrapper, starting from the stale snapshot, re-reads and wins.
-    let done = c
+    let done = w
         .update_map_from(&col, Some(&stale), &gen1, 3)
         .await
         .unwrap();
@@ -107,12 +112,12 @@ async fn concurrent_writer_fails_the_guard_and_retry_keeps_its_key() {
 
     // update_map starts from the map it last wrote; another writer makes
     // that stale, the guard catches it and the retry keeps the other key.
-    c.update_map(&col, &changes(&[("certificate", Some("/k/2/cert.pem"))]), 3)
+    w.update_map(&col, &changes(&[("certificate", Some("/k/2/cert.pem"))]), 3)
         .await
         .unwrap();
     s.vsctl(&["set", "Open_vSwitch", ".", "other_config:unrelated=z"])
         .unwrap();
-    let done = c
+    let done = w
         .update_map(&col, &changes(&[("certificate", Some("/k/3/cert.pem"))]), 3)
         .await
         .unwrap();
@@ -127,7 +132,7 @@ async fn concurrent_writer_fails_the_guard_and_retry_keeps_its_key() {
     let stale = c.read_map(&col).await.unwrap();
     s.vsctl(&["set", "Open_vSwitch", ".", "other_config:unrelated=y"])
         .unwrap();
-    let err = c
+    let err = w
         .update_map_from(&col, Some(&stale), &changes(&[("a", Some("b"))]), 1)
         .await
         .unwrap_err();
@@ -145,7 +150,8 @@ async fn second_client_race_on_external_ids() {
     let b = Client::connect_str(&s.address()).await.unwrap();
     let col = MapColumn::ovs_external_ids();
     let snap_a = a.read_map(&col).await.unwrap();
-    b.update_map(&col, &changes(&[("system-id", Some("chassis-1"))]), 3)
+    MapWriter::new(b)
+        .update_map(&col, &changes(&[("system-id", Some("chassis-1"))]), 3)
         .await
         .unwrap();
     let lease = changes(&[
@@ -156,7 +162,7 @@ async fn second_client_race_on_external_ids() {
         a.write_map_guarded(&col, &snap_a, &lease).await,
         Err(Error::GuardFailed { .. })
     ));
-    let done = a
+    let done = MapWriter::new(a.clone())
         .update_map_from(&col, Some(&snap_a), &lease, 3)
         .await
         .unwrap();

@@ -1,5 +1,11 @@
 //! [`OvsdbIdentity`] over the `ovsdb` crate: the three identity keys of
-//! `Open_vSwitch . other_config` read and switched together.
+//! `Open_vSwitch . other_config` read and switched together through a
+//! [`MapWriter`] that this adapter alone holds.
+//!
+//! The writer keeps `other_config` as the adapter last read or wrote it, so
+//! an activation is one round trip (the `wait` on that map plus the `mutate`
+//! of the three keys, one transaction); only a lost guard costs a re-read.
+//! Every read the identity and monitor actors make refreshes that view.
 
 use std::collections::BTreeMap;
 
@@ -7,24 +13,29 @@ use actors::ports::{OvsdbIdentity, OvsdbIdentityKeys};
 use actors::{Error, Result};
 use async_trait::async_trait;
 use kube_ovn_ipsec_api::names::ovs;
-use ovsdb::{Client, MapChanges, MapColumn, MapSnapshot};
+use ovsdb::{Client, MapChanges, MapColumn, MapSnapshot, MapWriter};
 
-/// How often an activation re-reads after another writer changed an
-/// unrelated `other_config` key between our read and our write. Each retry
-/// is one round trip; a writer that changes the map continuously is a
-/// conflict the actor reports rather than a loop.
-const UNRELATED_RACE_RETRIES: u32 = 8;
+/// Guarded transactions one activation may spend before it reports
+/// [`Error::ActivationConflict`]. A guard is lost when anyone changed any
+/// `other_config` key since the adapter's view (ovn-controller, an
+/// operator); each such loss costs a re-read and one more transaction. The
+/// only retry loop of an activation is the one this bounds, inside
+/// [`MapWriter::update_map`]: the OVSDB writer does not loop around it.
+pub const ACTIVATION_ATTEMPTS: u32 = 8;
 
 /// The identity keys of one Open_vSwitch database.
 #[derive(Debug, Clone)]
 pub struct OvsdbIdentityAdapter {
-    client: Client,
+    writer: MapWriter,
 }
 
 impl OvsdbIdentityAdapter {
-    /// Uses `client` (connected to the `Open_vSwitch` database).
+    /// Uses `client` (connected to the `Open_vSwitch` database), with a
+    /// writer of its own: no one else writes through it.
     pub fn new(client: Client) -> Self {
-        OvsdbIdentityAdapter { client }
+        OvsdbIdentityAdapter {
+            writer: MapWriter::new(client),
+        }
     }
 }
 
@@ -52,39 +63,33 @@ fn changes_to(new: &OvsdbIdentityKeys) -> MapChanges {
 }
 
 fn ovsdb_err(e: ovsdb::Error) -> Error {
-    Error::Ovsdb(e.to_string())
+    match e {
+        // Lost every guard to other writers: a conflict, not an OVSDB fault.
+        ovsdb::Error::RetriesExhausted { .. } => Error::ActivationConflict,
+        e => Error::Ovsdb(e.to_string()),
+    }
 }
 
 #[async_trait]
 impl OvsdbIdentity for OvsdbIdentityAdapter {
     async fn read(&self) -> Result<OvsdbIdentityKeys> {
         let snap = self
-            .client
+            .writer
             .read_map(&MapColumn::ovs_other_config())
             .await
             .map_err(ovsdb_err)?;
         Ok(keys_of(&snap))
     }
 
-    async fn activate(&self, expected: &OvsdbIdentityKeys, new: &OvsdbIdentityKeys) -> Result<()> {
-        let col = MapColumn::ovs_other_config();
-        let changes = changes_to(new);
-        for _ in 0..UNRELATED_RACE_RETRIES {
-            let snap = self.client.read_map(&col).await.map_err(ovsdb_err)?;
-            // The guard the actor asked for: the three keys as it last saw
-            // them. Someone else moved them → a real conflict.
-            if keys_of(&snap) != *expected {
-                return Err(Error::ActivationConflict);
-            }
-            // The transaction waits on the whole map as read, so it also
-            // fails when an unrelated key changed in between; that race is
-            // harmless and retried here with a fresh read.
-            match self.client.write_map_guarded(&col, &snap, &changes).await {
-                Ok(_) => return Ok(()),
-                Err(ovsdb::Error::GuardFailed { .. }) => continue,
-                Err(e) => return Err(ovsdb_err(e)),
-            }
-        }
-        Err(Error::ActivationConflict)
+    async fn activate(&self, new: &OvsdbIdentityKeys) -> Result<()> {
+        self.writer
+            .update_map(
+                &MapColumn::ovs_other_config(),
+                &changes_to(new),
+                ACTIVATION_ATTEMPTS,
+            )
+            .await
+            .map(drop)
+            .map_err(ovsdb_err)
     }
 }
