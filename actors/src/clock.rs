@@ -1,28 +1,14 @@
-//! The wall clock, injected: certificate validity is judged against it.
+//! A wall clock that follows tokio's (possibly paused) time.
 //!
+//! The clock trait and the system adapter are `kube_ovn_ipsec_api::clock`'s.
 //! Timers use `tokio::time` (pausable in tests); certificate validity needs
 //! calendar time. [`TokioClock`] joins the two: it starts at a real (or
 //! given) wall time and then advances with tokio's clock, so a test that
 //! calls `tokio::time::advance` moves certificate time along with the timers.
 
-use std::fmt::Debug;
 use std::time::{Duration, SystemTime};
 
-/// A source of wall-clock time.
-pub trait WallClock: Send + Sync + Debug + 'static {
-    /// The current wall-clock time.
-    fn now(&self) -> SystemTime;
-}
-
-/// The operating system's clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl WallClock for SystemClock {
-    fn now(&self) -> SystemTime {
-        SystemTime::now()
-    }
-}
+use kube_ovn_ipsec_api::clock::Clock;
 
 /// Wall time that follows tokio's (possibly paused) clock from a base.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +27,7 @@ impl TokioClock {
     }
 }
 
-impl WallClock for TokioClock {
+impl Clock for TokioClock {
     fn now(&self) -> SystemTime {
         let elapsed: Duration = tokio::time::Instant::now().duration_since(self.start);
         self.base + elapsed

@@ -82,9 +82,14 @@ pub enum Error {
     /// The OVSDB transaction failed or OVSDB is unreachable.
     #[error("OVSDB: {0}")]
     Ovsdb(String),
-    /// The guarded OVSDB transaction found other values than expected.
-    #[error("OVSDB identity changed concurrently; re-reading")]
+    /// Every guarded attempt of an activation lost to another writer of
+    /// `other_config`; OVSDB keeps the previous generation.
+    #[error("OVSDB other_config kept changing concurrently; activation gave up")]
     ActivationConflict,
+    /// A job on the blocking pool (key-directory I/O, key generation) did
+    /// not complete: it panicked or the runtime is shutting down.
+    #[error("blocking job: {0}")]
+    BlockingTask(String),
     /// An actor could not be spawned.
     #[error("spawning actor {actor}: {reason}")]
     Spawn {
@@ -133,6 +138,7 @@ impl Error {
             Error::CsrApi(_) => "csr_api",
             Error::Ovsdb(_) => "ovsdb",
             Error::ActivationConflict => "activation_conflict",
+            Error::BlockingTask(_) => "blocking_task",
             Error::Spawn { .. } => "spawn",
             Error::Messaging(_) => "messaging",
             Error::Protection { .. } => "protection",
@@ -157,7 +163,7 @@ impl Error {
             Error::CsrApi(_) => Reason::CsrApiError,
             Error::Ovsdb(_) | Error::ActivationConflict => Reason::ActivationFailed,
             Error::KeyDirIo { .. } => Reason::KeyDirReadOnly,
-            Error::Spawn { .. } | Error::Messaging(_) => Reason::Unknown,
+            Error::Spawn { .. } | Error::Messaging(_) | Error::BlockingTask(_) => Reason::Unknown,
             Error::Protection { reason, .. } => *reason,
             Error::Process { process, .. } => match *process {
                 "ike" => Reason::IkeDaemonUnhealthy,

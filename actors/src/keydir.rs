@@ -20,7 +20,7 @@
 //! generation folders.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -28,6 +28,10 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::ports::KeyStore;
+
+mod atomic;
+pub use atomic::{AtomicWriteError, write_atomic};
 
 /// The state file's format version this build reads and writes.
 pub const STATE_VERSION: u32 = 1;
@@ -138,6 +142,17 @@ pub struct MovedAside {
     pub reason: String,
 }
 
+/// One file of a generation folder, for [`KeyStore::write_generation`].
+#[derive(Debug, Clone, Copy)]
+pub struct GenerationFile<'a> {
+    /// The file name (one of [`files`]).
+    pub name: &'static str,
+    /// The content.
+    pub data: &'a [u8],
+    /// Whether it is secret (mode 0600; others get 0644).
+    pub secret: bool,
+}
+
 /// An open, locked key directory.
 #[derive(Debug)]
 pub struct KeyDir {
@@ -178,41 +193,15 @@ fn parse_generation_dir(name: &str) -> Option<u64> {
     name.strip_prefix("gen-")?.parse().ok()
 }
 
+/// [`write_atomic`] with the key directory's error classification.
+fn write_atomic_kd(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    write_atomic(path, data, mode).map_err(|e| io_err(&e.path, e.source))
+}
+
 fn fsync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_err(dir, e))
-}
-
-/// Writes `data` to `path` atomically: temp file with `mode`, fsync,
-/// rename over `path`, fsync of the parent directory.
-pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
-    let parent = path.parent().unwrap_or(Path::new("."));
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = parent.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(|e| io_err(&tmp, e))?;
-        // The mode given to open() is filtered by the umask; set it exactly.
-        f.set_permissions(fs::Permissions::from_mode(mode))
-            .map_err(|e| io_err(&tmp, e))?;
-        f.write_all(data).map_err(|e| io_err(&tmp, e))?;
-        f.sync_all().map_err(|e| io_err(&tmp, e))?;
-        fs::rename(&tmp, path).map_err(|e| io_err(path, e))?;
-        fsync_dir(parent)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
 }
 
 fn create_private_dir(path: &Path) -> Result<()> {
@@ -271,7 +260,7 @@ impl KeyDir {
             })?;
         // Probe writability now: a directory that exists but is read-only
         // (a read-only bind mount) must be reported before any key is made.
-        write_atomic(&dir.join(".probe"), b"", 0o600).map_err(|e| match e {
+        write_atomic_kd(&dir.join(".probe"), b"", 0o600).map_err(|e| match e {
             Error::KeyDirReadOnly { source, .. } | Error::KeyDirIo { source, .. } => {
                 Error::KeyDirReadOnly {
                     path: dir.clone(),
@@ -385,7 +374,7 @@ impl KeyDir {
     pub fn save(&self, state: &KeyDirState) -> Result<()> {
         let json = serde_json::to_vec_pretty(state)
             .map_err(|e| Error::KeyGeneration(format!("encoding key directory state: {e}")))?;
-        write_atomic(&self.dir.join(STATE_FILE), &json, 0o600)
+        write_atomic_kd(&self.dir.join(STATE_FILE), &json, 0o600)
     }
 
     /// Creates a generation folder (0700).
@@ -400,7 +389,7 @@ impl KeyDir {
     /// mode 0600, others 0644.
     pub fn write_file(&self, generation: u64, name: &str, data: &[u8], secret: bool) -> Result<()> {
         let mode = if secret { 0o600 } else { 0o644 };
-        write_atomic(&self.generation_dir(generation).join(name), data, mode)
+        write_atomic_kd(&self.generation_dir(generation).join(name), data, mode)
     }
 
     /// Reads a file of a generation.
@@ -452,6 +441,47 @@ impl KeyDir {
             fsync_dir(&self.dir)?;
         }
         Ok(removed)
+    }
+}
+
+impl KeyStore for KeyDir {
+    fn identity_paths(&self, generation: u64) -> IdentityPaths {
+        KeyDir::identity_paths(self, generation)
+    }
+
+    fn load(&self, now_unix: i64) -> Result<(KeyDirState, Option<MovedAside>)> {
+        KeyDir::load(self, now_unix)
+    }
+
+    fn read_file(&self, generation: u64, name: &str) -> Result<Vec<u8>> {
+        KeyDir::read_file(self, generation, name)
+    }
+
+    fn write_generation(
+        &self,
+        generation: u64,
+        files: &[GenerationFile<'_>],
+        state: &KeyDirState,
+    ) -> Result<()> {
+        self.create_generation(generation)?;
+        for f in files {
+            self.write_file(generation, f.name, f.data, f.secret)?;
+        }
+        self.save(state)
+    }
+
+    fn save(&self, state: &KeyDirState) -> Result<()> {
+        KeyDir::save(self, state)
+    }
+
+    fn collect_garbage(
+        &self,
+        state: &mut KeyDirState,
+        now_unix: i64,
+        grace_secs: i64,
+        referenced: &[PathBuf],
+    ) -> Result<Vec<u64>> {
+        KeyDir::collect_garbage(self, state, now_unix, grace_secs, referenced)
     }
 }
 

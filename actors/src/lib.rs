@@ -1,23 +1,27 @@
 //! The kube-ovn-ipsec agent's actor core: a node supervisor that respawns
-//! its children with backoff, the identity actor (key, CSR, key directory),
-//! the renewal-jitter timer, the OVSDB writer and the status board
-//! (issue 4), and the runtime actors — output protection, IKE daemon,
-//! monitor (issue 5). The runtime (`kube-ovn-ipsec run`) implements the [`ports`] traits
-//! with kube-rs and the `ovsdb` crate and wires the tree together.
+//! its children with backoff; the identity actors — the identity actor
+//! (key, CSR, key directory), the renewal-jitter timer, the OVSDB writer;
+//! the tunnel actors — output protection, IKE daemon, monitor; and the
+//! status board. The `runtime` crate (`kube-ovn-ipsec run`) implements the
+//! [`ports`] traits with kube-rs, the `ovsdb` crate, netlink XFRM and the
+//! real processes, and wires the tree together.
 //!
 //! # Layout
 //!
 //! Pure pieces:
-//! - [`backoff`] — the 1 s … 30 s restart/retry schedule, reset after 60 s.
 //! - [`clock`] — the injected wall clock ([`clock::TokioClock`] follows
 //!   tokio's pausable time in tests).
 //! - [`keydir`] — the key directory: generations, state file, atomic
 //!   writes, owner lock, garbage collection.
 //! - [`pki`] — key generation, the CSR, verification of an issued leaf.
-//! - [`status`] — the board holding the `/status` document and `readyz`.
+//! - [`status`] — the board holding the `/status` document and `readyz`:
+//!   actors write to it, none reads it to decide.
 //! - [`metrics`] — the metrics trait and its Prometheus implementation.
-//! - [`ports`] — the side-effect traits the runtime implements.
-//! - [`bus`] — the events actors publish on shared output ports.
+//! - [`ports`] — the side-effect traits the `runtime` crate implements.
+//! - [`bus`] — the events actors publish on shared output ports (the table
+//!   of who publishes what and who listens is there).
+//! - [`process_watch`] — the probe and restart policy of a foreground
+//!   process, shared by the IKE and monitor actors.
 //!
 //! Actors, one per file:
 //! - [`supervisor`] — [`supervisor::NodeSupervisor`] and its child specs.
@@ -28,17 +32,18 @@
 //!   and their periodic read-back, publication.
 //! - [`ike`] — [`ike::IkeActor`]: the IKE daemon as a foreground child.
 //! - [`monitor`] — [`monitor::MonitorActor`]: ovs-monitor-ipsec as a
-//!   foreground child, and the acknowledgement of each activation.
+//!   foreground child, and the acknowledgement of each activation (it
+//!   listens to the identity's `Active` event).
 //!
-//! The IKE and monitor actors share their probe policy (`process_watch`).
-//!
-//! Wiring: [`tree`] builds the child specs of these actors and starts the
-//! supervisor; the runtime calls [`tree::start`] with its adapters.
+//! Wiring: [`tree`] builds the child specs of these actors
+//! ([`tree::identity_child_specs`], [`tree::tunnel_child_specs`]) and
+//! starts the supervisor; the `runtime` crate calls [`tree::start`] with
+//! its adapters.
 //!
 //! Test support: `testing` (feature `test-util`, and this crate's tests):
-//! a fake CSR API with a test CA and a fake OVSDB.
+//! a fake CSR API with a test CA and a fake OVSDB; `testing::tunnel`, fakes
+//! of the tunnel actors' ports.
 
-pub mod backoff;
 pub mod bus;
 pub mod clock;
 mod error;
@@ -50,7 +55,7 @@ pub mod monitor;
 pub mod ovsdb_writer;
 pub mod pki;
 pub mod ports;
-mod process_watch;
+pub mod process_watch;
 pub mod protection;
 pub mod renewal_timer;
 pub mod status;

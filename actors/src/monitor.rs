@@ -1,12 +1,15 @@
 //! The monitor actor: runs `ovs-monitor-ipsec --no-restart-ike-daemon` as
-//! its foreground child through [`MonitorPort`] (same probe and restart
-//! policy as the IKE actor), feeds `runtimeHealthy`
+//! its foreground child through [`MonitorPort`] (probe and restart policy
+//! in `process_watch`, as for the IKE daemon), feeds `runtimeHealthy`
 //! ([`RuntimeComponent::Monitor`]), and acknowledges activations.
 //!
-//! Acknowledgement (SPEC §3): after each `ActivationEvent::Activated`
-//! (and after its own start, for the generation already active) it reads
-//! the identity keys OVSDB points at, has the monitor and the IKE daemon
-//! read back ([`RunningMonitor::acknowledge`]) and sets
+//! Acknowledgement (SPEC §3): the actor listens to the identity actor's
+//! `Active` events, which come once OVSDB points at a generation and the
+//! key directory records it; on start it gets the identity active now
+//! ([`crate::bus::IdentityPort::subscribe_with_current`]), so a restarted
+//! monitor acknowledges it again. For each generation not yet acknowledged
+//! it reads the identity keys OVSDB points at, has the monitor and the IKE
+//! daemon read back ([`RunningMonitor::acknowledge`]) and sets
 //! `configurationApplied` and the acknowledged trust digest on the board
 //! only for a matching read-back. The monitor rewrites the IKE daemon's
 //! configuration asynchronously, so a mismatch is retried every
@@ -15,15 +18,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::concurrency::JoinHandle;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::bus::{ActivationEvent, Bus};
-use crate::error::Error;
-use crate::ike::{fail_process, record_probe, stop_on_shutdown};
+use crate::bus::{Bus, IdentityEvent};
 use crate::metrics::Metrics;
 use crate::ports::{MonitorPort, OvsdbIdentity, RunningMonitor};
-use crate::process_watch::{ProcessConfig, Watch};
+use crate::process_watch::{ProcessConfig, ProcessWatch, WatchArgs};
 use crate::status::{RuntimeComponent, StatusBoard};
 
 /// Start-up arguments (cloned for every incarnation).
@@ -37,7 +37,7 @@ pub struct MonitorArgs {
     pub board: StatusBoard,
     /// Failure counter.
     pub metrics: Arc<dyn Metrics>,
-    /// Event ports (`Activated`).
+    /// Event ports (the identity's `Active`).
     pub bus: Bus,
     /// Probe tuning.
     pub config: ProcessConfig,
@@ -64,79 +64,64 @@ pub enum MonitorMsg {
 /// The monitor actor's state.
 #[derive(Debug)]
 pub struct MonitorState {
-    args: MonitorArgs,
-    process: Box<dyn RunningMonitor>,
-    watch: Watch,
-    healthy: bool,
-    /// The generation awaiting acknowledgement.
-    pending: Option<u64>,
+    monitor: ProcessWatch<dyn RunningMonitor, MonitorMsg>,
+    ovsdb: Arc<dyn OvsdbIdentity>,
+    board: StatusBoard,
+    ack_retry: Duration,
+    /// The active generation, as the last `Active` event said.
+    active: Option<u64>,
+    /// The generation this incarnation's read-back matched.
+    acknowledged: Option<u64>,
     retry_scheduled: bool,
-    exit_poll: Option<JoinHandle<()>>,
+}
+
+impl MonitorState {
+    /// The active generation while it still awaits acknowledgement.
+    fn pending(&self) -> Option<u64> {
+        self.active.filter(|g| self.acknowledged != Some(*g))
+    }
 }
 
 /// The monitor actor.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MonitorActor;
 
-const NAME: &str = "monitor";
-
 impl MonitorActor {
-    async fn try_acknowledge(
-        &self,
-        myself: &ActorRef<MonitorMsg>,
-        state: &mut MonitorState,
-    ) -> Result<(), ActorProcessingErr> {
-        let Some(generation) = state.pending else {
-            return Ok(());
+    /// Reads the pending generation back, if the monitor is healthy and a
+    /// generation awaits acknowledgement; schedules a retry on a mismatch.
+    async fn try_acknowledge(&self, myself: &ActorRef<MonitorMsg>, state: &mut MonitorState) {
+        if !state.monitor.healthy() {
+            return;
+        }
+        let Some(generation) = state.pending() else {
+            return;
         };
-        let active = state.args.board.activated_generation();
-        let generation = match active {
-            // The board records the activation after the identity actor has
-            // persisted it, which can be after this event: try again soon.
-            Some(a) if a < generation => {
-                schedule_retry(myself, state);
-                return Ok(());
-            }
-            // Replaced by a newer activation: acknowledge that one.
-            Some(a) => a,
-            None => {
-                schedule_retry(myself, state);
-                return Ok(());
-            }
-        };
-        state.pending = Some(generation);
-        let outcome = match state.args.ovsdb.read().await {
-            Ok(keys) => state.process.acknowledge(&keys).await,
+        let outcome = match state.ovsdb.read().await {
+            Ok(keys) => state.monitor.process().acknowledge(&keys).await,
             Err(e) => Err(e),
         };
         match outcome {
             Ok(ack) if ack.configuration_applied => {
                 tracing::info!(generation, trust_digest = ?ack.trust_digest, "monitor acknowledged the active generation");
                 state
-                    .args
                     .board
                     .set_acknowledgement(generation, ack.trust_digest);
-                state.pending = None;
-                return Ok(());
+                state.acknowledged = Some(generation);
+                return;
             }
             Ok(ack) => {
                 tracing::debug!(generation, mismatches = ?ack.mismatches, "monitor read-back does not match yet");
-                state.args.board.set_acknowledgement(generation, None);
+                state.board.set_acknowledgement(generation, None);
             }
             Err(e) => {
                 tracing::debug!(generation, error = %e, "monitor read-back failed");
-                state.args.board.set_acknowledgement(generation, None);
+                state.board.set_acknowledgement(generation, None);
             }
         }
-        schedule_retry(myself, state);
-        Ok(())
-    }
-}
-
-fn schedule_retry(myself: &ActorRef<MonitorMsg>, state: &mut MonitorState) {
-    if !state.retry_scheduled {
-        state.retry_scheduled = true;
-        myself.send_after(state.args.ack_retry, || MonitorMsg::AckRetry);
+        if !state.retry_scheduled {
+            state.retry_scheduled = true;
+            myself.send_after(state.ack_retry, || MonitorMsg::AckRetry);
+        }
     }
 }
 
@@ -150,33 +135,33 @@ impl Actor for MonitorActor {
         myself: ActorRef<MonitorMsg>,
         args: MonitorArgs,
     ) -> Result<MonitorState, ActorProcessingErr> {
-        args.board
-            .set_runtime_health(RuntimeComponent::Monitor, false);
-        args.bus.activation.subscribe(myself.clone(), |e| match e {
-            ActivationEvent::Activated { generation } => Some(MonitorMsg::Activated(generation)),
-            _ => None,
-        });
-        let process = args.port.start().await.map_err(|e| {
-            args.metrics.process_failure(NAME);
-            Error::Process {
-                process: NAME,
-                reason: format!("start: {e}"),
-            }
-        })?;
-        tracing::info!(pid = process.pid(), "ovs-monitor-ipsec started");
-        let watch = Watch::new(args.config);
-        let exit_poll = Some(myself.send_interval(args.config.exit_poll, || MonitorMsg::ExitPoll));
-        myself.send_after(watch.next_probe(), || MonitorMsg::Probe);
-        // A restarted monitor re-acknowledges what is already active.
-        let pending = args.board.activated_generation();
+        // From the identity active now: a restarted monitor acknowledges
+        // it again.
+        args.bus
+            .identity
+            .subscribe_with_current(myself.clone(), |e| match e {
+                IdentityEvent::Active(a) => Some(MonitorMsg::Activated(a.generation)),
+                _ => None,
+            });
+        let watch = WatchArgs {
+            name: "monitor",
+            component: RuntimeComponent::Monitor,
+            config: args.config,
+            board: args.board.clone(),
+            metrics: args.metrics,
+            exit_poll: || MonitorMsg::ExitPoll,
+            probe: || MonitorMsg::Probe,
+        };
+        let monitor = ProcessWatch::start(watch, &myself, args.port.start()).await?;
+        tracing::info!(pid = monitor.pid(), "ovs-monitor-ipsec started");
         Ok(MonitorState {
-            args,
-            process,
-            watch,
-            healthy: false,
-            pending,
+            monitor,
+            ovsdb: args.ovsdb,
+            board: args.board,
+            ack_retry: args.ack_retry,
+            active: None,
+            acknowledged: None,
             retry_scheduled: false,
-            exit_poll,
         })
     }
 
@@ -185,14 +170,7 @@ impl Actor for MonitorActor {
         _: ActorRef<MonitorMsg>,
         state: &mut MonitorState,
     ) -> Result<(), ActorProcessingErr> {
-        stop_on_shutdown(
-            NAME,
-            RuntimeComponent::Monitor,
-            &mut state.exit_poll,
-            state.process.as_mut(),
-            &state.args.board,
-        )
-        .await;
+        state.monitor.stop().await;
         Ok(())
     }
 
@@ -202,71 +180,28 @@ impl Actor for MonitorActor {
         msg: MonitorMsg,
         state: &mut MonitorState,
     ) -> Result<(), ActorProcessingErr> {
-        let reason = match msg {
+        match msg {
             MonitorMsg::Health(reply) => {
-                let acked = state.args.board.acknowledged().map(|(g, _)| g);
-                let _ = reply.send((state.healthy, state.process.pid(), acked));
-                return Ok(());
+                let acked = state.acknowledged.filter(|g| state.active == Some(*g));
+                let _ = reply.send((state.monitor.healthy(), state.monitor.pid(), acked));
             }
             MonitorMsg::Activated(generation) => {
-                state.pending = Some(generation);
-                if state.healthy {
-                    self.try_acknowledge(&myself, state).await?;
-                }
-                return Ok(());
+                state.active = Some(generation);
+                self.try_acknowledge(&myself, state).await;
             }
             MonitorMsg::AckRetry => {
                 state.retry_scheduled = false;
-                if state.healthy {
-                    self.try_acknowledge(&myself, state).await?;
-                }
-                return Ok(());
+                self.try_acknowledge(&myself, state).await;
             }
-            MonitorMsg::ExitPoll => match state.process.try_exited() {
-                Some(s) => format!("exited ({s})"),
-                None => return Ok(()),
-            },
+            MonitorMsg::ExitPoll => state.monitor.on_exit_poll().await?,
             MonitorMsg::Probe => {
-                let verdict = state.watch.probe(state.process.as_mut()).await;
-                let board = &state.args.board;
-                match record_probe(
-                    NAME,
-                    RuntimeComponent::Monitor,
-                    verdict,
-                    &mut state.healthy,
-                    board,
-                ) {
-                    Ok(()) => {
-                        let healthy = state.healthy;
-                        myself.send_after(state.watch.next_probe(), || MonitorMsg::Probe);
-                        // Every probe also checks that the active generation
-                        // is the acknowledged one (nothing is missed if an
-                        // event raced with the board).
-                        let active = state.args.board.activated_generation();
-                        let acked = state.args.board.acknowledged().map(|(g, _)| g);
-                        if active.is_some() && active != acked && state.pending.is_none() {
-                            state.pending = active;
-                        }
-                        if healthy {
-                            self.try_acknowledge(&myself, state).await?;
-                        }
-                        return Ok(());
-                    }
-                    Err(reason) => reason,
+                if state.monitor.on_probe().await? {
+                    // What became active while the monitor was not (yet)
+                    // healthy is acknowledged now.
+                    self.try_acknowledge(&myself, state).await;
                 }
             }
-        };
-        if let Some(h) = state.exit_poll.take() {
-            h.abort();
         }
-        Err(fail_process(
-            NAME,
-            RuntimeComponent::Monitor,
-            state.process.as_mut(),
-            &state.args.board,
-            state.args.metrics.as_ref(),
-            reason,
-        )
-        .await)
+        Ok(())
     }
 }

@@ -1,8 +1,9 @@
-//! The side effects the actors need, as small traits the runtime implements:
-//! the Kubernetes CSR API (kube-rs) and the OVSDB identity keys (`ovsdb`
-//! crate); and (submodule `runtime`, re-exported here) the lease and XFRM
-//! guards, the IKE daemon and the monitor. Fakes for tests live in
-//! `testing` (feature `test-util`).
+//! The side effects the actors need, as small traits the `runtime` crate
+//! implements: the Kubernetes CSR API (kube-rs) and the OVSDB identity keys
+//! (`ovsdb` crate); the key directory ([`KeyStore`], blocking, implemented
+//! here by `keydir::KeyDir`); and (submodule `tunnel`, re-exported here) those of the
+//! tunnel actors: the lease and XFRM guards, the IKE daemon and the
+//! monitor. Fakes for tests live in `testing` (feature `test-util`).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Result;
-use crate::keydir::IdentityPaths;
+use crate::keydir::{GenerationFile, IdentityPaths, KeyDirState, MovedAside};
 
 /// A `certificates.k8s.io/v1` CertificateSigningRequest to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,23 +142,66 @@ impl OvsdbIdentityKeys {
     }
 }
 
-/// OVSDB's identity keys, as the OVSDB writer uses them.
+/// OVSDB's identity keys. The OVSDB writer is their only writer; the
+/// identity and monitor actors only read them.
 ///
-/// The runtime implements it with the `ovsdb` crate's guarded `other_config`
-/// helper: one transaction with a `wait` on the three keys' `expected`
-/// values, then a mutate that sets all three to `new`, other keys untouched.
+/// The runtime implements it with the `ovsdb` crate's `MapWriter` on
+/// `other_config`: one transaction with a `wait` on the map as the adapter
+/// last read or wrote it, then a mutate that sets all three keys, other keys
+/// untouched. A lost guard (another writer changed the map) is re-read and
+/// retried inside that one call, a bounded number of times; callers do not
+/// retry around it.
 #[async_trait]
 pub trait OvsdbIdentity: Send + Sync + Debug + 'static {
     /// Reads the three keys.
     async fn read(&self) -> Result<OvsdbIdentityKeys>;
-    /// Sets the three keys to `new` in one transaction guarded by
-    /// `expected`. Returns after the commit is confirmed;
-    /// [`crate::Error::ActivationConflict`] when the guard did not hold.
-    async fn activate(&self, expected: &OvsdbIdentityKeys, new: &OvsdbIdentityKeys) -> Result<()>;
+    /// Points the three keys at `new` in one guarded transaction. Returns
+    /// once OVSDB is confirmed to point at `new` (committed now, or already
+    /// so); [`crate::Error::ActivationConflict`] when concurrent writers
+    /// kept failing the guard.
+    async fn activate(&self, new: &OvsdbIdentityKeys) -> Result<()>;
 }
 
-mod runtime;
-pub use self::runtime::{
+/// The key directory, as the identity actor uses it once it is open and
+/// locked (`crate::keydir::KeyDir::open`, whose value holds the lock).
+///
+/// Every method blocks (file I/O, fsync): the identity actor calls them only
+/// from `tokio::task::spawn_blocking`, one at a time, never on the async
+/// executor. `crate::keydir::KeyDir` implements it with real files; tests
+/// use it in a temporary directory.
+pub trait KeyStore: Send + Sync + Debug + 'static {
+    /// The three OVSDB paths of a generation (no I/O).
+    fn identity_paths(&self, generation: u64) -> IdentityPaths;
+    /// Loads the state file (see `KeyDir::load`: unusable files are moved
+    /// aside, orphan generation folders adopted as retired at `now_unix`).
+    fn load(&self, now_unix: i64) -> Result<(KeyDirState, Option<MovedAside>)>;
+    /// Reads one file of a generation.
+    fn read_file(&self, generation: u64, name: &str) -> Result<Vec<u8>>;
+    /// Creates the generation's folder if needed, writes `files` into it in
+    /// order (each atomically), then saves `state`: the files a state record
+    /// names are durable before the record is.
+    fn write_generation(
+        &self,
+        generation: u64,
+        files: &[GenerationFile<'_>],
+        state: &KeyDirState,
+    ) -> Result<()>;
+    /// Saves the state file (atomically).
+    fn save(&self, state: &KeyDirState) -> Result<()>;
+    /// Removes retired generations past `grace_secs` that nothing (state or
+    /// the `referenced` OVSDB paths) points at; updates `state.retired`
+    /// (also on error) and returns the removed generations. The caller saves.
+    fn collect_garbage(
+        &self,
+        state: &mut KeyDirState,
+        now_unix: i64,
+        grace_secs: i64,
+        referenced: &[std::path::PathBuf],
+    ) -> Result<Vec<u64>>;
+}
+
+mod tunnel;
+pub use self::tunnel::{
     Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,
     ProtectionPort, RunningMonitor, RunningProcess, SaSummary, protection_reason,
 };

@@ -8,7 +8,7 @@
 //! set only after a read-back in which every guard matched. A re-added
 //! guard or a conflicting policy is logged, counted
 //! ([`Metrics::guard_event`]), shown as a reason and published on the bus
-//! (the runtime raises a Kubernetes Event); a conflicting policy is
+//! (the `runtime` crate raises a Kubernetes Event); a conflicting policy is
 //! never overwritten. Nothing here removes a guard: not on stop, not on
 //! failure (the guards outlive the agent; only cleanup withdraws them).
 //!

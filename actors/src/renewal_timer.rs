@@ -17,9 +17,9 @@ use kube_ovn_ipsec_api::time::Timestamp;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::bus::{ActiveIdentity, Bus, IdentityEvent, RenewalEvent};
-use crate::clock::WallClock;
 use crate::metrics::Metrics;
 use crate::status::{StatusBoard, timestamp};
+use kube_ovn_ipsec_api::clock::Clock;
 
 /// How often the timer re-checks wall time and updates the expiry gauge.
 pub const TICK: Duration = Duration::from_secs(30);
@@ -30,7 +30,7 @@ pub struct RenewalTimerArgs {
     /// The Node UID the renewal point is derived with.
     pub node_uid: Uid,
     /// Wall clock.
-    pub clock: Arc<dyn WallClock>,
+    pub clock: Arc<dyn Clock>,
     /// Status (refreshed at expiry so the phase reads `Expired`).
     pub board: StatusBoard,
     /// Metrics (seconds to expiry).
@@ -75,7 +75,7 @@ pub struct RenewalTimerState {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RenewalTimer;
 
-fn until(clock: &dyn WallClock, at: Timestamp) -> Duration {
+fn until(clock: &dyn Clock, at: Timestamp) -> Duration {
     let now = timestamp(clock.now());
     Duration::from_secs(u64::try_from(at.secs_since(now)).unwrap_or(0))
 }
@@ -96,7 +96,7 @@ impl RenewalTimerState {
         }
         if now >= s.expires {
             // Re-derives the phase against the clock: `Expired`.
-            self.args.board.snapshot();
+            self.args.board.refresh();
         }
     }
 }
@@ -118,7 +118,7 @@ impl Actor for RenewalTimer {
         args: RenewalTimerArgs,
     ) -> Result<RenewalTimerState, ActorProcessingErr> {
         args.bus.identity.subscribe(myself.clone(), |e| match e {
-            IdentityEvent::Active(a) => Some(RenewalTimerMsg::Identity(Box::new(a))),
+            IdentityEvent::Active(a) => Some(RenewalTimerMsg::Identity(a)),
             _ => None,
         });
         // A (re)started timer knows nothing: ask for the active identity.

@@ -1,5 +1,11 @@
-//! The status board: the SPEC §5 document, fed by the actors, read by the
-//! runtime's `/status` and `/readyz` handlers.
+//! The status board: the SPEC §5 document, a projection of what the actors
+//! report, read by the `runtime` crate's `/status` and `/readyz` handlers.
+//!
+//! Actors only write to it (their health, the active identity, the
+//! monitor's acknowledgement, failing children); none reads it back to
+//! decide what to do — what one actor must know of another travels as an
+//! event on the bus (`bus`), e.g. the monitor learns of an activation from
+//! the identity's `Active` event.
 //!
 //! A shared board rather than an actor: the document must survive the
 //! respawn of any actor (including one that would own it), updates are
@@ -16,7 +22,7 @@ use kube_ovn_ipsec_api::status::{Phase, Reason, Status};
 use kube_ovn_ipsec_api::time::Timestamp;
 use tokio::sync::watch;
 
-use crate::clock::WallClock;
+use kube_ovn_ipsec_api::clock::Clock;
 
 /// Wall time as a status timestamp (whole seconds, clamped to the years
 /// 1970..=9999 that [`Timestamp`] accepts).
@@ -55,7 +61,7 @@ struct Board {
     trust: Option<Sha256Digest>,
     /// Failing supervised children and the reason each maps to.
     failing: BTreeMap<String, Reason>,
-    /// Health of the runtime processes, as their actors last saw it.
+    /// Health of the processes, as their actors last saw it.
     runtime: BTreeMap<RuntimeComponent, bool>,
     /// Why the guards are not armed, when known (missing, conflict).
     protection_problem: Option<Reason>,
@@ -68,7 +74,7 @@ struct Board {
     capability_missing: bool,
 }
 
-/// A runtime process whose health feeds `runtimeHealthy`.
+/// A process (of the tunnel actors) whose health feeds `runtimeHealthy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RuntimeComponent {
     /// The IKE daemon (strongSwan).
@@ -95,12 +101,12 @@ impl RuntimeComponent {
 pub struct StatusBoard {
     inner: Arc<Mutex<Board>>,
     tx: Arc<watch::Sender<Status>>,
-    clock: Arc<dyn WallClock>,
+    clock: Arc<dyn Clock>,
 }
 
 impl StatusBoard {
     /// A board in phase `Starting`, judging expiry with `clock`.
-    pub fn new(clock: Arc<dyn WallClock>) -> Self {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
         let (tx, _) = watch::channel(Status::starting());
         StatusBoard {
             inner: Arc::new(Mutex::new(Board {
@@ -136,9 +142,16 @@ impl StatusBoard {
         self.tx.send_replace(snapshot);
     }
 
+    /// Re-derives the phase against the clock and hands the result to the
+    /// followers ([`StatusBoard::subscribe`]): time alone can change it
+    /// (expiry).
+    pub fn refresh(&self) {
+        self.update(|_| {});
+    }
+
     /// The current document (phase re-derived against the clock).
     pub fn snapshot(&self) -> Status {
-        self.update(|_| {});
+        self.refresh();
         self.lock().status.clone()
     }
 
@@ -152,8 +165,8 @@ impl StatusBoard {
     ///
     /// - coordination says `Prepare` and the identity is ready (activation
     ///   confirmed) — the hook [`StatusBoard::set_coordination_prepare`]
-    ///   that the coordination actor (a later issue) drives; nothing sets
-    ///   it yet, or
+    ///   for the coordination actor (SPEC §7), which does not exist yet:
+    ///   nothing sets it, or
     /// - the IKE daemon and the monitor are healthy, the guards were read
     ///   back from the kernel, and the monitor acknowledged the active
     ///   generation with the current trust digest.
@@ -189,8 +202,8 @@ impl StatusBoard {
     }
 
     /// The identity half of readiness: an unexpired active identity whose
-    /// OVSDB activation was confirmed (the whole of `readyz` before the
-    /// runtime actors existed; identity tests use it).
+    /// OVSDB activation was confirmed (identity tests use it without the
+    /// tunnel actors).
     pub fn identity_ready(&self) -> Result<(), Reason> {
         let now = timestamp(self.clock.now());
         let b = self.lock();
@@ -209,12 +222,7 @@ impl StatusBoard {
         Ok(())
     }
 
-    /// The generation OVSDB was confirmed to point at, if any.
-    pub fn activated_generation(&self) -> Option<u64> {
-        self.lock().activated
-    }
-
-    /// A runtime process's health (`runtimeHealthy` is all of them).
+    /// A process's health (`runtimeHealthy` is all of them).
     pub fn set_runtime_health(&self, component: RuntimeComponent, healthy: bool) {
         self.update(|b| {
             b.runtime.insert(component, healthy);
@@ -253,11 +261,6 @@ impl StatusBoard {
                 }
             }
         });
-    }
-
-    /// The generation the monitor acknowledged, with its trust digest.
-    pub fn acknowledged(&self) -> Option<(u64, Sha256Digest)> {
-        self.lock().acknowledged
     }
 
     /// Coordination hook: the node is in `Prepare` (identity ready is then

@@ -7,8 +7,8 @@
 //! [`Backoff`] delay — 1 s, 2 s, 4 s … 30 s — and
 //! its schedule starts over once it has run for 60 s. After
 //! `degraded_after` consecutive failures the board shows `Degraded` with the
-//! child's reason; the supervisor never gives up on a child. The IKE,
-//! monitor and XFRM-guard actors of the next issue are further child specs.
+//! child's reason; the supervisor never gives up on a child. Which children
+//! it holds is the wiring's choice (`tree`).
 
 use std::fmt;
 use std::future::Future;
@@ -21,9 +21,9 @@ use ractor::{
 };
 use tokio::time::Instant;
 
-use crate::backoff::{Backoff, BackoffPolicy};
 use crate::metrics::Metrics;
 use crate::status::StatusBoard;
+use kube_ovn_ipsec_api::backoff::{Backoff, BackoffPolicy};
 
 /// How long the supervisor waits for each child to stop when it is
 /// stopped itself (a process actor's grace period fits in it).
@@ -376,7 +376,7 @@ impl Actor for NodeSupervisor {
     }
 }
 
-/// Children by name: the current cell of each, for the runtime's wiring.
+/// Children by name: the current cell of each, for the `runtime` crate's wiring.
 pub async fn child_cell(
     supervisor: &ActorRef<SupervisorMsg>,
     name: &str,
@@ -394,8 +394,8 @@ pub async fn report(
         .map_err(|e| crate::Error::Messaging(e.to_string()))
 }
 
-/// Spawns the supervisor with its children; the runtime keeps the handle
-/// and stops it on shutdown.
+/// Spawns the supervisor with its children; the `runtime` crate keeps the
+/// handle and stops it on shutdown.
 pub async fn start(
     args: SupervisorArgs,
 ) -> Result<(ActorRef<SupervisorMsg>, ractor::concurrency::JoinHandle<()>), crate::Error> {

@@ -2,7 +2,8 @@
 //! throw-away CA, denies, fails, returns mismatching certificates or never
 //! answers, and an in-memory OVSDB. Both fail loudly on unexpected calls:
 //! they return an error *and* record the call in `unexpected()`, which tests
-//! assert empty. Waits never outlast the caller's timeout.
+//! assert empty. Waits never outlast the caller's timeout. The fakes of the
+//! tunnel actors' ports (protection, processes) are in [`tunnel`].
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test support: a panic is a test failure
 
@@ -11,97 +12,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
-    DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, date_time_ymd,
-};
 
-pub mod runtime;
+pub mod tunnel;
 
-use crate::clock::WallClock;
 use crate::error::{Error, Result};
 use crate::ports::{CsrApi, CsrOutcome, CsrRef, CsrSubmission, OvsdbIdentity, OvsdbIdentityKeys};
+use kube_ovn_ipsec_api::clock::Clock;
 
-/// A throw-away CA (ECDSA P-256) valid 2020..2100.
-pub struct TestCa {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-}
-
-impl std::fmt::Debug for TestCa {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TestCa")
-    }
-}
-
-impl TestCa {
-    /// A new CA named `cn`.
-    pub fn new(cn: &str) -> Self {
-        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("CA key");
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::OrganizationName, "kube-ovn");
-        dn.push(DnType::CommonName, cn);
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        params.not_before = date_time_ymd(2020, 1, 1);
-        params.not_after = date_time_ymd(2100, 1, 1);
-        let cert = params.self_signed(&key).expect("CA cert");
-        TestCa {
-            pem: cert.pem(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// The trust bundle (`ca.crt`) PEM.
-    pub fn trust_pem(&self) -> Vec<u8> {
-        self.pem.clone().into_bytes()
-    }
-
-    /// Signs a CSR's subject and SANs for its key, valid from `now - 5 min`
-    /// for `lifetime`; `tamper` may change the parameters (SAN, key) first.
-    pub fn sign(
-        &self,
-        request_pem: &str,
-        now_unix: u64,
-        lifetime: Duration,
-        tamper: Tamper,
-    ) -> String {
-        let mut csr = CertificateSigningRequestParams::from_pem(request_pem).expect("CSR parses");
-        let epoch = date_time_ymd(1970, 1, 1);
-        csr.params.not_before = epoch + Duration::from_secs(now_unix - 300);
-        csr.params.not_after = epoch + Duration::from_secs(now_unix) + lifetime;
-        csr.params.is_ca = IsCa::ExplicitNoCa;
-        match tamper {
-            Tamper::None => csr.signed_by(&self.issuer).expect("sign").pem(),
-            Tamper::WrongSan => {
-                csr.params.subject_alt_names = vec![SanType::DnsName(
-                    "someone-else".to_string().try_into().unwrap(),
-                )];
-                csr.signed_by(&self.issuer).expect("sign").pem()
-            }
-            Tamper::OtherKey => {
-                let other = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-                csr.params
-                    .signed_by(&other, &self.issuer)
-                    .expect("sign")
-                    .pem()
-            }
-        }
-    }
-}
-
-/// How a fake issuance deviates from the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tamper {
-    /// Faithful.
-    None,
-    /// SAN names another chassis.
-    WrongSan,
-    /// Certificate for a different key.
-    OtherKey,
-}
+/// The test CA and its tamper modes are the workspace's one test CA,
+/// `api`'s (feature `test-util`).
+pub use kube_ovn_ipsec_api::test_util::{Tamper, TestCa};
 
 /// What the fake signer does with the next new CSR.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,12 +60,12 @@ struct FakeCsrInner {
 pub struct FakeCsrApi {
     inner: Arc<Mutex<FakeCsrInner>>,
     ca: Arc<Mutex<Arc<TestCa>>>,
-    clock: Arc<dyn WallClock>,
+    clock: Arc<dyn Clock>,
 }
 
 impl FakeCsrApi {
     /// A fake signing with `ca`, judging time with `clock`.
-    pub fn new(ca: Arc<TestCa>, clock: Arc<dyn WallClock>) -> Self {
+    pub fn new(ca: Arc<TestCa>, clock: Arc<dyn Clock>) -> Self {
         FakeCsrApi {
             inner: Arc::default(),
             ca: Arc::new(Mutex::new(ca)),
@@ -348,14 +268,16 @@ impl OvsdbIdentity for FakeOvsdb {
         Ok(Self::keys(&self.inner.lock().unwrap().other_config))
     }
 
-    async fn activate(&self, expected: &OvsdbIdentityKeys, new: &OvsdbIdentityKeys) -> Result<()> {
+    async fn activate(&self, new: &OvsdbIdentityKeys) -> Result<()> {
         let mut inner = self.inner.lock().unwrap();
         if inner.fail_next > 0 {
             inner.fail_next -= 1;
             return Err(Error::Ovsdb("connection refused (fake)".into()));
         }
-        if &Self::keys(&inner.other_config) != expected {
-            return Err(Error::ActivationConflict);
+        // Already pointing at `new`: confirmed, nothing committed (what the
+        // real adapter does after a read that finds the keys set).
+        if &Self::keys(&inner.other_config) == new {
+            return Ok(());
         }
         let values = [&new.private_key, &new.certificate, &new.ca_cert];
         if values.iter().any(|v| v.is_none()) {

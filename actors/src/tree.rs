@@ -1,11 +1,15 @@
 //! The agent's actor tree as child specs of the node supervisor: the
-//! runtime builds [`AgentTreeArgs`] from its adapters and calls [`start`].
+//! `runtime` crate builds [`AgentTreeArgs`] from its adapters and calls
+//! [`start`].
 //!
-//! Order matters only at first start: the OVSDB writer and the renewal timer
-//! subscribe to the bus before the identity actor publishes. Later respawns
-//! reconnect through the bus (see `bus`). The runtime actors (protection,
-//! IKE, monitor: [`runtime_child_specs`]) are passed in `extra_children`,
-//! in that order: the guards are armed before the IKE daemon starts.
+//! Two groups of children, started in this order:
+//! - the identity actors ([`identity_child_specs`]): OVSDB writer, renewal
+//!   timer, identity. Order matters only at first start: the OVSDB writer
+//!   and the renewal timer subscribe to the bus before the identity actor
+//!   publishes. Later respawns reconnect through the bus (see `bus`).
+//! - the tunnel actors ([`tunnel_child_specs`], passed in
+//!   `extra_children`): protection, IKE, monitor, in that order, so the
+//!   guards are armed before the IKE daemon starts.
 
 use std::sync::Arc;
 
@@ -14,18 +18,19 @@ use ractor::ActorRef;
 use tokio::sync::watch;
 
 use crate::bus::Bus;
-use crate::clock::WallClock;
 use crate::error::Result;
 use crate::identity::{IdentityActor, IdentityArgs, IdentityConfig};
-use crate::ike::{IkeActor, IkeArgs, ProcessConfig};
+use crate::ike::{IkeActor, IkeArgs};
 use crate::metrics::Metrics;
 use crate::monitor::{MonitorActor, MonitorArgs};
 use crate::ovsdb_writer::{OvsdbWriter, OvsdbWriterArgs};
 use crate::ports::{CsrApi, IkePort, MonitorPort, OvsdbIdentity, ProtectionPort};
+use crate::process_watch::ProcessConfig;
 use crate::protection::{ProtectionActor, ProtectionArgs, ProtectionConfig};
 use crate::renewal_timer::{RenewalTimer, RenewalTimerArgs};
 use crate::status::StatusBoard;
 use crate::supervisor::{self, ChildSpec, SupervisorArgs, SupervisorConfig, SupervisorMsg};
+use kube_ovn_ipsec_api::clock::Clock;
 
 /// Child names, as they appear in logs, status and the restart metric.
 pub mod names {
@@ -43,9 +48,10 @@ pub mod names {
     pub const MONITOR: &str = "monitor";
 }
 
-/// The runtime's adapters for the runtime actors, and their tuning.
+/// The adapters of the tunnel actors (protection, IKE, monitor), and their
+/// tuning.
 #[derive(Debug, Clone)]
-pub struct RuntimePorts {
+pub struct TunnelPorts {
     /// Lease and guards.
     pub protection: Arc<dyn ProtectionPort>,
     /// The IKE daemon.
@@ -60,9 +66,9 @@ pub struct RuntimePorts {
     pub ack_retry: std::time::Duration,
 }
 
-/// The child specs of the runtime actors (protection, IKE, monitor), for
+/// The child specs of the tunnel actors (protection, IKE, monitor), for
 /// [`AgentTreeArgs::extra_children`].
-pub fn runtime_child_specs(a: &AgentTreeArgs, ports: RuntimePorts) -> Vec<ChildSpec> {
+pub fn tunnel_child_specs(a: &AgentTreeArgs, ports: TunnelPorts) -> Vec<ChildSpec> {
     let protection = ProtectionArgs {
         port: ports.protection,
         board: a.board.clone(),
@@ -98,7 +104,7 @@ pub fn runtime_child_specs(a: &AgentTreeArgs, ports: RuntimePorts) -> Vec<ChildS
     ]
 }
 
-/// Everything the runtime hands the tree.
+/// Everything the `runtime` crate hands the tree.
 #[derive(Debug)]
 pub struct AgentTreeArgs {
     /// Identity configuration.
@@ -108,7 +114,7 @@ pub struct AgentTreeArgs {
     /// OVSDB identity-keys adapter.
     pub ovsdb: Arc<dyn OvsdbIdentity>,
     /// Wall clock.
-    pub clock: Arc<dyn WallClock>,
+    pub clock: Arc<dyn Clock>,
     /// Metrics.
     pub metrics: Arc<dyn Metrics>,
     /// The status board the HTTP server reads.
@@ -119,13 +125,14 @@ pub struct AgentTreeArgs {
     pub trust: watch::Receiver<Option<Vec<u8>>>,
     /// Restart tuning.
     pub supervisor: SupervisorConfig,
-    /// Further children, started after these: the runtime actors
-    /// ([`runtime_child_specs`]).
+    /// Further children, started after the identity actors: the tunnel
+    /// actors ([`tunnel_child_specs`]).
     pub extra_children: Vec<ChildSpec>,
 }
 
-/// The child specs of this actors.
-pub fn child_specs(a: &AgentTreeArgs) -> Vec<ChildSpec> {
+/// The child specs of the identity actors (OVSDB writer, renewal timer,
+/// identity), in start order.
+pub fn identity_child_specs(a: &AgentTreeArgs) -> Vec<ChildSpec> {
     let writer = OvsdbWriterArgs {
         ovsdb: a.ovsdb.clone(),
         metrics: a.metrics.clone(),
@@ -161,12 +168,12 @@ pub fn child_specs(a: &AgentTreeArgs) -> Vec<ChildSpec> {
     ]
 }
 
-/// Starts the node supervisor with this actors plus
+/// Starts the node supervisor with the identity actors plus
 /// `extra_children`. The caller stops the returned supervisor on shutdown.
 pub async fn start(
     mut args: AgentTreeArgs,
 ) -> Result<(ActorRef<SupervisorMsg>, ractor::concurrency::JoinHandle<()>)> {
-    let mut children = child_specs(&args);
+    let mut children = identity_child_specs(&args);
     children.append(&mut args.extra_children);
     supervisor::start(SupervisorArgs {
         children,
@@ -181,4 +188,4 @@ pub async fn start(
 mod tests;
 
 #[cfg(test)]
-mod runtime_tests;
+mod tunnel_tests;

@@ -6,6 +6,8 @@
 //! (`support::cluster`), so readyz means the full SPEC §5 rule.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 
@@ -157,7 +159,7 @@ async fn cold_start_activates_then_renews_keeping_other_keys() {
     );
 }
 
-/// SPEC §2 / issue 4 bad input: a corrupt state file is moved aside with a
+/// SPEC §2 bad input: a corrupt state file is moved aside with a
 /// timestamp (never deleted), a Kubernetes Event names it on the Node, and a
 /// fresh identity is requested and activated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,11 +223,7 @@ async fn csr_refused_by_the_api_is_reported_as_an_api_error() {
     use kube::api::{Api, ListParams, PostParams};
 
     let cluster = Cluster::start_with(Duration::from_secs(3600), true).await;
-    let admin = cluster
-        .api
-        .client(apiserver::ADMIN_TOKEN)
-        .await
-        .unwrap();
+    let admin = cluster.api.client(apiserver::ADMIN_TOKEN).await.unwrap();
     // Every group the agent uses, all verbs, but no certificates.k8s.io.
     let role: ClusterRole = serde_json::from_value(serde_json::json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",

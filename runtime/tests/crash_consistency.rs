@@ -1,4 +1,4 @@
-//! Crash consistency of the identity flow (issue 4): `kube-ovn-ipsec run` as
+//! Crash consistency of the identity flow: `kube-ovn-ipsec run` as
 //! a process, `kill -9` at points of the flow chosen by a seeded RNG over the
 //! measured flow timeline, then restart until the flow completes.
 //!
@@ -39,6 +39,8 @@
 //! Most runs use ECDSA P-256 (fast keygen), some RSA-2048 (the default).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 
@@ -49,10 +51,10 @@ use std::time::{Duration, Instant};
 
 use actors::keydir::{KeyDirState, PendingStage, files, generation_dir_name};
 use actors::pki::PrivateKey;
+use apiserver::ADMIN_TOKEN;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
 use kube::api::ListParams;
-use apiserver::ADMIN_TOKEN;
 use ovsdb::{MapChanges, MapColumn};
 use support::cluster::{Cluster, http_get};
 use x509_parser::prelude::{FromDer, X509Certificate};

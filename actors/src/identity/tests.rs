@@ -6,8 +6,13 @@ use crate::keydir::{KeyDirState, STATE_FILE};
 use crate::metrics::NoopMetrics;
 use crate::ovsdb_writer::{OvsdbWriter, OvsdbWriterArgs};
 use crate::renewal_timer::{RenewalTimer, RenewalTimerArgs, RenewalTimerMsg, Schedule};
+use crate::status::timestamp;
 use crate::testing::{CsrScript, FakeCsrApi, FakeOvsdb, Tamper, TestCa};
+use kube_ovn_ipsec_api::csr::csr_name;
+use kube_ovn_ipsec_api::pki::TrustBundle;
 use kube_ovn_ipsec_api::status::Phase;
+use kube_ovn_ipsec_api::status::Reason;
+use ractor::Actor;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::UNIX_EPOCH;
@@ -46,7 +51,7 @@ impl Harness {
         let clock = Arc::new(TokioClock::starting_at(
             UNIX_EPOCH + Duration::from_secs(BASE),
         ));
-        let ca = Arc::new(TestCa::new("kube-ovn ipsec test CA"));
+        let ca = Arc::new(TestCa::p256("kube-ovn ipsec test CA"));
         Harness {
             _tmp: tmp,
             key_dir,
@@ -472,7 +477,7 @@ async fn trust_changes_garbage_kept_untrusted_renews_compatible_refreshes() {
 
     // A rotation bundle (old + new CA): the leaf still verifies, so the new
     // trust is activated as a trust-only generation with the same cert.
-    let ca2 = Arc::new(TestCa::new("kube-ovn ipsec test CA 2"));
+    let ca2 = Arc::new(TestCa::p256("kube-ovn ipsec test CA 2"));
     let mut both = h.ca.trust_pem();
     both.extend_from_slice(&ca2.trust_pem());
     id.send_message(IdentityMsg::TrustBundle(both)).unwrap();
@@ -562,7 +567,7 @@ async fn trust_changed_while_down_is_activated_after_restart() {
     h.until_generation(1, Duration::from_secs(10)).await;
     h.stop_identity().await;
 
-    let ca2 = TestCa::new("kube-ovn ipsec test CA 2");
+    let ca2 = TestCa::p256("kube-ovn ipsec test CA 2");
     let mut both = h.ca.trust_pem();
     both.extend_from_slice(&ca2.trust_pem());
     h.trust.send_replace(Some(both.clone()));

@@ -19,13 +19,27 @@ async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// The identity of the node every tree test runs as, its key directory
+/// under `dir`, with a 1 s CSR wait.
+pub(super) fn node_7(dir: &std::path::Path) -> IdentityConfig {
+    let mut config = IdentityConfig::new(
+        "node-7".into(),
+        Uid::new("11111111-2222-4333-8444-555555555555").unwrap(),
+        Uid::new("66666666-7777-4888-8999-000000000000").unwrap(),
+        Chassis::new("chassis-7").unwrap(),
+        dir.join("keys"),
+    );
+    config.request_timeout = Duration::from_secs(1);
+    config
+}
+
 #[tokio::test(start_paused = true)]
 async fn supervised_tree_issues_rsa_identity_and_survives_child_kills() {
     let tmp = tempfile::tempdir().unwrap();
     let clock = Arc::new(TokioClock::starting_at(
         UNIX_EPOCH + Duration::from_secs(1_800_000_000),
     ));
-    let ca = Arc::new(TestCa::new("tree test CA"));
+    let ca = Arc::new(TestCa::p256("tree test CA"));
     let csr = FakeCsrApi::new(ca.clone(), clock.clone());
     csr.then(CsrScript::Issue).then(CsrScript::Issue);
     let ovsdb = FakeOvsdb::with_other_config(&[("keep", "me")]);
@@ -33,14 +47,7 @@ async fn supervised_tree_issues_rsa_identity_and_survives_child_kills() {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Arc::new(PrometheusMetrics::register(&mut registry));
     let (trust_tx, trust_rx) = watch::channel(Some(ca.trust_pem()));
-    let mut config = IdentityConfig::new(
-        "node-7".into(),
-        Uid::new("11111111-2222-4333-8444-555555555555").unwrap(),
-        Uid::new("66666666-7777-4888-8999-000000000000").unwrap(),
-        Chassis::new("chassis-7").unwrap(),
-        tmp.path().join("keys"),
-    );
-    config.request_timeout = Duration::from_secs(1);
+    let config = node_7(tmp.path());
     assert_eq!(config.key_type, crate::pki::KeyType::Rsa2048);
     let (sup, _) = start(AgentTreeArgs {
         identity: config,

@@ -120,13 +120,13 @@ pub const EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(6
 /// [`EVENT_INTERVAL`], counting what it held back so the next Event can say so.
 #[derive(Debug, Default)]
 pub struct Throttle {
-    last: std::collections::HashMap<&'static str, (std::time::Instant, u32)>,
+    last: std::collections::HashMap<&'static str, (tokio::time::Instant, u32)>,
 }
 
 impl Throttle {
     /// `Some(held back since the last Event)` if an Event for `reason` may
     /// be written at `now`; `None` (and counted) if not.
-    pub fn admit(&mut self, reason: &'static str, now: std::time::Instant) -> Option<u32> {
+    pub fn admit(&mut self, reason: &'static str, now: tokio::time::Instant) -> Option<u32> {
         match self.last.get_mut(reason) {
             Some((at, held)) if now.duration_since(*at) < EVENT_INTERVAL => {
                 *held += 1;
@@ -196,7 +196,7 @@ impl Actor for EventForwarder {
                 let Some((reason, message)) = protection_message(&e) else {
                     return Ok(());
                 };
-                match state.throttle.admit(reason, std::time::Instant::now()) {
+                match state.throttle.admit(reason, tokio::time::Instant::now()) {
                     Some(0) => events.warning(reason, &message).await,
                     Some(held) => {
                         let message = format!(
@@ -247,7 +247,7 @@ mod tests {
     #[test]
     fn throttle_admits_one_event_per_reason_per_interval() {
         let mut t = Throttle::default();
-        let t0 = std::time::Instant::now();
+        let t0 = tokio::time::Instant::now();
         assert_eq!(t.admit(REASON_GUARD_READDED, t0), Some(0));
         assert_eq!(t.admit(REASON_GUARD_CONFLICT, t0), Some(0), "per reason");
         for i in 1..=3 {

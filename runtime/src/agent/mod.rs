@@ -1,7 +1,7 @@
 //! `kube-ovn-ipsec run`: the agent's wiring. The actors (crate `actors`)
 //! hold the logic; this module gives them their real adapters — kube-rs for
 //! the CSR API and the trust ConfigMap, the `ovsdb` crate for the identity
-//! keys, netlink XFRM, strongSwan and ovs-monitor-ipsec for the runtime
+//! keys, netlink XFRM, strongSwan and ovs-monitor-ipsec for the tunnel
 //! actors — runs the capability gate first, serves `/status`, `/readyz`, `/healthz` and `/metrics`, and stops
 //! the tree on SIGTERM.
 //!
@@ -10,7 +10,7 @@
 //! - [`kube_csr`]: [`actors::ports::CsrApi`] over `certificates.k8s.io/v1`.
 //! - [`ovsdb_identity`]: [`actors::ports::OvsdbIdentity`] over the guarded
 //!   `other_config` write.
-//! - [`ports`]: the runtime actors' ports — lease and XFRM guards, the IKE
+//! - [`ports`]: the tunnel actors' ports — lease and XFRM guards, the IKE
 //!   daemon, the monitor and its acknowledgement.
 //! - [`trust`]: follows ConfigMap `ovn-ipsec-trust` into a watch channel.
 //! - [`events`]: Kubernetes Events on the Node for what operators must

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
+use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle};
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::{
@@ -30,7 +31,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube_ovn_ipsec_api::names::k8s as names;
-use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle};
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType, IsCa, Issuer,
     KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,

@@ -1,4 +1,4 @@
-//! The runtime actors in the whole tree, with fakes under paused time:
+//! The tunnel actors in the whole tree, with fakes under paused time:
 //! a killed IKE daemon or monitor is restarted on the 1 s, 2 s, 4 s
 //! schedule while the guards stay; readyz is false during the outage and
 //! true after; vanished guards are re-added, conflicts are not overwritten.
@@ -7,9 +7,8 @@ use super::*;
 use crate::clock::TokioClock;
 use crate::metrics::PrometheusMetrics;
 use crate::ports::GuardChange;
-use crate::testing::runtime::{FakeProcess, FakeProtection};
+use crate::testing::tunnel::{FakeProcess, FakeProtection};
 use crate::testing::{CsrScript, FakeCsrApi, FakeOvsdb, TestCa};
-use kube_ovn_ipsec_api::ident::{Chassis, Uid};
 use kube_ovn_ipsec_api::pki::TrustBundle;
 use std::time::{Duration, UNIX_EPOCH};
 use tokio::time::Instant;
@@ -38,7 +37,7 @@ async fn harness() -> Harness {
     let clock = Arc::new(TokioClock::starting_at(
         UNIX_EPOCH + Duration::from_secs(1_800_000_000),
     ));
-    let ca = Arc::new(TestCa::new("runtime tree CA"));
+    let ca = Arc::new(TestCa::p256("tunnel tree CA"));
     let csr = FakeCsrApi::new(ca.clone(), clock.clone());
     csr.then(CsrScript::Issue);
     let ovsdb = FakeOvsdb::with_other_config(&[]);
@@ -47,15 +46,8 @@ async fn harness() -> Harness {
     let metrics = Arc::new(PrometheusMetrics::register(&mut registry));
     let (_trust_tx, trust_rx) = watch::channel(Some(ca.trust_pem()));
     std::mem::forget(_trust_tx);
-    let mut config = IdentityConfig::new(
-        "node-7".into(),
-        Uid::new("11111111-2222-4333-8444-555555555555").unwrap(),
-        Uid::new("66666666-7777-4888-8999-000000000000").unwrap(),
-        Chassis::new("chassis-7").unwrap(),
-        tmp.path().join("keys"),
-    );
+    let mut config = super::tests::node_7(tmp.path());
     config.key_type = crate::pki::KeyType::EcdsaP256;
-    config.request_timeout = Duration::from_secs(1);
     let protection = FakeProtection::new();
     let ike = FakeProcess::new("ike");
     let monitor = FakeProcess::new("monitor");
@@ -75,9 +67,9 @@ async fn harness() -> Harness {
         supervisor: SupervisorConfig::default(),
         extra_children: vec![],
     };
-    args.extra_children = runtime_child_specs(
+    args.extra_children = tunnel_child_specs(
         &args,
-        RuntimePorts {
+        TunnelPorts {
             protection: Arc::new(protection.clone()),
             ike: Arc::new(ike.clone()),
             monitor: Arc::new(monitor.clone()),
@@ -246,7 +238,7 @@ async fn failing_probe_restarts_and_unacknowledged_monitor_is_not_ready() {
     .await;
     assert!(!h.board.snapshot().configuration_applied);
     h.monitor.set_ack(
-        TrustBundle::from_pem(&TestCa::new("x").trust_pem())
+        TrustBundle::from_pem(&TestCa::p256("x").trust_pem())
             .ok()
             .map(|t| t.digest()),
     );

@@ -1,6 +1,6 @@
-//! Fakes of the runtime ports: output protection whose guards a test can
-//! make vanish or conflict, and processes a test can kill or make fail
-//! their probe. Every call is recorded with tokio's (pausable) time.
+//! Fakes of the tunnel actors' ports: output protection whose guards a
+//! test can make vanish or conflict, and processes a test can kill or make
+//! fail their probe. Every call is recorded with tokio's (pausable) time.
 
 use std::sync::{Arc, Mutex};
 

@@ -1,8 +1,8 @@
-//! Ports of the runtime actors (issue 5): the output-protection lease and
-//! guards, and the two foreground processes (IKE daemon, monitor). The
-//! runtime implements them with `runtime::lease`, `runtime::guards`,
-//! `runtime::ike` and `runtime::monitor`; the actors hold the policy
-//! (when to arm, probe, restart, acknowledge).
+//! Ports of the tunnel actors (protection, IKE, monitor): the
+//! output-protection lease and guards, and the two foreground processes
+//! (IKE daemon, monitor). The `runtime` crate implements them with its
+//! `lease`, `guards`, `ike` and `monitor` modules; the actors hold the
+//! policy (when to arm, probe, restart, acknowledge).
 
 use std::fmt::Debug;
 
@@ -102,9 +102,10 @@ pub struct SaSummary {
 
 /// The lease and the XFRM guards (SPEC §4).
 ///
-/// The runtime implements it with `LeaseStore::obtain`, `GuardKeeper` over
-/// netlink XFRM, and the guarded `external_ids` write. Nothing in it
-/// removes a guard: that is the cleanup path's, not the agent's.
+/// The `runtime` crate implements it with `LeaseStore::obtain`,
+/// `GuardKeeper` over netlink XFRM, and the guarded `external_ids` write.
+/// Nothing in it removes a guard: that is the cleanup path's, not the
+/// agent's.
 #[async_trait]
 pub trait ProtectionPort: Send + Sync + Debug + 'static {
     /// This node's lease: the persisted one, or a fresh allocation.
