@@ -16,6 +16,9 @@ require_toolchain
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "== docs/architecture.md crate graph matches cargo metadata"
+python3 scripts/crate-graph.py --check docs/architecture.md
+
 echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

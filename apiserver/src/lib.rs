@@ -5,6 +5,21 @@
 //! `kubectl` run against it. It keeps objects as JSON in memory; see
 //! `docs/embedded-apiserver.md` for what is implemented and what is refused.
 //!
+//! # Layout
+//!
+//! - `resources`: the table of served kinds;
+//! - `store`: objects, the global resourceVersion, event history, broadcast;
+//! - `watch`: per-watch filtering, bookmarks, timeouts;
+//! - `objects`: create/update/delete semantics (metadata, status, finalizers,
+//!   CSR rules);
+//! - `patch`: merge, JSON and strategic merge patches;
+//! - `selectors`: label and field selectors;
+//! - `auth`, `rbac`: bearer tokens to identities, RBAC from stored objects;
+//! - `discovery`: `/version`, `/api`, `/apis` documents;
+//! - `routes`: the pure path grammar (what a path names, query parameters);
+//! - `handlers`: the verbs; `protobuf`: the protobuf bodies kubectl sends;
+//!   `tls`: CA and serving certificate; `error`: `Status` errors.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), apiserver::Error> {
 //! use apiserver::{ApiServer, Identity};

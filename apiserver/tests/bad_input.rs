@@ -6,10 +6,10 @@
 
 mod common;
 
+use apiserver::{ADMIN_TOKEN, ApiServerHandle, MAX_BODY};
 use axum::http::{Method, Request};
 use common::server;
 use http_body_util::BodyExt;
-use apiserver::{ADMIN_TOKEN, ApiServerHandle, MAX_BODY};
 use serde_json::{Value, json};
 
 async fn send(

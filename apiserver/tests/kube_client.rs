@@ -3,12 +3,15 @@
 
 // Helpers outside #[test] functions panic too: a panic is the test's failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use apiserver::{ADMIN_TOKEN, EXTRA_POD_UID, Identity};
 use common::{certificate, csr, eventually, server};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -18,7 +21,6 @@ use kube::api::{
 };
 use kube::core::{ObjectMeta, Status};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use apiserver::{ADMIN_TOKEN, EXTRA_POD_UID, Identity};
 use serde_json::json;
 
 fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
@@ -748,10 +750,7 @@ async fn pod_bound_token_is_stamped_on_csr() {
         Some("system:serviceaccount:kube-system:kube-ovn-cni")
     );
     assert_eq!(extra[EXTRA_POD_UID], vec![pod.metadata.uid.unwrap()]);
-    assert_eq!(
-        extra[apiserver::EXTRA_NODE_NAME],
-        vec!["node1".to_string()]
-    );
+    assert_eq!(extra[apiserver::EXTRA_NODE_NAME], vec!["node1".to_string()]);
     assert_eq!(
         extra[apiserver::EXTRA_NODE_UID],
         vec![node.metadata.uid.unwrap()]

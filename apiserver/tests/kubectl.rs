@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use apiserver::{ADMIN_TOKEN, ApiServerHandle, Identity};
 use common::{csr, server};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use apiserver::{ADMIN_TOKEN, ApiServerHandle, Identity};
 use serde_json::json;
 
 struct Kubectl {

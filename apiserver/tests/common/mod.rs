@@ -1,8 +1,8 @@
 //! Shared fixtures for the integration tests.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use base64::Engine as _;
 use apiserver::{ApiServer, ApiServerHandle, Identity};
+use base64::Engine as _;
 use serde_json::{Value, json};
 
 /// Starts a server with RBAC on or off and extra tokens.

@@ -32,6 +32,8 @@
 
 // A bench binary: a failed setup step should stop it with the reason.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// A bench measures real elapsed time.
+#![allow(clippy::disallowed_methods)]
 
 use std::io::{BufRead, Write as _};
 use std::path::{Path, PathBuf};
@@ -40,11 +42,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use apiserver::{ADMIN_TOKEN, ApiServer};
 use clap::Parser;
 use futures::AsyncReadExt as _;
 use http_body_util::BodyExt;
 use kube_ovn_ipsec_benches::rawhttp;
-use apiserver::{ADMIN_TOKEN, ApiServer};
 
 /// Options.
 #[derive(Debug, Parser)]
