@@ -162,11 +162,23 @@ pub trait OvsdbIdentity: Send + Sync + Debug + 'static {
     async fn activate(&self, new: &OvsdbIdentityKeys) -> Result<()>;
 }
 
+/// Runs blocking work (file I/O and fsyncs, key generation, netlink) on
+/// tokio's blocking pool, so no actor handler blocks the executor: the one
+/// way every port that blocks is called. A job that panics, or is dropped
+/// because the runtime shuts down, is [`crate::Error::BlockingTask`].
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| crate::Error::BlockingTask(e.to_string()))?
+}
+
 /// The key directory, as the identity actor uses it once it is open and
 /// locked (`crate::keydir::KeyDir::open`, whose value holds the lock).
 ///
 /// Every method blocks (file I/O, fsync): the identity actor calls them only
-/// from `tokio::task::spawn_blocking`, one at a time, never on the async
+/// through [`blocking`], one at a time, never on the async
 /// executor. `crate::keydir::KeyDir` implements it with real files; tests
 /// use it in a temporary directory.
 pub trait KeyStore: Send + Sync + Debug + 'static {

@@ -421,7 +421,7 @@ fn main() {
         ratio(orsa, rsa)
     );
     println!(
-        "rekey: activation alone (read + guarded 3-key write) p50={:.3}ms (target < 0.5 ms)",
+        "rekey: activation alone (one guarded 3-key write from the writer's view) p50={:.3}ms (target < 0.5 ms)",
         ms(act)
     );
     if n(&full_rsa) < 10 {

@@ -1,7 +1,7 @@
 //! The identity actor: a thin shell around the [`Machine`]. It turns
 //! messages into inputs, runs the effects through the ports (status board,
 //! bus, metrics, timers, the CSR API, OVSDB) and every key-directory job —
-//! key generation included — on `tokio::task::spawn_blocking`, feeding each
+//! key generation included — through `ports::blocking`, feeding each
 //! result back before it takes the next message. Jobs run one at a time,
 //! in the order the machine asked for them.
 
@@ -16,7 +16,7 @@ use super::{IdentityArgs, IdentityMsg, IdentitySnapshot, mint, recovery};
 use crate::bus::{ActivationEvent, ActivationRequest, IdentityEvent, RenewalEvent};
 use crate::error::{Error, Result};
 use crate::keydir::KeyDir;
-use crate::ports::{CsrSubmission, KeyStore};
+use crate::ports::{CsrSubmission, KeyStore, blocking};
 
 /// The identity actor.
 #[derive(Debug, Clone, Copy, Default)]
@@ -32,13 +32,6 @@ pub struct IdentityState {
     /// The running CSR submit/wait task.
     task: Option<tokio::task::JoinHandle<()>>,
     trust_forwarder: Option<tokio::task::JoinHandle<()>>,
-}
-
-/// Runs `f` on the blocking pool.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::BlockingTask(e.to_string()))?
 }
 
 impl IdentityState {

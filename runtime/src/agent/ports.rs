@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use actors::ports::{
     Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,
-    OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess, SaSummary,
+    OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess, SaSummary, blocking,
 };
 use async_trait::async_trait;
 use kube_ovn_ipsec_api::Uid;
@@ -88,20 +88,6 @@ struct ProtectedNode {
     /// What the last SA observation recorded (boot ID, attribution), so the
     /// record is rewritten only when it changes.
     observed: Mutex<Option<(String, sa::Attribution)>>,
-}
-
-/// Runs `f` on a blocking thread: netlink and fsync'd writes never block
-/// the executor the actors run on.
-async fn blocking<T: Send + 'static>(
-    what: &'static str,
-    f: impl FnOnce() -> actors::Result<T> + Send + 'static,
-) -> actors::Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
-        protection_err(crate::Error::Blocking {
-            what,
-            reason: e.to_string(),
-        })
-    })?
 }
 
 impl ProtectionAdapter {
@@ -252,12 +238,12 @@ fn change_of(e: &GuardEvent) -> GuardChange {
 impl ProtectionPort for ProtectionAdapter {
     async fn obtain_lease(&self) -> actors::Result<LeaseSummary> {
         let node = Arc::clone(&self.node);
-        blocking("lease", move || node.obtain_lease()).await
+        blocking(move || node.obtain_lease()).await
     }
 
     async fn evaluate_guards(&self) -> actors::Result<GuardReadback> {
         let node = Arc::clone(&self.node);
-        blocking("guard read-back", move || node.evaluate_guards()).await
+        blocking(move || node.evaluate_guards()).await
     }
 
     async fn publish_lease(&self) -> actors::Result<()> {
@@ -274,7 +260,7 @@ impl ProtectionPort for ProtectionAdapter {
             .await
             .map_err(protection_err)?;
         let node = Arc::clone(&self.node);
-        blocking("SA attribution", move || node.observe_sas(&lease, &tunnels)).await
+        blocking(move || node.observe_sas(&lease, &tunnels)).await
     }
 }
 
