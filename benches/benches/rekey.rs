@@ -3,7 +3,7 @@
 //! Full path, one iteration = one renewal of the node identity:
 //! timer fire (the active leaf's renewal point from `Certificate::
 //! renewal_time`, then a tokio timer firing) → key generation and CSR
-//! (`actors::pki`) → in-process signing (rcgen with a P-256 test CA, the
+//! (`actors::pki`) → in-process signing (the project's P-256 test CA, the
 //! stand-in for the controller's signer) → verification of the issued leaf
 //! (`actors::pki::verify_issued`: pending key, chassis, chain, lifetime) →
 //! OVSDB commit (the OVSDB writer's guarded three-key write through
@@ -40,11 +40,8 @@ use actors::ports::{OvsdbIdentity, OvsdbIdentityKeys};
 use criterion::{Criterion, SamplingMode};
 use kube_ovn_ipsec_api::ident::{Chassis, Uid};
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
+use kube_ovn_ipsec_api::test_util::TestCa;
 use kube_ovn_ipsec_runtime::agent::ovsdb_identity::OvsdbIdentityAdapter;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose,
-};
 use testbed::ovs::OvsdbServer;
 
 const LIFETIME_SECS: u32 = 7 * 86400;
@@ -65,44 +62,31 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// The in-process signer: a P-256 CA (the controller's default).
+/// The in-process signer: a P-256 CA (the controller's default), the
+/// project's one test CA.
 struct Signer {
-    issuer: Issuer<'static, KeyPair>,
+    ca: TestCa,
     trust: TrustBundle,
 }
 
 impl Signer {
     fn new() -> Signer {
-        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.distinguished_name
-            .push(DnType::OrganizationName, "kube-ovn");
-        p.distinguished_name.push(DnType::CommonName, "bench CA");
-        p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        p.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let now = SystemTime::now();
-        p.not_before = (now - Duration::from_secs(3600)).into();
-        p.not_after = (now + Duration::from_secs(365 * 86400)).into();
-        let cert = p.self_signed(&key).unwrap();
-        let trust = TrustBundle::from_pem(cert.pem().as_bytes()).unwrap();
-        Signer {
-            issuer: Issuer::from_ca_cert_der(cert.der(), key).unwrap(),
-            trust,
-        }
+        let ca = TestCa::p256("bench CA");
+        let trust = ca.trust_bundle();
+        Signer { ca, trust }
     }
 
-    /// Parses the CSR (checking its self-signature) and issues the leaf.
+    /// Parses the CSR (checking its self-signature) and issues the leaf,
+    /// backdated as the controller's signer does.
     fn sign(&self, csr_pem: &str) -> Vec<u8> {
-        let mut req = CertificateSigningRequestParams::from_pem(csr_pem).unwrap();
-        let now = SystemTime::now();
-        req.params.not_before = (now - Duration::from_secs(300)).into();
-        req.params.not_after = (now + Duration::from_secs(u64::from(LIFETIME_SECS))).into();
-        req.params.is_ca = IsCa::ExplicitNoCa;
-        req.signed_by(&self.issuer).unwrap().pem().into_bytes()
+        self.ca
+            .sign_request(csr_pem)
+            .issued_at(
+                SystemTime::now(),
+                Duration::from_secs(u64::from(LIFETIME_SECS)),
+            )
+            .pem()
+            .into_bytes()
     }
 }
 

@@ -19,7 +19,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle};
 use futures::StreamExt;
@@ -30,11 +30,10 @@ use k8s_openapi::api::certificates::v1::{
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
+use kube_ovn_ipsec_api::clock::{Clock, SystemClock, unix_seconds};
 use kube_ovn_ipsec_api::names::k8s as names;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,
-};
+use kube_ovn_ipsec_api::test_util::TestCa;
+use kube_ovn_ipsec_api::time::Timestamp;
 use testbed::ovs::OvsdbServer;
 use tokio::task::JoinHandle;
 
@@ -129,49 +128,28 @@ impl Drop for Cluster {
     }
 }
 
-fn test_ca() -> (String, Issuer<'static, KeyPair>) {
-    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.distinguished_name
-        .push(DnType::OrganizationName, "kube-ovn");
-    p.distinguished_name
-        .push(DnType::CommonName, "agent test CA");
-    p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let cert = p.self_signed(&key).unwrap();
-    let pem = cert.pem();
-    (pem, Issuer::from_ca_cert_der(cert.der(), key).unwrap())
-}
-
-fn sign(
-    issuer: &Issuer<'static, KeyPair>,
-    csr: &CertificateSigningRequest,
-    cap: Duration,
-) -> Option<Vec<u8>> {
+/// Signs `csr` with the test CA for its requested lifetime, at most `cap`,
+/// valid from now (no backdate: renewal tests time the 40–60 % point).
+fn sign(ca: &TestCa, csr: &CertificateSigningRequest, cap: Duration) -> Option<Vec<u8>> {
     let pem = String::from_utf8(csr.spec.request.0.clone()).ok()?;
-    let mut req = CertificateSigningRequestParams::from_pem(&pem).ok()?;
     // A signer may issue a shorter lifetime than requested (the API server
     // refuses requests under 600 s, so this is how a test sees a renewal
     // within seconds).
     let lifetime =
         Duration::from_secs(csr.spec.expiration_seconds.unwrap_or(3600).max(1) as u64).min(cap);
-    let now = SystemTime::now();
-    req.params.not_before = now.into();
-    req.params.not_after = (now + lifetime).into();
-    req.params.is_ca = IsCa::ExplicitNoCa;
-    Some(req.signed_by(issuer).ok()?.pem().into_bytes())
+    let now = unix_seconds(SystemClock.now());
+    let not_before = Timestamp::from_unix(now).ok()?;
+    let not_after = Timestamp::from_unix(now + i64::try_from(lifetime.as_secs()).ok()?).ok()?;
+    Some(
+        ca.sign_request(&pem)
+            .valid(not_before, not_after)
+            .pem()
+            .into_bytes(),
+    )
 }
 
 /// Approves and signs every pending CSR of our signer, once.
-async fn signer_loop(
-    api: Api<CertificateSigningRequest>,
-    issuer: Issuer<'static, KeyPair>,
-    cap: Duration,
-) {
+async fn signer_loop(api: Api<CertificateSigningRequest>, ca: TestCa, cap: Duration) {
     let stream = watcher::watcher(
         api.clone(),
         watcher::Config::default().fields(&format!("spec.signerName={}", names::SIGNER_NAME)),
@@ -188,7 +166,7 @@ async fn signer_loop(
         if done {
             continue;
         }
-        let Some(cert) = sign(&issuer, &csr, cap) else {
+        let Some(cert) = sign(&ca, &csr, cap) else {
             continue;
         };
         let approved = CertificateSigningRequestStatus {
@@ -243,7 +221,8 @@ impl Cluster {
             .unwrap();
         let node_uid = node.metadata.uid.unwrap();
 
-        let (ca_pem, issuer) = test_ca();
+        let ca = TestCa::p256("agent test CA");
+        let ca_pem = ca.cert_pem();
         let cm = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(names::TRUST_CONFIGMAP.into()),
@@ -267,7 +246,7 @@ impl Cluster {
         ])
         .unwrap();
 
-        let signer = tokio::spawn(signer_loop(Api::all(client), issuer, issue_lifetime));
+        let signer = tokio::spawn(signer_loop(Api::all(client), ca, issue_lifetime));
         let standins = dir.path().join("standins");
         write_standins(&standins, &ca_pem);
         let netns = testbed::netns::Netns::create("koi-agent").unwrap();
