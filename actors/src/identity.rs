@@ -45,7 +45,7 @@ use crate::bus::{ActivationEvent, Bus, RenewalEvent};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::pki::KeyType;
-use crate::ports::{CsrApi, CsrOutcome, CsrRef, OvsdbIdentity};
+use crate::ports::{CsrApi, OvsdbIdentity};
 use crate::status::StatusBoard;
 use kube_ovn_ipsec_api::backoff::BackoffPolicy;
 use kube_ovn_ipsec_api::clock::Clock;
@@ -155,30 +155,17 @@ pub enum IdentityMsg {
     Renewal(RenewalEvent),
     /// From the OVSDB writer.
     Activation(ActivationEvent),
-    /// Internal: the CSR object exists.
-    Submitted {
-        /// The pending generation it belongs to.
-        generation: u64,
-        /// The object.
-        csr: CsrRef,
-    },
-    /// Internal: the CSR wait ended.
-    Settled {
-        /// The pending generation it belongs to.
-        generation: u64,
-        /// The outcome.
-        outcome: Result<CsrOutcome>,
-    },
-    /// Internal: a backoff delay elapsed.
-    Retry {
-        /// Only the latest scheduled retry counts.
-        token: u64,
-    },
-    /// Internal: collect retired generations.
-    CollectGarbage,
+    /// Internal: what the actor's own CSR task and timers report back
+    /// (the CSR object exists, the CSR wait ended, a backoff delay
+    /// elapsed, time to collect garbage), fed to the machine as it is.
+    Internal(Internal),
     /// Diagnostics.
     Snapshot(RpcReplyPort<IdentitySnapshot>),
 }
+
+/// A message the identity actor sends itself: opaque outside this module.
+#[derive(Debug)]
+pub struct Internal(pub(crate) machine::Input);
 
 /// Asks the identity actor for its snapshot (1 s timeout).
 pub async fn snapshot(identity: &ActorRef<IdentityMsg>) -> Result<IdentitySnapshot> {

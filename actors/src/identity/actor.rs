@@ -12,11 +12,16 @@ use kube_ovn_ipsec_api::pki::TrustBundle;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::machine::{Effect, Input, Job, Machine};
-use super::{IdentityArgs, IdentityMsg, IdentitySnapshot, mint, recovery};
+use super::{IdentityArgs, IdentityMsg, IdentitySnapshot, Internal, mint, recovery};
 use crate::bus::{ActivationEvent, ActivationRequest, IdentityEvent, RenewalEvent};
 use crate::error::{Error, Result};
 use crate::keydir::KeyDir;
 use crate::ports::{CsrSubmission, KeyStore, blocking};
+
+/// What the actor's own tasks and timers send it.
+fn internal(input: Input) -> IdentityMsg {
+    IdentityMsg::Internal(Internal(input))
+}
 
 /// The identity actor.
 #[derive(Debug, Clone, Copy, Default)]
@@ -77,10 +82,10 @@ impl IdentityState {
             }),
             Effect::Renewal(label) => self.args.metrics.renewal(label),
             Effect::RetryAfter { delay, token } => {
-                myself.send_after(delay, move || IdentityMsg::Retry { token });
+                myself.send_after(delay, move || internal(Input::Retry { token }));
             }
             Effect::CollectGarbageAfter(delay) => {
-                myself.send_after(delay, || IdentityMsg::CollectGarbage);
+                myself.send_after(delay, || internal(Input::CollectGarbage));
             }
             Effect::SubmitCsr {
                 generation,
@@ -177,20 +182,20 @@ impl IdentityState {
             let csr = match api.submit(&submission).await {
                 Ok(csr) => csr,
                 Err(e) => {
-                    let _ = me.send_message(IdentityMsg::Settled {
+                    let _ = me.send_message(internal(Input::Settled {
                         generation,
                         outcome: Err(e),
-                    });
+                    }));
                     return;
                 }
             };
             let name = csr.name.clone();
-            let _ = me.send_message(IdentityMsg::Submitted { generation, csr });
+            let _ = me.send_message(internal(Input::Submitted { generation, csr }));
             let outcome = api.wait(&name, timeout).await;
-            let _ = me.send_message(IdentityMsg::Settled {
+            let _ = me.send_message(internal(Input::Settled {
                 generation,
                 outcome,
-            });
+            }));
         }));
     }
 
@@ -290,16 +295,7 @@ impl Actor for IdentityActor {
             IdentityMsg::Activation(ActivationEvent::Failed { generation, reason }) => {
                 Input::ActivationFailed { generation, reason }
             }
-            IdentityMsg::Submitted { generation, csr } => Input::Submitted { generation, csr },
-            IdentityMsg::Settled {
-                generation,
-                outcome,
-            } => Input::Settled {
-                generation,
-                outcome,
-            },
-            IdentityMsg::Retry { token } => Input::Retry { token },
-            IdentityMsg::CollectGarbage => Input::CollectGarbage,
+            IdentityMsg::Internal(Internal(input)) => input,
             IdentityMsg::Snapshot(reply) => {
                 let _ = reply.send(state.snapshot());
                 return Ok(());
