@@ -11,6 +11,11 @@ PACKAGES=(
   # ovs-monitor-ipsec proposes only AES-GCM; its plugin is in this package
   # (without it IKE fails with "AES_GCM_16 not supported").
   libstrongswan-standard-plugins
+  # The full kernel for the kernel checks (testbed::guest, TESTBED.md): qemu
+  # boots Debian's stock kernel (fetched with `apt-get download` at test time
+  # into a cache, never installed into /boot) with an initramfs built from
+  # busybox-static by cpio; ping and tcpdump look at the traffic.
+  qemu-system-x86 busybox-static cpio iputils-ping tcpdump
   # Build and test tooling used by scripts/test.sh.
   build-essential pkg-config python3 python3-venv openssl patch util-linux procps psmisc
 )

@@ -12,12 +12,16 @@
 //! - `ovs`: ovsdb-server (Open_vSwitch, OVN NB, OVN SB schemas) and ovn-northd.
 //! - `netns`: network (and mount) namespaces and veth pairs.
 //! - `ipsec`: a simulated node running strongSwan starter and ovs-monitor-ipsec.
+//! - `guest`: a full kernel (ESP, GENEVE, OVS kernel datapath) for the
+//!   kernel checks: the host's when it has them, otherwise Debian's under
+//!   qemu; `koi-kernel-run` runs a command there.
 
 // A harness of real daemons in real time: it waits for sockets and
 // processes with blocking sleeps and wall-clock deadlines, outside any async
 // executor, and is never part of a shipped binary.
 #![allow(clippy::disallowed_methods)]
 
+pub mod guest;
 pub mod ipsec;
 pub mod netns;
 pub mod ovs;
