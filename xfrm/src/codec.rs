@@ -333,6 +333,8 @@ pub fn parse_state(body: &[u8]) -> Result<State, CodecError> {
         mark: None,
         if_id: 0,
         selector: selector_from(&info.selector),
+        bytes: info.lifetime_cur.bytes,
+        packets: info.lifetime_cur.packets,
     };
     let mut rest = body.get(USERSA_INFO_LEN..).unwrap_or_default();
     while rest.len() >= 4 {

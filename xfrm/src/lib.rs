@@ -14,6 +14,8 @@
 //! - [`guard`]: [`guard::GuardKeeper`] — arming, read-back by index,
 //!   re-adding a vanished guard, withdrawal of exactly a lease's guards.
 //! - [`alloc`]: a mark and reqid that alias nothing in the kernel.
+//! - [`stat`]: the kernel's XFRM error counters (`/proc/net/xfrm_stat`),
+//!   parsed.
 //! - [`Error`]: the crate's one error type.
 //!
 //! What a lease *is* (its id, its Node UID, its file and its OVSDB
@@ -26,6 +28,7 @@ mod error;
 pub mod guard;
 pub mod handle;
 pub mod model;
+pub mod stat;
 
 pub use error::Error;
 pub use handle::{AddOutcome, Xfrm, XfrmHandle};

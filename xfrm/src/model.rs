@@ -254,6 +254,13 @@ pub struct State {
     pub if_id: u32,
     /// The state's selector.
     pub selector: Selector,
+    /// Bytes the SA has carried (the kernel's current lifetime), the
+    /// data-path evidence that traffic flows through it.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Packets the SA has carried (the kernel's current lifetime).
+    #[serde(default)]
+    pub packets: u64,
 }
 
 /// One field where a read-back policy differs from the guard it should be.

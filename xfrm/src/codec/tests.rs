@@ -54,8 +54,11 @@ fn get_by_index_carries_family_mark_and_index() {
 fn state_parser_reads_mark_and_skips_key_attributes() {
     let mut body = vec![0u8; USERSA_INFO_LEN];
     // xfrm_usersa_info: id.daddr at 56, id.spi (BE) at 72, proto at 76,
-    // saddr at 80, reqid at 208, family at 212.
+    // saddr at 80, curlft.bytes at 160, curlft.packets at 168, reqid at
+    // 208, family at 212.
     body[56..60].copy_from_slice(&[10, 0, 0, 2]);
+    body[160..168].copy_from_slice(&5_000u64.to_ne_bytes());
+    body[168..176].copy_from_slice(&42u64.to_ne_bytes());
     body[72..76].copy_from_slice(&0x0102_0304u32.to_be_bytes());
     body[76] = 108;
     body[80..84].copy_from_slice(&[10, 0, 0, 1]);
@@ -75,6 +78,7 @@ fn state_parser_reads_mark_and_skips_key_attributes() {
     assert_eq!(s.spi, 0x0102_0304);
     assert_eq!(s.reqid, 7);
     assert_eq!(s.proto, 108);
+    assert_eq!((s.bytes, s.packets), (5_000, 42));
     assert_eq!(s.daddr, "10.0.0.2".parse::<IpAddr>().unwrap());
     assert_eq!(s.saddr, "10.0.0.1".parse::<IpAddr>().unwrap());
     assert_eq!(

@@ -37,6 +37,8 @@ fn state(reqid: u32, mark: Option<Mark>) -> State {
         mark,
         if_id: 0,
         selector: Selector::wildcard(Family::Ipv4),
+        bytes: 0,
+        packets: 0,
     }
 }
 
