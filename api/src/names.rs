@@ -84,7 +84,9 @@ pub mod ovs {
         EXTERNAL_ID_PROTECTION_REQID,
     ];
 
-    /// Tunnel `Interface . options` key: skb mark set on egress tunnel packets.
+    /// Tunnel `Interface . options` key: skb mark set on egress tunnel
+    /// packets. ovs-vswitchd parses it in base 10 only: a `0x` value reads
+    /// as 0, which leaves the tunnel's packets unmarked (plaintext).
     pub const OPTION_EGRESS_PKT_MARK: &str = "egress_pkt_mark";
     /// Tunnel option: `<mark>/0xffffffff` for the IPsec output policy.
     pub const OPTION_IPSEC_MARK_OUT: &str = "ipsec_mark_out";
@@ -92,6 +94,13 @@ pub mod ovs {
     pub const OPTION_IPSEC_REQID: &str = "ipsec_reqid";
     /// Tunnel option: peer's certificate name; present iff IPsec is on.
     pub const OPTION_REMOTE_NAME: &str = "remote_name";
+    /// The four tunnel options of IPsec intent, set and removed together.
+    pub const TUNNEL_PROTECTION_OPTIONS: [&str; 4] = [
+        OPTION_REMOTE_NAME,
+        OPTION_EGRESS_PKT_MARK,
+        OPTION_IPSEC_MARK_OUT,
+        OPTION_IPSEC_REQID,
+    ];
 }
 
 /// Host-side names: directories, environment, capability marker.

@@ -277,6 +277,8 @@ mod tests {
             mark,
             if_id: 0,
             selector: Selector::wildcard(Family::Ipv4),
+            bytes: 0,
+            packets: 0,
         }
     }
 

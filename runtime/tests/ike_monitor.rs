@@ -10,198 +10,19 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+mod ike_node;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kube_ovn_ipsec_api::Uid;
-use kube_ovn_ipsec_runtime::ike::{IkeConfig, IkeDaemon};
-use kube_ovn_ipsec_runtime::lease::{self, AllocationConfig, Lease, LeaseStore};
-use kube_ovn_ipsec_runtime::monitor::{self, ActiveIdentity, Monitor, MonitorConfig};
+use ike_node::{guards_present, guards_through, setup, start_ike, start_monitor};
+use kube_ovn_ipsec_runtime::monitor::{self, ActiveIdentity};
 use kube_ovn_ipsec_runtime::monitor_patch;
-use kube_ovn_ipsec_runtime::process::{Launcher, ProcessSpec, Supervised};
 use kube_ovn_ipsec_runtime::sa::{self, TunnelEndpoints};
 use nix::sys::signal::Signal;
-use testbed::ipsec::{CaFiles, DEBIAN_MONITOR_SCRIPT, IpsecNode, NodeCert, Tunnel};
+use testbed::ipsec::{CaFiles, DEBIAN_MONITOR_SCRIPT, IpsecNode, Tunnel};
 use testbed::netns::wait_for;
-use xfrm::alloc::OsRandom;
-use xfrm::guard::GuardKeeper;
-use xfrm::{Xfrm, XfrmHandle};
-
-struct Node {
-    // Field order is drop order: processes before the namespace.
-    monitor: Option<Monitor>,
-    ike: Option<IkeDaemon>,
-    _ovsdb: Supervised,
-    keeper: GuardKeeper<XfrmHandle>,
-    lease: Lease,
-    cert: NodeCert,
-    launcher: Launcher,
-    _keys: tempfile::TempDir,
-    node: IpsecNode,
-}
-
-async fn setup(node: IpsecNode, ca: &CaFiles) -> Node {
-    let launcher = Launcher::nsenter(node.netns().holder_pid());
-    let cert = ca.issue(node.chassis()).unwrap();
-    let db = node.dir().join("conf.db");
-    testbed::netns::run(
-        std::process::Command::new("ovsdb-tool")
-            .arg("create")
-            .arg(&db)
-            .arg("/usr/share/openvswitch/vswitch.ovsschema"),
-    )
-    .unwrap();
-    let ovsdb = Supervised::start(
-        &ProcessSpec {
-            name: "ovsdb-server",
-            program: "ovsdb-server".into(),
-            args: vec![
-                db.into_os_string(),
-                "--remote=punix:/run/openvswitch/db.sock".into(),
-                "--unixctl=/run/openvswitch/ovsdb-server.ctl".into(),
-                "--no-chdir".into(),
-            ],
-            log_file: Some(node.dir().join("ovsdb-server.out")),
-        },
-        &launcher,
-    )
-    .unwrap();
-    let sock = node.run_path("openvswitch/db.sock");
-    wait_for(Duration::from_secs(10), Duration::from_millis(20), || {
-        sock.exists().then_some(())
-    })
-    .expect("ovsdb-server socket");
-    node.vsctl(&["init"]).unwrap();
-    node.vsctl(&[
-        "set",
-        "Open_vSwitch",
-        ".",
-        &format!("other_config:certificate={}", cert.cert.display()),
-        &format!("other_config:private_key={}", cert.key.display()),
-        &format!("other_config:ca_cert={}", ca.cert.display()),
-        &format!("external_ids:system-id={}", node.chassis()),
-    ])
-    .unwrap();
-    node.vsctl(&["add-br", "br-int"]).unwrap();
-
-    // Lease, guards, publication — before IKE starts.
-    let keys = tempfile::tempdir().unwrap();
-    let store = LeaseStore::new(keys.path());
-    let mut keeper = GuardKeeper::new(XfrmHandle::in_netns(node.netns().name()).unwrap());
-    let uid = Uid::new(format!("uid-{}", node.chassis())).unwrap();
-    let (mut lease, _) = store
-        .obtain(
-            &uid,
-            keeper.xfrm(),
-            &AllocationConfig::default(),
-            &mut OsRandom,
-        )
-        .unwrap();
-    let eval = keeper.arm(&mut lease).unwrap();
-    assert!(eval.armed, "{eval:?}");
-    store.save(&lease).unwrap();
-    let client = ovsdb::Client::connect_str(&format!("unix:{}", sock.display()))
-        .await
-        .unwrap();
-    lease::publish(&client, &lease).await.unwrap();
-    let ids = node
-        .vsctl(&["get", "Open_vSwitch", ".", "external_ids"])
-        .unwrap();
-    assert!(
-        ids.contains(&format!("ovn-ipsec-protection-mark=\"{}\"", lease.mark)),
-        "{ids}"
-    );
-    assert!(
-        ids.contains("system-id=") && ids.contains("ovn-ipsec-protection-node-uid"),
-        "{ids}"
-    );
-    client.close();
-
-    Node {
-        monitor: None,
-        ike: None,
-        _ovsdb: ovsdb,
-        keeper,
-        lease,
-        cert,
-        launcher,
-        _keys: keys,
-        node,
-    }
-}
-
-fn ike_config(n: &IpsecNode) -> IkeConfig {
-    IkeConfig {
-        log_file: Some(n.dir().join("starter.out")),
-        stop_grace: Duration::from_secs(3),
-        cacerts_dir: n.etc_path("ipsec.d/cacerts"),
-        ..IkeConfig::default()
-    }
-}
-
-fn start_ike(n: &mut Node) {
-    let _ = std::fs::remove_file(n.node.run_path("charon.pid"));
-    n.ike = Some(IkeDaemon::start(ike_config(&n.node), n.launcher.clone()).unwrap());
-    let (pid, ctl) = (n.node.run_path("charon.pid"), n.node.run_path("charon.ctl"));
-    wait_for(Duration::from_secs(15), Duration::from_millis(20), || {
-        (pid.exists() && ctl.exists()).then_some(())
-    })
-    .unwrap_or_else(|| panic!("charon did not start:\n{}", n.node.diagnostics()));
-}
-
-async fn start_monitor(n: &mut Node) {
-    let config = MonitorConfig {
-        python: Some("/usr/bin/python3".into()),
-        script: DEBIAN_MONITOR_SCRIPT.into(),
-        log_file: Some("/run/ovs-monitor-ipsec.log".into()),
-        output_file: Some(n.node.dir().join("ovs-monitor-ipsec.out")),
-        stop_grace: Duration::from_secs(3),
-        ..MonitorConfig::default()
-    };
-    let mut m = Monitor::start(config, n.launcher.clone()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while m.probe().await.is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "monitor not answering:\n{}",
-            n.node.diagnostics()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    n.monitor = Some(m);
-}
-
-/// Both guards of `n` are in a fresh XFRM dump and read back by index.
-fn guards_present(n: &mut Node) {
-    let policies = n.keeper.xfrm().dump_policies().unwrap();
-    let guards = policies
-        .iter()
-        .filter(|p| {
-            xfrm::model::Family::ALL.iter().any(|f| {
-                xfrm::model::compare_guard(&xfrm::model::Policy::guard(*f, n.lease.mark), p)
-                    .is_empty()
-            })
-        })
-        .count();
-    assert_eq!(guards, 2, "guards missing from a dump: {policies:#?}");
-    let mut lease = n.lease.clone();
-    let eval = n.keeper.evaluate(&mut lease).unwrap();
-    assert!(eval.armed && eval.events.is_empty(), "{eval:?}");
-}
-
-/// Takes XFRM dumps for `during` and checks the guards in each.
-async fn guards_through(n: &mut Node, during: Duration) -> usize {
-    let end = Instant::now() + during;
-    let mut dumps = 0;
-    while Instant::now() < end {
-        guards_present(n);
-        dumps += 1;
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    dumps
-}
+use xfrm::Xfrm;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages() {
@@ -229,7 +50,7 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
     let patch = monitor_patch::inspect(Path::new(DEBIAN_MONITOR_SCRIPT)).unwrap();
     for n in [&mut a, &mut b] {
         start_ike(n);
-        start_monitor(n).await;
+        start_monitor(n, Path::new(DEBIAN_MONITOR_SCRIPT)).await;
         let applied = n
             .ike
             .as_ref()
@@ -383,7 +204,7 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
     let dumps = guards_through(&mut a, Duration::from_millis(600)).await;
     println!("guards present in {dumps} dumps during the monitor outage");
     a.monitor = None;
-    start_monitor(&mut a).await;
+    start_monitor(&mut a, Path::new(DEBIAN_MONITOR_SCRIPT)).await;
     guards_present(&mut a);
 
     // Orderly stop: SIGTERM to the groups; guards stay.

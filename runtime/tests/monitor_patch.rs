@@ -21,7 +21,7 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -32,10 +32,6 @@ use testbed::ipsec::{CaFiles, DEBIAN_MONITOR_SCRIPT, IpsecNode, StartOptions, Tu
 
 const PREFIX: &str = "koi-mp";
 const IKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn patch_file() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../image/patches/ovs-monitor-ipsec-3.1.patch")
-}
 
 fn require_programs() {
     for p in [
@@ -66,43 +62,10 @@ fn require_programs() {
     );
 }
 
-/// Runs `patch` on a copy of Debian's script; returns (patch output, path).
-fn apply_patch(dir: &Path, dry_run: bool) -> (std::process::Output, PathBuf) {
-    let target = dir.join("ovs-monitor-ipsec");
-    std::fs::copy(DEBIAN_MONITOR_SCRIPT, &target).unwrap();
-    let mut cmd = Command::new(testbed::require_program("patch").unwrap());
-    cmd.args(["--fuzz=0", "--no-backup-if-mismatch"]);
-    if dry_run {
-        cmd.arg("--dry-run");
-    }
-    cmd.arg(&target)
-        .stdin(std::fs::File::open(patch_file()).unwrap());
-    (cmd.output().unwrap(), target)
-}
-
 /// The patched copy of Debian's script, made once per test binary under
-/// cargo's per-target scratch directory (a static never drops, so a
-/// TempDir here would leak into /tmp on every run).
+/// cargo's per-target scratch directory.
 fn patched_script() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        // Copies of earlier runs whose process is gone.
-        for entry in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = name.strip_prefix("monitor-patch-")
-                && !Path::new("/proc").join(pid).exists()
-            {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
-        let dir = tmp.join(format!("monitor-patch-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let (out, path) = apply_patch(&dir, false);
-        assert!(out.status.success(), "patch failed: {out:?}");
-        path
-    })
+    testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap()
 }
 
 fn banner_esp() {
@@ -233,7 +196,7 @@ fn remove_and_settle(node: &IpsecNode, name: &str) -> Duration {
 fn patch_applies_cleanly_to_debian_script() {
     require_programs();
     let dir = tempfile::tempdir().unwrap();
-    let (out, _) = apply_patch(dir.path(), true);
+    let (out, _) = testbed::ipsec::apply_monitor_patch(dir.path(), true).unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("patch --dry-run: {} {}", stdout.trim(), stderr.trim());

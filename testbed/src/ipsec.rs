@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kube_ovn_ipsec_api::names::ovs;
 use kube_ovn_ipsec_api::strongswan::{IkeSa, parse_status};
 use kube_ovn_ipsec_api::test_util::{TestCa, TestKeyAlg};
 use nix::sys::signal::{Signal, kill};
@@ -69,6 +70,14 @@ pub enum IpsecError {
         waited: Duration,
         /// Log tails of the node, to see why.
         diagnostics: String,
+    },
+    /// A tool or daemon of the node failed.
+    #[error("{what}: {detail}")]
+    Failed {
+        /// What failed.
+        what: String,
+        /// Its output or reason.
+        detail: String,
     },
     /// The node was used before [`IpsecNode::start`].
     #[error("node {0} is not started")]
@@ -185,6 +194,20 @@ pub struct Tunnel {
 }
 
 impl Tunnel {
+    /// `remote_name` plus the output-protection options, as `ovs-vsctl`
+    /// `options:key=value` arguments. `egress_pkt_mark` is written in
+    /// decimal: ovs-vswitchd parses it with base 10, so a hex mark would
+    /// silently become 0 — unmarked, plaintext Geneve.
+    pub fn protection_options(&self) -> [String; 4] {
+        let [name, pkt_mark, mark_out, reqid] = ovs::TUNNEL_PROTECTION_OPTIONS;
+        [
+            format!("options:{name}={}", self.remote_name),
+            format!("options:{pkt_mark}={}", self.mark),
+            format!("options:{mark_out}={}/0xffffffff", self.mark),
+            format!("options:{reqid}={}", self.reqid),
+        ]
+    }
+
     /// The tunnel to `peer` named like OVN names them (`ovn-<chassis
     /// without dashes>-<n>`), with [`DEFAULT_MARK`] and reqid 1.
     pub fn to(peer: &IpsecNode, n: u32) -> Self {
@@ -491,7 +514,7 @@ impl IpsecNode {
     }
 
     /// `ovs-vsctl --db=unix:/run/openvswitch/db.sock --no-wait <args>` in the
-    /// node (no ovs-vswitchd runs, so never wait for it); returns stdout.
+    /// node (ovs-vswitchd may not run, so never wait for it); returns stdout.
     pub fn vsctl(&self, args: &[&str]) -> Result<String, IpsecError> {
         let out = self.netns.run(
             "ovs-vsctl",
@@ -502,27 +525,70 @@ impl IpsecNode {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Adds `tunnel` as a geneve Interface on `br-int` with the options
-    /// ovn-controller (patched for output protection) sets.
+    /// Adds `tunnel` as a geneve Interface on `br-int` with IPsec intent:
+    /// `remote_name` and the output-protection options the patched
+    /// ovn-controller sets (see [`Tunnel::protection_options`]).
     pub fn add_tunnel(&self, tunnel: &Tunnel) -> Result<(), IpsecError> {
         let name = tunnel.name.as_str();
-        self.vsctl(&[
-            "add-port",
-            "br-int",
-            name,
-            "--",
-            "set",
-            "Interface",
-            name,
-            "type=geneve",
-            &format!("options:local_ip={}", self.ip),
-            &format!("options:remote_ip={}", tunnel.remote_ip),
-            &format!("options:remote_name={}", tunnel.remote_name),
-            "options:key=flow",
-            &format!("options:ipsec_mark_out={}/0xffffffff", tunnel.mark),
-            &format!("options:ipsec_reqid={}", tunnel.reqid),
-        ])?;
+        let mut args = vec![
+            "add-port".to_string(),
+            "br-int".into(),
+            name.into(),
+            "--".into(),
+            "set".into(),
+            "Interface".into(),
+            name.into(),
+        ];
+        args.extend(self.geneve_options(tunnel.remote_ip));
+        args.extend(tunnel.protection_options());
+        self.vsctl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
         Ok(())
+    }
+
+    /// Adds a geneve Interface `name` to `remote_ip` without IPsec intent
+    /// (no `remote_name`, no marks): what ovn-controller creates while
+    /// `SB_Global.ipsec` is false. Its traffic is plaintext and unmarked.
+    pub fn add_plain_tunnel(&self, name: &str, remote_ip: Ipv4Addr) -> Result<(), IpsecError> {
+        let mut args = vec![
+            "add-port".to_string(),
+            "br-int".into(),
+            name.into(),
+            "--".into(),
+            "set".into(),
+            "Interface".into(),
+            name.into(),
+        ];
+        args.extend(self.geneve_options(remote_ip));
+        self.vsctl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+        Ok(())
+    }
+
+    /// Gives the existing Interface `tunnel.name` IPsec intent: sets
+    /// `remote_name` and the output-protection options in one transaction,
+    /// as the patched ovn-controller does when `SB_Global.ipsec` turns true.
+    pub fn protect_tunnel(&self, tunnel: &Tunnel) -> Result<(), IpsecError> {
+        let mut args = vec!["set".to_string(), "Interface".into(), tunnel.name.clone()];
+        args.extend(tunnel.protection_options());
+        self.vsctl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+        Ok(())
+    }
+
+    /// Takes IPsec intent away from Interface `name`: removes `remote_name`
+    /// and the output-protection options in one transaction.
+    pub fn unprotect_tunnel(&self, name: &str) -> Result<(), IpsecError> {
+        let mut args = vec!["remove", "Interface", name, "options"];
+        args.extend(ovs::TUNNEL_PROTECTION_OPTIONS);
+        self.vsctl(&args)?;
+        Ok(())
+    }
+
+    fn geneve_options(&self, remote_ip: Ipv4Addr) -> [String; 4] {
+        [
+            "type=geneve".to_string(),
+            format!("options:local_ip={}", self.ip),
+            format!("options:remote_ip={remote_ip}"),
+            "options:key=flow".to_string(),
+        ]
     }
 
     /// Removes the tunnel Interface `name`.
@@ -680,6 +746,77 @@ impl Drop for IpsecNode {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// The image's patch of Debian's ovs-monitor-ipsec (`image/patches/`).
+pub fn monitor_patch_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../image/patches/ovs-monitor-ipsec-3.1.patch")
+}
+
+/// Runs `patch --fuzz=0` with [`monitor_patch_file`] on a copy of Debian's
+/// script in `dir` (`--dry-run` when asked); returns patch's output, which
+/// the caller judges, and the copy's path.
+pub fn apply_monitor_patch(
+    dir: &Path,
+    dry_run: bool,
+) -> Result<(std::process::Output, PathBuf), IpsecError> {
+    let target = dir.join("ovs-monitor-ipsec");
+    std::fs::copy(DEBIAN_MONITOR_SCRIPT, &target).map_err(io_err(&target))?;
+    let patch = monitor_patch_file();
+    let input = std::fs::File::open(&patch).map_err(io_err(&patch))?;
+    let program = crate::require_program("patch").map_err(|e| IpsecError::Failed {
+        what: "patching ovs-monitor-ipsec".into(),
+        detail: e.to_string(),
+    })?;
+    let mut cmd = Command::new(program);
+    cmd.args(["--fuzz=0", "--no-backup-if-mismatch"]);
+    if dry_run {
+        cmd.arg("--dry-run");
+    }
+    let out = cmd
+        .arg(&target)
+        .stdin(input)
+        .output()
+        .map_err(io_err(&target))?;
+    Ok((out, target))
+}
+
+/// The patched copy of Debian's script, made once per process in
+/// `scratch/monitor-patch-<pid>` (copies of processes that are gone are
+/// removed first; a static never drops, so a temporary directory would
+/// leak into /tmp on every run).
+pub fn patched_monitor_script(scratch: &Path) -> Result<&'static Path, IpsecError> {
+    static PATH: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let made = PATH.get_or_init(|| {
+        for entry in std::fs::read_dir(scratch).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("monitor-patch-")
+                && !Path::new("/proc").join(pid).exists()
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let dir = scratch.join(format!("monitor-patch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let (out, path) = apply_monitor_patch(&dir, false).map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(path)
+        } else {
+            Err(format!(
+                "patch failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    });
+    match made {
+        Ok(p) => Ok(p.as_path()),
+        Err(detail) => Err(IpsecError::Failed {
+            what: "patching ovs-monitor-ipsec".into(),
+            detail: detail.clone(),
+        }),
     }
 }
 

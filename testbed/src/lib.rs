@@ -12,6 +12,9 @@
 //! - `ovs`: ovsdb-server (Open_vSwitch, OVN NB, OVN SB schemas) and ovn-northd.
 //! - `netns`: network (and mount) namespaces and veth pairs.
 //! - `ipsec`: a simulated node running strongSwan starter and ovs-monitor-ipsec.
+//! - `overlay`: the data path beside it — ovs-vswitchd on the OVS kernel
+//!   datapath, pod ports, and the instruments that show what the underlay
+//!   carries (capture, ping, TCP throughput, XFRM counters).
 //! - `guest`: a full kernel (ESP, GENEVE, OVS kernel datapath) for the
 //!   kernel checks: the host's when it has them, otherwise Debian's under
 //!   qemu; `koi-kernel-run` runs a command there.
@@ -24,6 +27,7 @@
 pub mod guest;
 pub mod ipsec;
 pub mod netns;
+pub mod overlay;
 pub mod ovs;
 
 use std::path::PathBuf;

@@ -1,0 +1,256 @@
+//! The encrypted overlay's cost on a full kernel: pod-to-pod ping RTT and
+//! bulk TCP throughput through plaintext Geneve, then — on the same two
+//! nodes in the same run — through Geneve encrypted by kernel ESP, with the
+//! agent's guards armed, SAs negotiated by strongSwan and the patched
+//! ovs-monitor-ipsec (the setup of `runtime/tests/overlay.rs`). Prints
+//! `overlay_datapath: ...` lines and the ESP/plaintext ratios.
+//!
+//! Where the host kernel lacks ESP, GENEVE or openvswitch, `cargo bench`
+//! (`--bench`) first times guest boots to a trivial command (TCG, then KVM
+//! with a short limit: nested KVM is slow or stalls here — TESTBED.md), then
+//! re-runs this binary inside a TCG guest. Absolute figures under TCG are
+//! software emulation and mean little; the ratio is the figure.
+//!
+//! `--quick` (what scripts/kernel-tests.sh runs in its guest, so a bench
+//! that no longer works fails CI) measures briefly. Under `cargo test` on a
+//! host without the features it only says where it runs.
+
+// Tests and benches fail loudly on any unexpected error.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+// A bench measures real elapsed time against real daemons.
+#![allow(clippy::disallowed_methods)]
+
+#[path = "../../runtime/tests/ike_node/mod.rs"]
+mod ike_node;
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ike_node::{Node, setup, start_ike, start_monitor, start_vswitchd};
+use testbed::guest::{GuestKernel, HostFeatures, run_in_guest};
+use testbed::ipsec::{CaFiles, IpsecNode, Tunnel};
+use testbed::netns::wait_for;
+use testbed::overlay::{self, PingStats, Throughput};
+
+const POD_A: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
+const POD_B: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
+const TCP_PORT: u16 = 5201;
+
+/// What one pass over the data path measured.
+#[derive(Debug)]
+struct Figures {
+    ping: PingStats,
+    tcp: Vec<Throughput>,
+}
+
+impl Figures {
+    fn mbit(&self) -> Vec<f64> {
+        self.tcp.iter().map(Throughput::mbit_per_s).collect()
+    }
+
+    fn median_mbit(&self) -> f64 {
+        let mut v = self.mbit();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
+struct Sizes {
+    pings: u32,
+    tcp_runs: usize,
+    tcp_for: Duration,
+}
+
+fn measure(a: &Node, b: &Node, sizes: &Sizes) -> Figures {
+    let ping = overlay::ping(
+        a.node.netns(),
+        POD_B,
+        sizes.pings,
+        Duration::from_millis(50),
+    )
+    .unwrap();
+    let tcp = (0..sizes.tcp_runs)
+        .map(|i| {
+            overlay::tcp_throughput(
+                a.node.netns(),
+                b.node.netns(),
+                POD_B,
+                TCP_PORT + i as u16,
+                sizes.tcp_for,
+            )
+            .unwrap()
+        })
+        .collect();
+    Figures { ping, tcp }
+}
+
+fn tunnel(n: &Node, peer: &IpsecNode) -> Tunnel {
+    Tunnel {
+        mark: n.lease.mark,
+        reqid: n.lease.reqid,
+        ..Tunnel::to(peer, 0)
+    }
+}
+
+fn wait_for_pod_reply(a: &Node, timeout: Duration) {
+    wait_for(timeout, Duration::from_millis(100), || {
+        let p = overlay::ping(a.node.netns(), POD_B, 1, Duration::from_millis(200)).ok()?;
+        (p.received == 1).then_some(())
+    })
+    .unwrap_or_else(|| panic!("no pod reply:\n{}", a.node.diagnostics()));
+}
+
+async fn datapath(sizes: Sizes) {
+    let t0 = Instant::now();
+    let script =
+        testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let ca = CaFiles::create("kube-ovn-ipsec overlay bench CA").unwrap();
+    let (a, b) = IpsecNode::pair("koi-ovb", "chass-a", "chass-b").unwrap();
+    let mut a = setup(a, &ca).await;
+    let mut b = setup(b, &ca).await;
+    for (n, pod) in [(&mut a, POD_A), (&mut b, POD_B)] {
+        start_vswitchd(n);
+        overlay::add_pod(&n.node, "pod0", &format!("{pod}/24")).unwrap();
+        start_ike(n);
+        start_monitor(n, script).await;
+    }
+    let (ta, tb) = (tunnel(&a, &b.node), tunnel(&b, &a.node));
+    a.node.add_plain_tunnel(&ta.name, b.node.ip()).unwrap();
+    b.node.add_plain_tunnel(&tb.name, a.node.ip()).unwrap();
+    wait_for_pod_reply(&a, Duration::from_secs(30));
+    println!(
+        "overlay_datapath: two nodes up after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    let plain = measure(&a, &b, &sizes);
+    a.node.protect_tunnel(&ta).unwrap();
+    b.node.protect_tunnel(&tb).unwrap();
+    let t1 = Instant::now();
+    wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
+        (a.node.routed_conns().ok()?.len() >= 2 && b.node.routed_conns().ok()?.len() >= 2)
+            .then_some(())
+    })
+    .expect("conns routed");
+    wait_for_pod_reply(&a, Duration::from_secs(60));
+    println!(
+        "overlay_datapath: IPsec intent to the first encrypted pod reply: {:.1} s",
+        t1.elapsed().as_secs_f64()
+    );
+    let esp = measure(&a, &b, &sizes);
+
+    for (name, f) in [("plaintext geneve", &plain), ("ESP geneve", &esp)] {
+        println!(
+            "overlay_datapath: {name:17} ping {}/{} rtt avg {:.3} ms; TCP {:?} Mbit/s (median {:.1})",
+            f.ping.received,
+            f.ping.transmitted,
+            f.ping.rtt_avg_ms.unwrap_or(f64::NAN),
+            f.mbit()
+                .iter()
+                .map(|m| format!("{m:.1}"))
+                .collect::<Vec<_>>(),
+            f.median_mbit()
+        );
+    }
+    let rtt = esp.ping.rtt_avg_ms.unwrap_or(f64::NAN) / plain.ping.rtt_avg_ms.unwrap_or(f64::NAN);
+    let tput = esp.median_mbit() / plain.median_mbit();
+    println!(
+        "overlay_datapath: ESP/plaintext: RTT x{rtt:.2}, TCP throughput x{tput:.2} \
+         (baseline: plaintext Geneve on the same nodes, same run)"
+    );
+    assert!(
+        esp.ping.received * 10 >= esp.ping.transmitted * 9,
+        "encrypted pings lost: {:?}",
+        esp.ping
+    );
+    assert!(esp.tcp.iter().all(|t| t.bytes > 0), "{:?}", esp.tcp);
+}
+
+/// Boot-to-command time of `runs` guests (`true` as the command).
+fn boot_times(kernel: &GuestKernel, kvm: bool, runs: usize, limit: Duration) -> Vec<String> {
+    (0..runs)
+        .map(|_| {
+            let mut sink = std::io::sink();
+            match run_in_guest(
+                kernel,
+                kvm,
+                Path::new("/"),
+                &["true".to_string()],
+                &[],
+                limit,
+                &mut sink,
+            ) {
+                Ok(r) => format!("{:.1} s", r.boot.as_secs_f64()),
+                Err(e) => format!("no boot within {limit:?} ({})", first_line(&e.to_string())),
+            }
+        })
+        .collect()
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or_default()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let bench = args.iter().any(|a| a == "--bench");
+    let quick = args.iter().any(|a| a == "--quick");
+    let sizes = if quick {
+        Sizes {
+            pings: 20,
+            tcp_runs: 1,
+            tcp_for: Duration::from_secs(2),
+        }
+    } else {
+        Sizes {
+            pings: 100,
+            tcp_runs: 3,
+            tcp_for: Duration::from_secs(5),
+        }
+    };
+    let features = HostFeatures::probe();
+    if features.complete() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(datapath(sizes));
+        return;
+    }
+    if !bench {
+        println!(
+            "overlay_datapath: this kernel lacks {features:?}; scripts/kernel-tests.sh runs \
+             `overlay_datapath --quick` on a full kernel, scripts/bench.sh the full bench"
+        );
+        return;
+    }
+    let kernel = GuestKernel::prepare(&GuestKernel::cache_dir()).unwrap();
+    println!(
+        "overlay_datapath: guest boot to command, TCG: {:?}",
+        boot_times(&kernel, false, 3, Duration::from_secs(120))
+    );
+    let kvm = if Path::new("/dev/kvm").exists() {
+        format!(
+            "{:?}",
+            boot_times(&kernel, true, 1, Duration::from_secs(60))
+        )
+    } else {
+        "no /dev/kvm".to_string()
+    };
+    println!("overlay_datapath: guest boot to command, KVM: {kvm}");
+    let exe = std::env::current_exe().unwrap();
+    let cwd = std::env::current_dir().unwrap();
+    let run = run_in_guest(
+        &kernel,
+        false,
+        &cwd,
+        &[exe.display().to_string(), "--bench".to_string()],
+        &[],
+        Duration::from_secs(900),
+        &mut std::io::stdout(),
+    )
+    .unwrap();
+    assert_eq!(run.status, 0, "the bench failed in the guest: {run:?}");
+}

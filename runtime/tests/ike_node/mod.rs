@@ -1,0 +1,224 @@
+//! One simulated node built from the agent's own pieces, shared by the
+//! kernel tests that need strongSwan and the monitor on two nodes: its
+//! ovsdb-server, the lease and its guards armed and published before IKE
+//! starts, the runtime's IKE daemon and monitor runners, and (for the data
+//! path) ovs-vswitchd on the kernel datapath.
+// Each test binary uses a different part of it.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kube_ovn_ipsec_api::Uid;
+use kube_ovn_ipsec_runtime::ike::{IkeConfig, IkeDaemon};
+use kube_ovn_ipsec_runtime::lease::{self, AllocationConfig, Lease, LeaseStore};
+use kube_ovn_ipsec_runtime::monitor::{Monitor, MonitorConfig};
+use kube_ovn_ipsec_runtime::process::{Launcher, ProcessSpec, Supervised};
+use testbed::ipsec::{CaFiles, IpsecNode, NodeCert};
+use testbed::netns::wait_for;
+use testbed::overlay::VSwitchd;
+use xfrm::alloc::OsRandom;
+use xfrm::guard::GuardKeeper;
+use xfrm::{Xfrm, XfrmHandle};
+
+/// A node's processes and the agent state they run with.
+pub struct Node {
+    // Field order is drop order: processes before the namespace.
+    /// The monitor runner, once started.
+    pub monitor: Option<Monitor>,
+    /// The IKE daemon runner, once started.
+    pub ike: Option<IkeDaemon>,
+    /// ovs-vswitchd on the kernel datapath, when the test needs the data
+    /// path.
+    pub vswitchd: Option<VSwitchd>,
+    _ovsdb: Supervised,
+    /// The guards' keeper, over this node's XFRM.
+    pub keeper: GuardKeeper<XfrmHandle>,
+    /// The lease, armed and published.
+    pub lease: Lease,
+    /// The node's certificate from the test CA.
+    pub cert: NodeCert,
+    /// Runs programs inside the node's namespaces.
+    pub launcher: Launcher,
+    _keys: tempfile::TempDir,
+    /// The namespaces and files.
+    pub node: IpsecNode,
+}
+
+/// Brings `node` up to where IKE may start: ovsdb-server with the PKI paths
+/// and `system-id`, `br-int`, the lease allocated, its guards armed and read
+/// back, the lease saved and published.
+pub async fn setup(node: IpsecNode, ca: &CaFiles) -> Node {
+    let launcher = Launcher::nsenter(node.netns().holder_pid());
+    let cert = ca.issue(node.chassis()).unwrap();
+    let db = node.dir().join("conf.db");
+    testbed::netns::run(
+        std::process::Command::new("ovsdb-tool")
+            .arg("create")
+            .arg(&db)
+            .arg("/usr/share/openvswitch/vswitch.ovsschema"),
+    )
+    .unwrap();
+    let ovsdb = Supervised::start(
+        &ProcessSpec {
+            name: "ovsdb-server",
+            program: "ovsdb-server".into(),
+            args: vec![
+                db.into_os_string(),
+                "--remote=punix:/run/openvswitch/db.sock".into(),
+                "--unixctl=/run/openvswitch/ovsdb-server.ctl".into(),
+                "--no-chdir".into(),
+            ],
+            log_file: Some(node.dir().join("ovsdb-server.out")),
+        },
+        &launcher,
+    )
+    .unwrap();
+    let sock = node.run_path("openvswitch/db.sock");
+    wait_for(Duration::from_secs(10), Duration::from_millis(20), || {
+        sock.exists().then_some(())
+    })
+    .expect("ovsdb-server socket");
+    node.vsctl(&["init"]).unwrap();
+    node.vsctl(&[
+        "set",
+        "Open_vSwitch",
+        ".",
+        &format!("other_config:certificate={}", cert.cert.display()),
+        &format!("other_config:private_key={}", cert.key.display()),
+        &format!("other_config:ca_cert={}", ca.cert.display()),
+        &format!("external_ids:system-id={}", node.chassis()),
+    ])
+    .unwrap();
+    node.vsctl(&["add-br", "br-int"]).unwrap();
+
+    // Lease, guards, publication — before IKE starts.
+    let keys = tempfile::tempdir().unwrap();
+    let store = LeaseStore::new(keys.path());
+    let mut keeper = GuardKeeper::new(XfrmHandle::in_netns(node.netns().name()).unwrap());
+    let uid = Uid::new(format!("uid-{}", node.chassis())).unwrap();
+    let (mut lease, _) = store
+        .obtain(
+            &uid,
+            keeper.xfrm(),
+            &AllocationConfig::default(),
+            &mut OsRandom,
+        )
+        .unwrap();
+    let eval = keeper.arm(&mut lease).unwrap();
+    assert!(eval.armed, "{eval:?}");
+    store.save(&lease).unwrap();
+    let client = ovsdb::Client::connect_str(&format!("unix:{}", sock.display()))
+        .await
+        .unwrap();
+    lease::publish(&client, &lease).await.unwrap();
+    let ids = node
+        .vsctl(&["get", "Open_vSwitch", ".", "external_ids"])
+        .unwrap();
+    assert!(
+        ids.contains(&format!("ovn-ipsec-protection-mark=\"{}\"", lease.mark)),
+        "{ids}"
+    );
+    assert!(
+        ids.contains("system-id=") && ids.contains("ovn-ipsec-protection-node-uid"),
+        "{ids}"
+    );
+    client.close();
+
+    Node {
+        monitor: None,
+        ike: None,
+        vswitchd: None,
+        _ovsdb: ovsdb,
+        keeper,
+        lease,
+        cert,
+        launcher,
+        _keys: keys,
+        node,
+    }
+}
+
+/// The IKE runner's configuration for a node: its own cacerts directory,
+/// starter's output in the node's directory.
+pub fn ike_config(n: &IpsecNode) -> IkeConfig {
+    IkeConfig {
+        log_file: Some(n.dir().join("starter.out")),
+        stop_grace: Duration::from_secs(3),
+        cacerts_dir: n.etc_path("ipsec.d/cacerts"),
+        ..IkeConfig::default()
+    }
+}
+
+/// Starts the IKE daemon and waits for charon's pidfile and control socket.
+pub fn start_ike(n: &mut Node) {
+    let _ = std::fs::remove_file(n.node.run_path("charon.pid"));
+    n.ike = Some(IkeDaemon::start(ike_config(&n.node), n.launcher.clone()).unwrap());
+    let (pid, ctl) = (n.node.run_path("charon.pid"), n.node.run_path("charon.ctl"));
+    wait_for(Duration::from_secs(15), Duration::from_millis(20), || {
+        (pid.exists() && ctl.exists()).then_some(())
+    })
+    .unwrap_or_else(|| panic!("charon did not start:\n{}", n.node.diagnostics()));
+}
+
+/// Starts the monitor runner with `script` and waits until it answers.
+pub async fn start_monitor(n: &mut Node, script: &Path) {
+    let config = MonitorConfig {
+        python: Some(testbed::ipsec::SYSTEM_PYTHON.into()),
+        script: script.into(),
+        log_file: Some("/run/ovs-monitor-ipsec.log".into()),
+        output_file: Some(n.node.dir().join("ovs-monitor-ipsec.out")),
+        stop_grace: Duration::from_secs(3),
+        ..MonitorConfig::default()
+    };
+    let mut m = Monitor::start(config, n.launcher.clone()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while m.probe().await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "monitor not answering:\n{}",
+            n.node.diagnostics()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    n.monitor = Some(m);
+}
+
+/// Both guards of `n` are in a fresh XFRM dump and read back by index.
+pub fn guards_present(n: &mut Node) {
+    let policies = n.keeper.xfrm().dump_policies().unwrap();
+    let guards = policies
+        .iter()
+        .filter(|p| {
+            xfrm::model::Family::ALL.iter().any(|f| {
+                xfrm::model::compare_guard(&xfrm::model::Policy::guard(*f, n.lease.mark), p)
+                    .is_empty()
+            })
+        })
+        .count();
+    assert_eq!(guards, 2, "guards missing from a dump: {policies:#?}");
+    let mut lease = n.lease.clone();
+    let eval = n.keeper.evaluate(&mut lease).unwrap();
+    assert!(eval.armed && eval.events.is_empty(), "{eval:?}");
+}
+
+/// Takes XFRM dumps for `during` and checks the guards in each.
+pub async fn guards_through(n: &mut Node, during: Duration) -> usize {
+    let end = Instant::now() + during;
+    let mut dumps = 0;
+    while Instant::now() < end {
+        guards_present(n);
+        dumps += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    dumps
+}
+
+/// Starts ovs-vswitchd on the kernel datapath in the node (`br-int` becomes
+/// a kernel device).
+pub fn start_vswitchd(n: &mut Node) {
+    n.vswitchd = Some(
+        VSwitchd::start(&n.node)
+            .unwrap_or_else(|e| panic!("ovs-vswitchd:\n{e}\n{}", n.node.diagnostics())),
+    );
+}

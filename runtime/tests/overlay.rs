@@ -1,0 +1,300 @@
+//! The encrypted overlay, end to end, on a full kernel (ESP, GENEVE, the
+//! OVS kernel datapath): two simulated nodes, each with ovsdb-server and
+//! ovs-vswitchd on the kernel datapath, `br-int` with a pod port and a
+//! Geneve tunnel to the other, the agent's lease and guards armed and
+//! published before IKE starts, strongSwan and the image's patched
+//! ovs-monitor-ipsec run by the runtime's own runners, identities from the
+//! test CA. A tcpdump on node A's underlay link is the judge of what the
+//! wire carries.
+//!
+//! 1. Without IPsec intent (no `remote_name`, no marks) pod traffic is
+//!    plaintext Geneve and the armed guards drop none of it; plain underlay
+//!    traffic passes too.
+//! 2. With intent set as the patched ovn-controller sets it, pod traffic
+//!    flows, both nodes' SAs carry it, and the underlay sees ESP and no
+//!    plaintext UDP 6081.
+//! 3. The IKE daemon SIGKILLed under load: no plaintext Geneve while it is
+//!    down; traffic flows encrypted once it is back.
+//! 4. The IKE daemon stopped (it removes its policies and SAs, as any
+//!    restart of it does): the guards drop the marked packets
+//!    (`XfrmOutPolBlock` grows), the underlay sees no plaintext Geneve, and
+//!    traffic resumes encrypted once the daemon is back.
+//!
+//! On a kernel without those features this prints SKIPPED and returns;
+//! scripts/kernel-tests.sh runs it on a full kernel, where SKIPPED fails.
+
+// Tests and benches fail loudly on any unexpected error.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
+
+mod ike_node;
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ike_node::{
+    Node, guards_present, guards_through, setup, start_ike, start_monitor, start_vswitchd,
+};
+use kube_ovn_ipsec_runtime::monitor_patch;
+use kube_ovn_ipsec_runtime::sa::{self, TunnelEndpoints};
+use nix::sys::signal::Signal;
+use testbed::guest::HostFeatures;
+use testbed::ipsec::{CaFiles, IpsecNode, Tunnel};
+use testbed::netns::wait_for;
+use testbed::overlay::{self, Capture, CaptureSummary, Pinger};
+use xfrm::Xfrm;
+use xfrm::stat::{OUT_POL_BLOCK, XfrmStats};
+
+const POD_A: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
+const POD_B: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
+const PING_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The tunnel from `n` to `peer` with `n`'s lease, as the patched
+/// ovn-controller would configure it.
+fn tunnel(n: &Node, peer: &IpsecNode) -> Tunnel {
+    Tunnel {
+        mark: n.lease.mark,
+        reqid: n.lease.reqid,
+        ..Tunnel::to(peer, 0)
+    }
+}
+
+/// `(spi, bytes)` of every SA attributed to `n`'s lease.
+fn lease_sas(n: &mut Node, peer_ip: Ipv4Addr) -> Vec<(u32, u64)> {
+    let states = n.keeper.xfrm().dump_states().unwrap();
+    let policies = n.keeper.xfrm().dump_policies().unwrap();
+    let t = [TunnelEndpoints {
+        local: n.node.ip().into(),
+        remote: peer_ip.into(),
+    }];
+    let at = sa::attribute(&n.lease, &states, &policies, &t);
+    states
+        .iter()
+        .filter(|s| at.sas.iter().any(|o| o.spi == format!("{:08x}", s.spi)))
+        .map(|s| (s.spi, s.bytes))
+        .collect()
+}
+
+fn stats(n: &Node) -> XfrmStats {
+    overlay::xfrm_stats(n.node.netns()).unwrap()
+}
+
+fn capture(n: &Node, name: &str) -> Capture {
+    Capture::start(n.node.netns(), "eth0", &n.node.dir().join(name)).unwrap()
+}
+
+/// Pings pod B from pod A, one echo at a time, until one is answered.
+fn wait_for_pod_reply(a: &Node, timeout: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    wait_for(timeout, Duration::from_millis(100), || {
+        let p = overlay::ping(a.node.netns(), POD_B, 1, PING_INTERVAL).ok()?;
+        (p.received == 1).then(|| t0.elapsed())
+    })
+}
+
+fn assert_no_plaintext(what: &str, c: &CaptureSummary) {
+    assert_eq!(
+        c.dropped_by_kernel, 0,
+        "{what}: the capture missed packets: {c:?}"
+    );
+    assert_eq!(
+        c.geneve, 0,
+        "{what}: plaintext Geneve on the underlay: {c:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encrypted_overlay_end_to_end() {
+    let features = HostFeatures::probe();
+    if !features.complete() {
+        println!(
+            "SKIPPED: the encrypted overlay end to end: this kernel lacks {features:?}; \
+             scripts/kernel-tests.sh runs it on a full kernel"
+        );
+        return;
+    }
+    for p in [
+        "ipsec",
+        "ovsdb-server",
+        "ovsdb-tool",
+        "ovs-vsctl",
+        "ovs-vswitchd",
+        "ovs-appctl",
+        "tcpdump",
+        "ping",
+        "patch",
+        "nsenter",
+        "ip",
+    ] {
+        testbed::require_program(p).unwrap();
+    }
+    let t0 = Instant::now();
+    let script =
+        testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    assert!(
+        !monitor_patch::inspect(script)
+            .unwrap()
+            .needs_ca_workaround()
+    );
+    let ca = CaFiles::create("kube-ovn-ipsec overlay test CA").unwrap();
+    let (a, b) = IpsecNode::pair("koi-ovl", "chass-a", "chass-b").unwrap();
+    let mut a = setup(a, &ca).await;
+    let mut b = setup(b, &ca).await;
+    for (n, pod) in [(&mut a, POD_A), (&mut b, POD_B)] {
+        start_vswitchd(n);
+        overlay::add_pod(&n.node, "pod0", &format!("{pod}/24")).unwrap();
+        start_ike(n);
+        start_monitor(n, script).await;
+    }
+    let (ta, tb) = (tunnel(&a, &b.node), tunnel(&b, &a.node));
+    a.node.add_plain_tunnel(&ta.name, b.node.ip()).unwrap();
+    b.node.add_plain_tunnel(&tb.name, a.node.ip()).unwrap();
+    println!(
+        "two nodes up (ovsdb, vswitchd, guards, IKE, monitor) after {:?}",
+        t0.elapsed()
+    );
+
+    // 1. No IPsec intent: plaintext, unmarked, untouched by the guards.
+    guards_present(&mut a);
+    guards_present(&mut b);
+    let learned = wait_for_pod_reply(&a, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no plaintext pod reply:\n{}", a.node.diagnostics()));
+    println!("[plain] first pod reply after {learned:?}");
+    let before = stats(&a);
+    let cap = capture(&a, "plain.pcap");
+    let pods = overlay::ping(a.node.netns(), POD_B, 10, PING_INTERVAL).unwrap();
+    let underlay = overlay::ping(a.node.netns(), b.node.ip(), 3, PING_INTERVAL).unwrap();
+    let seen = cap.stop().unwrap();
+    let grew = stats(&a).growth_since(&before);
+    println!("[plain] pods {pods:?}, underlay {underlay:?}, wire {seen:?}, xfrm {grew:?}");
+    assert!(pods.received >= 9, "plaintext pod traffic lost: {pods:?}");
+    assert_eq!(
+        underlay.received, 3,
+        "unmarked underlay traffic lost: {underlay:?}"
+    );
+    assert!(seen.geneve > 0 && seen.esp == 0, "{seen:?}");
+    assert!(
+        !grew.contains_key(OUT_POL_BLOCK),
+        "guards dropped unmarked traffic: {grew:?}"
+    );
+
+    // 2. IPsec intent, as the patched ovn-controller sets it.
+    a.node.protect_tunnel(&ta).unwrap();
+    b.node.protect_tunnel(&tb).unwrap();
+    for n in [&a, &b] {
+        wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
+            (n.node.routed_conns().ok()?.len() >= 2).then_some(())
+        })
+        .unwrap_or_else(|| panic!("conns not routed:\n{}", n.node.diagnostics()));
+    }
+    println!("[esp] both nodes routed after {:?}", t0.elapsed());
+    let first = wait_for_pod_reply(&a, Duration::from_secs(60)).unwrap_or_else(|| {
+        panic!(
+            "no encrypted pod reply:\n{}\n{}",
+            a.node.diagnostics(),
+            b.node.diagnostics()
+        )
+    });
+    println!("[esp] first pod reply through ESP after {first:?}");
+    let (ip_a, ip_b) = (a.node.ip(), b.node.ip());
+    let (sas_a, sas_b) = (lease_sas(&mut a, ip_b), lease_sas(&mut b, ip_a));
+    let before = stats(&a);
+    let cap = capture(&a, "esp.pcap");
+    let pods = overlay::ping(a.node.netns(), POD_B, 10, PING_INTERVAL).unwrap();
+    let underlay = overlay::ping(a.node.netns(), b.node.ip(), 3, PING_INTERVAL).unwrap();
+    let seen = cap.stop().unwrap();
+    let grew = stats(&a).growth_since(&before);
+    let (after_a, after_b) = (lease_sas(&mut a, ip_b), lease_sas(&mut b, ip_a));
+    println!(
+        "[esp] pods {pods:?}, underlay {underlay:?}, wire {seen:?}, xfrm {grew:?}\n\
+         [esp] SAs of A {sas_a:?} -> {after_a:?}; of B {sas_b:?} -> {after_b:?}"
+    );
+    assert!(pods.received >= 9, "encrypted pod traffic lost: {pods:?}");
+    assert_eq!(
+        underlay.received, 3,
+        "unmarked underlay traffic lost: {underlay:?}"
+    );
+    assert_no_plaintext("encrypted", &seen);
+    // Every answered echo crossed the wire twice, as ESP.
+    assert!(seen.esp >= 2 * pods.received as usize, "{seen:?}");
+    for (node, before, after) in [("A", &sas_a, &after_a), ("B", &sas_b, &after_b)] {
+        assert!(
+            after.len() >= 2,
+            "{node}: fewer than two lease SAs: {after:?}"
+        );
+        let grown = after
+            .iter()
+            .filter(|(spi, bytes)| {
+                before
+                    .iter()
+                    .find(|(s, _)| s == spi)
+                    .is_none_or(|(_, b)| bytes > b)
+            })
+            .count();
+        assert!(
+            grown >= 2,
+            "{node}: SA byte counters did not grow: {before:?} -> {after:?}"
+        );
+    }
+
+    // 3. The IKE daemon SIGKILLed while pod traffic runs.
+    let before = stats(&a);
+    let cap = capture(&a, "kill.pcap");
+    let pinger = Pinger::start(a.node.netns(), POD_B, Duration::from_millis(100)).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ike = a.ike.as_mut().unwrap();
+    ike.process().signal(Signal::SIGKILL);
+    let status = ike.process().exited().await.unwrap();
+    let dumps = guards_through(&mut a, Duration::from_secs(2)).await;
+    let during = stats(&a).growth_since(&before);
+    println!(
+        "[kill] IKE daemon {status}; guards in {dumps} dumps; xfrm during the outage {during:?}"
+    );
+    a.ike = None;
+    start_ike(&mut a);
+    let back = wait_for_pod_reply(&a, Duration::from_secs(60));
+    let pinged = pinger.stop().unwrap();
+    let seen = cap.stop().unwrap();
+    println!(
+        "[kill] daemon back, pod reply {back:?}; pings {pinged:?}; wire {seen:?}; xfrm {:?}",
+        stats(&a).growth_since(&before)
+    );
+    assert!(
+        back.is_some(),
+        "no pod traffic after the restart:\n{}",
+        a.node.diagnostics()
+    );
+    assert_no_plaintext("IKE daemon killed", &seen);
+    guards_present(&mut a);
+
+    // 4. The IKE daemon stopped: its policies and SAs go with it.
+    let before = stats(&a);
+    let cap = capture(&a, "stop.pcap");
+    a.ike.as_mut().unwrap().stop().await.unwrap();
+    a.ike = None;
+    let outage = overlay::ping(a.node.netns(), POD_B, 10, PING_INTERVAL).unwrap();
+    let during = stats(&a).growth_since(&before);
+    guards_present(&mut a);
+    println!("[stop] pings while stopped {outage:?}; xfrm {during:?}");
+    start_ike(&mut a);
+    let back = wait_for_pod_reply(&a, Duration::from_secs(60));
+    let resumed = overlay::ping(a.node.netns(), POD_B, 5, PING_INTERVAL).unwrap();
+    let seen = cap.stop().unwrap();
+    println!("[stop] daemon back, pod reply {back:?}, then {resumed:?}; wire {seen:?}");
+    assert!(
+        during.get(OUT_POL_BLOCK).copied().unwrap_or(0) >= u64::from(outage.transmitted / 2),
+        "the guards did not drop the marked packets: {during:?}"
+    );
+    assert!(outage.received < outage.transmitted, "{outage:?}");
+    assert!(
+        back.is_some(),
+        "no pod traffic after the restart:\n{}",
+        a.node.diagnostics()
+    );
+    assert!(resumed.received >= 4, "{resumed:?}");
+    assert_no_plaintext("IKE daemon stopped", &seen);
+    assert!(seen.esp > 0, "{seen:?}");
+    println!("total {:?}", t0.elapsed());
+}
