@@ -50,6 +50,14 @@ else
   echo "install-deps: all Debian packages present"
 fi
 
+# The guest kernel's package is found through apt's package lists
+# (testbed::guest fetches it with `apt-get download`; scripts/test.sh runs
+# `koi-kernel-run --prepare`): images that ship without lists get them here.
+if ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
+  echo "install-deps: no apt package lists for linux-image-amd64; running apt-get update"
+  apt-get update -qq
+fi
+
 # kubectl is the independent client the embedded API server's tests run
 # against. The project's machines carry a current one (/usr/bin/kubectl);
 # where it is missing, Debian's kubernetes-client is the only packaged one

@@ -22,6 +22,10 @@ python3 scripts/crate-graph.py --check docs/architecture.md
 echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "== the full kernel for the kernel checks (fetched once into its cache)"
+cargo build --locked -q -p testbed --bin koi-kernel-run
+target/debug/koi-kernel-run --prepare
+
 echo "== cargo test (real daemons; a missing program fails by name)"
 # Two test threads: the machine has two cores, and the integration tests start
 # real daemons whose start-up latency is what they measure against timeouts.

@@ -450,10 +450,16 @@ pub fn run_in_guest(
     std::fs::write(&stage2, stage2_script(kernel, cwd, command, env))
         .map_err(step("writing the guest's second stage"))?;
     let initrd = build_initramfs(kernel, work.path(), &stage2)?;
-    let accel = if kvm { "kvm" } else { "tcg,thread=multi" };
+    let (accel, cpu) = if kvm {
+        ("kvm", "host,-arch-capabilities")
+    } else {
+        ("tcg,thread=multi", "max")
+    };
     let started = Instant::now();
     let mut child = Command::new(require_program("qemu-system-x86_64")?)
-        .args(["-accel", accel, "-cpu", "max", "-m", "2048", "-smp", "2"])
+        // Under KVM `-cpu max` asks for MSR 0x10a (arch capabilities),
+        // which nested KVM here refuses ("failed to set MSR 0x10a").
+        .args(["-accel", accel, "-cpu", cpu, "-m", "2048", "-smp", "2"])
         .args(["-nographic", "-no-reboot"])
         // Entropy from the host: a fresh guest's CRNG would otherwise make
         // the first getrandom() callers (charon, TLS) wait.

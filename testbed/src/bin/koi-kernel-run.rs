@@ -3,6 +3,11 @@
 //! has them, otherwise a Debian guest under qemu (`testbed::guest`) — and
 //! exits with COMMAND's status. Prints which kernel it used and, for a
 //! guest, the accelerator and the boot and total times.
+//!
+//! `koi-kernel-run --prepare` only makes sure that kernel is there: nothing
+//! when the host's will do, otherwise the guest kernel fetched and unpacked
+//! into its cache (what the setup scripts call, so the first test does not
+//! pay for the download).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -13,8 +18,10 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut timeout = Duration::from_secs(900);
     let mut command = Vec::new();
+    let mut prepare_only = false;
     while let Some(a) = args.next() {
         match a.as_str() {
+            "--prepare" => prepare_only = true,
             "--timeout" => match args.next().and_then(|s| s.parse().ok()) {
                 Some(secs) => timeout = Duration::from_secs(secs),
                 None => {
@@ -27,15 +34,18 @@ fn main() -> ExitCode {
             }
             other => {
                 eprintln!(
-                    "koi-kernel-run: unexpected `{other}` (usage: koi-kernel-run [--timeout SECS] -- COMMAND [ARGS...])"
+                    "koi-kernel-run: unexpected `{other}` (usage: koi-kernel-run [--timeout SECS] -- COMMAND [ARGS...] | koi-kernel-run --prepare)"
                 );
                 return ExitCode::from(2);
             }
         }
     }
+    if prepare_only {
+        return prepare();
+    }
     if command.is_empty() {
         eprintln!(
-            "koi-kernel-run: no command (usage: koi-kernel-run [--timeout SECS] -- COMMAND [ARGS...])"
+            "koi-kernel-run: no command (usage: koi-kernel-run [--timeout SECS] -- COMMAND [ARGS...] | koi-kernel-run --prepare)"
         );
         return ExitCode::from(2);
     }
@@ -108,6 +118,34 @@ fn main() -> ExitCode {
                     ExitCode::from(2)
                 }
             }
+        }
+    }
+}
+
+/// `--prepare`: the kernel the checks will use is there.
+fn prepare() -> ExitCode {
+    match KernelChoice::decide() {
+        Ok(KernelChoice::Host) => {
+            eprintln!("koi-kernel-run: the host kernel has ESP, GENEVE and openvswitch");
+            ExitCode::SUCCESS
+        }
+        Ok(KernelChoice::Vm { .. }) => match GuestKernel::prepare(&GuestKernel::cache_dir()) {
+            Ok(k) => {
+                eprintln!(
+                    "koi-kernel-run: guest kernel {} ready in {}",
+                    k.release,
+                    GuestKernel::cache_dir().display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("koi-kernel-run: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Err(e) => {
+            eprintln!("koi-kernel-run: {e}");
+            ExitCode::from(2)
         }
     }
 }
