@@ -20,11 +20,30 @@ pub enum Error {
         /// The OS error.
         source: std::io::Error,
     },
-    /// Another process holds the key directory's owner lock.
-    #[error("key directory {path} is locked by another process")]
+    /// The key directory's filesystem is full (or over quota).
+    #[error(
+        "key directory {path} has no space left ({source}); free space on that filesystem — \
+         the active identity stays in use, the failed write left nothing behind"
+    )]
+    KeyDirFull {
+        /// The file or directory being written.
+        path: PathBuf,
+        /// The OS error (ENOSPC or EDQUOT).
+        source: std::io::Error,
+    },
+    /// Another process holds the key directory's owner lock (or this
+    /// process has no open key directory).
+    #[error(
+        "key directory {path} is owned by another process{}; each node runs one \
+         kube-ovn-ipsec agent: stop the other one (a second ipsec container or a leftover \
+         process on the host)",
+        holder.map(|p| format!(" (PID {p})")).unwrap_or_default()
+    )]
     KeyDirLocked {
         /// The directory.
         path: PathBuf,
+        /// The owner's PID as it recorded it in the lock file, when known.
+        holder: Option<u32>,
     },
     /// Other I/O on the key directory failed.
     #[error("key directory I/O on {path}: {source}")]
@@ -126,6 +145,7 @@ impl Error {
         match self {
             Error::KeyDirReadOnly { .. } => "key_dir_read_only",
             Error::KeyDirLocked { .. } => "key_dir_locked",
+            Error::KeyDirFull { .. } => "key_dir_full",
             Error::KeyDirIo { .. } => "key_dir_io",
             Error::GenerationInconsistent { .. } => "generation_inconsistent",
             Error::KeyGeneration(_) => "key_generation",
@@ -152,6 +172,7 @@ impl Error {
         match self {
             Error::KeyDirReadOnly { .. } => Reason::KeyDirReadOnly,
             Error::KeyDirLocked { .. } => Reason::KeyDirLocked,
+            Error::KeyDirFull { .. } => Reason::KeyDirFull,
             Error::CertificateRejected(_) | Error::GenerationInconsistent { .. } => {
                 Reason::CertificateMismatch
             }

@@ -43,6 +43,7 @@ use ractor::{ActorRef, RpcReplyPort};
 
 use crate::bus::{ActivationEvent, Bus, RenewalEvent};
 use crate::error::{Error, Result};
+use crate::keydir::OwnerLock;
 use crate::metrics::Metrics;
 use crate::pki::KeyType;
 use crate::ports::{CsrApi, OvsdbIdentity};
@@ -80,6 +81,10 @@ pub struct IdentityConfig {
     pub retry: BackoffPolicy,
     /// How long a retired generation is kept before collection.
     pub gc_grace: Duration,
+    /// The process's owner lock on `key_dir`, taken before anything else
+    /// touched the node (the agent's start-up does). `None` makes the actor
+    /// take the lock itself when it opens the directory (tests, tools).
+    pub owner: Option<Arc<OwnerLock>>,
 }
 
 impl IdentityConfig {
@@ -102,6 +107,7 @@ impl IdentityConfig {
             request_timeout: Duration::from_secs(300),
             retry: BackoffPolicy::default(),
             gc_grace: Duration::from_secs(3600),
+            owner: None,
         }
     }
 }

@@ -21,8 +21,9 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
@@ -153,16 +154,105 @@ pub struct GenerationFile<'a> {
     pub secret: bool,
 }
 
-/// An open, locked key directory.
+/// An open key directory, under its process's [`OwnerLock`].
 #[derive(Debug)]
 pub struct KeyDir {
     dir: PathBuf,
-    // Held for the lifetime of the value: dropping it releases the flock.
+    // The flock lives as long as its last holder: the process keeps one
+    // for its whole life, so closing and reopening the directory (after an
+    // error) never lets a second process in between.
+    _owner: Arc<OwnerLock>,
+}
+
+/// A process's claim on a key directory (SPEC §2): an exclusive `flock` on
+/// `.lock`, which also records the owner's PID so that a second process can
+/// say who holds it. Taken before the process touches the key directory,
+/// the lease, OVSDB or the kernel; released when dropped (or when the
+/// process dies, by the kernel).
+#[derive(Debug)]
+pub struct OwnerLock {
+    dir: PathBuf,
     _lock: Flock<File>,
 }
 
+impl OwnerLock {
+    /// Creates the directory (0700) if needed and takes its lock without
+    /// waiting. Held elsewhere: [`Error::KeyDirLocked`] with the holder's
+    /// recorded PID. Not creatable or writable: [`Error::KeyDirReadOnly`]
+    /// (or [`Error::KeyDirFull`]).
+    pub fn acquire(dir: impl Into<PathBuf>) -> Result<OwnerLock> {
+        let dir = dir.into();
+        create_private_dir(&dir).map_err(|e| match e {
+            Error::KeyDirIo { source, .. } if is_read_only(&source) => Error::KeyDirReadOnly {
+                path: dir.clone(),
+                source,
+            },
+            Error::KeyDirReadOnly { source, .. } => Error::KeyDirReadOnly {
+                path: dir.clone(),
+                source,
+            },
+            other => other,
+        })?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(|e| match io_err(&lock_path, e) {
+                Error::KeyDirReadOnly { source, .. } => Error::KeyDirReadOnly {
+                    path: dir.clone(),
+                    source,
+                },
+                other => other,
+            })?;
+        let lock = match Flock::lock(lock_file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => lock,
+            Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(Error::KeyDirLocked {
+                    holder: recorded_pid(&file),
+                    path: dir,
+                });
+            }
+            Err((_, errno)) => return Err(io_err(&lock_path, std::io::Error::from(errno))),
+        };
+        // Ours now: record who we are for the next process that asks. Only
+        // a courtesy — the flock is the lock — so a full disk does not stop
+        // the owner (the refusal then just cannot name it).
+        let pid = format!("{}\n", std::process::id());
+        if let Err(e) = lock
+            .set_len(0)
+            .and_then(|()| lock.write_all_at(pid.as_bytes(), 0))
+            .and_then(|()| lock.sync_data())
+        {
+            tracing::warn!(path = %lock_path.display(), error = %e, "could not record the owner's PID");
+        }
+        Ok(OwnerLock { dir, _lock: lock })
+    }
+
+    /// The directory this lock owns.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// The PID the holder wrote into the lock file; `None` while it has not
+/// written it yet (or wrote something else).
+fn recorded_pid(file: &File) -> Option<u32> {
+    let mut buf = [0u8; 32];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
+}
+
 fn io_err(path: &Path, source: std::io::Error) -> Error {
-    if is_read_only(&source) {
+    if is_full(&source) {
+        Error::KeyDirFull {
+            path: path.to_path_buf(),
+            source,
+        }
+    } else if is_read_only(&source) {
         Error::KeyDirReadOnly {
             path: path.to_path_buf(),
             source,
@@ -173,6 +263,40 @@ fn io_err(path: &Path, source: std::io::Error) -> Error {
             source,
         }
     }
+}
+
+/// Makes a secret file (a private key, the lease) 0600 again when group or
+/// others can access it, and says so: the agent writes them 0600, so a
+/// wider mode is someone's `chmod`, a restore from backup, or a copy — the
+/// key may have been read. Tightened rather than refused: refusing would
+/// take the node's encryption down over a mode bit while doing nothing for
+/// the exposure, which only a renewal (or a CA rotation) ends. Returns the
+/// mode it had when it was changed; a missing file is `Ok(None)`.
+pub fn tighten_secret(path: &Path) -> std::io::Result<Option<u32>> {
+    let mode = match fs::metadata(path) {
+        Ok(m) => m.permissions().mode() & 0o777,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if mode & 0o077 == 0 {
+        return Ok(None);
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    tracing::warn!(
+        path = %path.display(),
+        mode = format!("{mode:04o}"),
+        "a secret file was readable beyond its owner; set it back to 0600 — if others could \
+         read it on this host, renew the identity (delete the node's CSR generation) or rotate"
+    );
+    Ok(Some(mode))
+}
+
+/// No space (or quota) left: its own reason — the Talos advice of a
+/// read-only directory would send the operator the wrong way.
+fn is_full(e: &std::io::Error) -> bool {
+    e.kind() == ErrorKind::StorageFull
+        || e.raw_os_error() == Some(nix::libc::ENOSPC)
+        || e.raw_os_error() == Some(nix::libc::EDQUOT)
 }
 
 fn is_read_only(e: &std::io::Error) -> bool {
@@ -217,47 +341,20 @@ fn create_private_dir(path: &Path) -> Result<()> {
 }
 
 impl KeyDir {
-    /// Opens (creating if needed) and locks the key directory.
+    /// Opens (creating if needed) the key directory under a lock of its
+    /// own: for tests and one-shot tools. The agent takes its
+    /// [`OwnerLock`] at start-up and uses [`KeyDir::open_owned`].
     ///
     /// A directory that cannot be created or written is
-    /// [`Error::KeyDirReadOnly`]; one locked by another process is
-    /// [`Error::KeyDirLocked`].
+    /// [`Error::KeyDirReadOnly`] ([`Error::KeyDirFull`] when out of space);
+    /// one locked by another process is [`Error::KeyDirLocked`].
     pub fn open(dir: impl Into<PathBuf>) -> Result<KeyDir> {
-        let dir = dir.into();
-        create_private_dir(&dir).map_err(|e| match e {
-            Error::KeyDirIo { source, .. } if is_read_only(&source) => Error::KeyDirReadOnly {
-                path: dir.clone(),
-                source,
-            },
-            Error::KeyDirReadOnly { source, .. } => Error::KeyDirReadOnly {
-                path: dir.clone(),
-                source,
-            },
-            other => other,
-        })?;
-        let lock_path = dir.join(LOCK_FILE);
-        let lock_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&lock_path)
-            .map_err(|e| match io_err(&lock_path, e) {
-                Error::KeyDirReadOnly { source, .. } => Error::KeyDirReadOnly {
-                    path: dir.clone(),
-                    source,
-                },
-                other => other,
-            })?;
-        let lock =
-            Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
-                if errno == nix::errno::Errno::EWOULDBLOCK {
-                    Error::KeyDirLocked { path: dir.clone() }
-                } else {
-                    io_err(&lock_path, std::io::Error::from(errno))
-                }
-            })?;
+        Self::open_owned(Arc::new(OwnerLock::acquire(dir)?))
+    }
+
+    /// Opens the key directory `owner` holds, probing that it is writable.
+    pub fn open_owned(owner: Arc<OwnerLock>) -> Result<KeyDir> {
+        let dir = owner.path().to_path_buf();
         // Probe writability now: a directory that exists but is read-only
         // (a read-only bind mount) must be reported before any key is made.
         write_atomic_kd(&dir.join(".probe"), b"", 0o600).map_err(|e| match e {
@@ -270,7 +367,7 @@ impl KeyDir {
             other => other,
         })?;
         let _ = fs::remove_file(dir.join(".probe"));
-        Ok(KeyDir { dir, _lock: lock })
+        Ok(KeyDir { dir, _owner: owner })
     }
 
     /// The directory.
@@ -395,6 +492,9 @@ impl KeyDir {
     /// Reads a file of a generation.
     pub fn read_file(&self, generation: u64, name: &str) -> Result<Vec<u8>> {
         let p = self.generation_dir(generation).join(name);
+        if name == files::PRIVATE_KEY {
+            tighten_secret(&p).map_err(|e| io_err(&p, e))?;
+        }
         fs::read(&p).map_err(|e| io_err(&p, e))
     }
 

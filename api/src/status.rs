@@ -57,6 +57,8 @@ pub enum Reason {
     KeyDirReadOnly,
     /// Another process holds the key directory's owner lock.
     KeyDirLocked,
+    /// The key directory's filesystem is full.
+    KeyDirFull,
     /// The image's ovn-controller does not advertise the capability.
     CapabilityMissing,
     /// The running ovn-controller's capability differs from the image's.
@@ -134,6 +136,10 @@ impl Reason {
             KeyDirLocked => {
                 "another kube-ovn-ipsec process holds the key directory lock; check for a second \
                  ipsec container or a leftover process on the host"
+            }
+            KeyDirFull => {
+                "the filesystem of the IPsec key directory is full; free space on it (the agent \
+                 needs a few KiB per identity generation) — the active identity stays in use"
             }
             CapabilityMissing => {
                 "the image's ovn-controller lacks the 'IPsec output protection version 1' patch; \
@@ -412,9 +418,10 @@ mod tests {
         Phase::Failed,
     ];
 
-    const REASONS: [Reason; 30] = [
+    const REASONS: [Reason; 31] = [
         Reason::KeyDirReadOnly,
         Reason::KeyDirLocked,
+        Reason::KeyDirFull,
         Reason::CapabilityMissing,
         Reason::CapabilityMismatch,
         Reason::ChassisUnknown,

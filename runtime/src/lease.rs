@@ -187,6 +187,12 @@ impl LeaseStore {
     /// Reads the lease file, whoever it belongs to.
     pub fn load(&self) -> Result<Option<Lease>, Error> {
         let path = self.path();
+        // The lease names the mark that exempts packets from the guards'
+        // drop: it is kept 0600 like a key (tightened, and said so).
+        actors::keydir::tighten_secret(&path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

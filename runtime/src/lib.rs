@@ -18,6 +18,7 @@
 //!   observation record.
 //! - [`capability`]: the capability gate (ovn-controller's output
 //!   protection marker, image and running).
+//! - [`pidfile`]: the IKE daemon's pidfiles, removed only when stale.
 //! - [`process`]: foreground children in their own process group.
 //! - [`ike`]: strongSwan starter — start, probe, loaded certificates, stop,
 //!   the CA workaround.
@@ -33,6 +34,7 @@ pub mod ike;
 pub mod lease;
 pub mod monitor;
 pub mod monitor_patch;
+pub mod pidfile;
 pub mod process;
 pub mod sa;
 

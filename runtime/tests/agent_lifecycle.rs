@@ -295,3 +295,98 @@ async fn csr_refused_by_the_api_is_reported_as_an_api_error() {
     let _ = agent.kill();
     let _ = agent.wait();
 }
+
+/// Every file under `dir` with its mode and content (a missing `dir` is
+/// empty).
+fn files_under(dir: &std::path::Path) -> std::collections::BTreeMap<String, (u32, Vec<u8>)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let meta = e.metadata().unwrap();
+            if meta.is_dir() {
+                stack.push(p);
+            } else {
+                let mode = meta.permissions().mode() & 0o777;
+                out.insert(p.display().to_string(), (mode, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_on_the_same_key_directory_exits_having_touched_nothing() {
+    let cluster = Cluster::start(Duration::from_secs(600)).await;
+    let key_dir = cluster.dir.path().join("keys");
+    let port = Cluster::free_port();
+    // The first agent writes nothing periodically while the second runs.
+    let mut first = cluster.spawn_agent(&key_dir, port, 600, &["--sa-observe-period", "3600"]);
+    wait_generation(&cluster, port, 1, Duration::from_secs(60)).await;
+
+    // A live IKE daemon's pidfile, as the first agent's charon keeps it: a
+    // process named `charon` (a copy of sleep).
+    let run = cluster.dir.path().join("run");
+    let fake = cluster.dir.path().join("charon");
+    std::fs::copy(testbed::require_program("sleep").unwrap(), &fake).unwrap();
+    let mut charon = std::process::Command::new(&fake)
+        .arg("600")
+        .spawn()
+        .unwrap();
+    std::fs::write(run.join("charon.pid"), format!("{}\n", charon.id())).unwrap();
+
+    let policies = |c: &Cluster| c.netns.ip(["xfrm", "policy", "list"]).unwrap();
+    let snapshot = |c: &Cluster| {
+        (
+            files_under(&key_dir),
+            std::fs::read(run.join("charon.pid")).ok(),
+            c.external_ids(),
+            c.other_config(),
+            policies(c),
+        )
+    };
+    let before = snapshot(&cluster);
+    let t = Instant::now();
+    let mut second = cluster.spawn_agent(&key_dir, Cluster::free_port(), 600, &[]);
+    let status = loop {
+        if let Some(s) = second.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the second agent is still running:\n{}",
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("second agent exited ({status}) after {:?}", t.elapsed());
+    assert!(!status.success(), "{status}");
+    let logs = cluster.agent_logs();
+    assert!(
+        logs.contains(&format!("(PID {})", first.id())),
+        "the refusal does not name the holder:\n{logs}"
+    );
+    assert!(logs.contains("nothing on this node was touched"), "{logs}");
+    assert_eq!(
+        snapshot(&cluster),
+        before,
+        "the second agent changed the node"
+    );
+    assert!(
+        charon.try_wait().unwrap().is_none(),
+        "the live daemon was signalled"
+    );
+    // The first agent is still the node's, and still ready.
+    wait_generation(&cluster, port, 1, Duration::from_secs(5)).await;
+
+    let _ = charon.kill();
+    let _ = charon.wait();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    first.wait().unwrap();
+}

@@ -104,6 +104,7 @@ impl IdentityState {
     ) -> Result<T> {
         let store = self.store.clone().ok_or_else(|| Error::KeyDirLocked {
             path: self.args.config.key_dir.clone(),
+            holder: None,
         })?;
         blocking(move || f(&*store)).await
     }
@@ -112,8 +113,12 @@ impl IdentityState {
         match job {
             Job::Open { now_unix } => {
                 let dir = self.args.config.key_dir.clone();
+                let owner = self.args.config.owner.clone();
                 let opened = blocking(move || {
-                    let kd = KeyDir::open(dir)?;
+                    let kd = match owner {
+                        Some(owner) => KeyDir::open_owned(owner)?,
+                        None => KeyDir::open(dir)?,
+                    };
                     let rec = recovery::read(&kd, now_unix)?;
                     let store: Arc<dyn KeyStore> = Arc::new(kd);
                     Ok((store, rec))

@@ -478,7 +478,8 @@ impl Machine {
         tracing::error!(
             path = %self.config.key_dir.display(),
             error = %e,
-            "key directory unusable; set OVN_IPSEC_KEY_DIR to a writable directory (e.g. /var/lib/ovs_ipsec_keys on read-only /etc hosts)"
+            advice = reason.message(),
+            "key directory unusable; retrying with backoff"
         );
         self.shown = Some(reason);
         self.emit(Effect::Condition(IdentityCondition::Blocked(reason)));
@@ -1025,6 +1026,7 @@ impl Machine {
         if !open {
             return Refresh::Failed(Error::KeyDirLocked {
                 path: self.config.key_dir.clone(),
+                holder: None,
             });
         }
         Refresh::Start(Box::new(RefreshPlan {

@@ -393,6 +393,22 @@ async fn corrupt_state_file_is_moved_aside_and_a_fresh_identity_requested() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn full_key_dir_reports_key_dir_full_without_crashing() {
+    let full = crate::keydir::tests::FullFs::new();
+    full.fill();
+    let mut h = Harness::with_key_dir(None, full.dir.clone());
+    let _id = h.start_all().await;
+    h.until("KeyDirFull", Duration::from_secs(5), |h| {
+        h.board.snapshot().reason == Some(Reason::KeyDirFull)
+    })
+    .await;
+    // Retrying, not crash-looping; never reported as read-only.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(h.board.snapshot().reason, Some(Reason::KeyDirFull));
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn read_only_key_dir_reports_key_dir_read_only_without_crashing() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = crate::keydir::tests::unwritable_dir(tmp.path());

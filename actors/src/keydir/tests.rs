@@ -13,7 +13,19 @@ fn creates_private_dir_and_locks_it() {
     assert_eq!(mode(&dir), 0o700);
     // A second owner in the same or another process is refused.
     match KeyDir::open(&dir) {
-        Err(Error::KeyDirLocked { path }) => assert_eq!(path, dir),
+        Err(e @ Error::KeyDirLocked { .. }) => {
+            let Error::KeyDirLocked { path, holder } = &e else {
+                unreachable!()
+            };
+            assert_eq!(path, &dir);
+            // The holder recorded its PID; the refusal names it.
+            assert_eq!(*holder, Some(std::process::id()));
+            assert!(
+                e.to_string()
+                    .contains(&format!("PID {}", std::process::id())),
+                "{e}"
+            );
+        }
         other => panic!("expected KeyDirLocked, got {other:?}"),
     }
     drop(kd);
@@ -176,4 +188,90 @@ fn read_only_dir_is_reported_with_path() {
         }
         other => panic!("expected KeyDirReadOnly, got {other:?}"),
     }
+}
+
+/// A tiny tmpfs that [`FullFs::fill`] fills up: ENOSPC for the next write
+/// of any size. Root only (mount); unmounted on drop.
+pub(crate) struct FullFs {
+    pub(crate) dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl FullFs {
+    pub(crate) fn new() -> FullFs {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "a full filesystem needs a tmpfs mount: run the tests as root"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("full");
+        fs::create_dir_all(&dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount tmpfs: {ok}");
+        FullFs { dir, _tmp: tmp }
+    }
+
+    /// Fills it, leaving room for no data block at all.
+    pub(crate) fn fill(&self) {
+        let mut f = File::create(self.dir.join("filler")).unwrap();
+        let block = [0u8; 4096];
+        while std::io::Write::write_all(&mut f, &block).is_ok() {}
+    }
+}
+
+impl Drop for FullFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+#[test]
+fn a_full_filesystem_is_key_dir_full_and_leaves_nothing_behind() {
+    let full = FullFs::new();
+    let kd = KeyDir::open(&full.dir).unwrap();
+    kd.create_generation(1).unwrap();
+    full.fill();
+    let e = kd
+        .write_file(1, files::PRIVATE_KEY, &[7u8; 2048], true)
+        .unwrap_err();
+    assert!(matches!(e, Error::KeyDirFull { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains("no space left"), "{text}");
+    assert!(
+        !text.contains("OVN_IPSEC_KEY_DIR"),
+        "the read-only advice: {text}"
+    );
+    assert_eq!(
+        e.status_reason(),
+        kube_ovn_ipsec_api::status::Reason::KeyDirFull
+    );
+    // The failed write left no partial file behind.
+    let left: Vec<_> = fs::read_dir(kd.generation_dir(1))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_world_readable_private_key_is_tightened_on_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kd = KeyDir::open(tmp.path()).unwrap();
+    kd.create_generation(1).unwrap();
+    kd.write_file(1, files::PRIVATE_KEY, b"k", true).unwrap();
+    kd.write_file(1, files::CERTIFICATE, b"c", false).unwrap();
+    let key = kd.generation_dir(1).join(files::PRIVATE_KEY);
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(kd.read_file(1, files::PRIVATE_KEY).unwrap(), b"k");
+    assert_eq!(mode(&key), 0o600, "a 0644 key was read as it was");
+    // The certificate is public: left as it is.
+    assert_eq!(mode(&kd.generation_dir(1).join(files::CERTIFICATE)), 0o644);
+    assert_eq!(tighten_secret(&key).unwrap(), None, "already 0600");
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(tighten_secret(&key).unwrap(), Some(0o640));
+    assert_eq!(tighten_secret(&tmp.path().join("missing")).unwrap(), None);
 }

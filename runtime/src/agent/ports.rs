@@ -271,8 +271,9 @@ pub struct IkeAdapter {
     pub config: IkeConfig,
     /// Where (namespaces) it runs.
     pub launcher: Launcher,
-    /// Pidfiles a killed daemon leaves behind (as the agent sees them);
-    /// removed before each start, since starter refuses to start over them.
+    /// The IKE daemon's pidfiles (as the agent sees them), made safe
+    /// before each start ([`crate::pidfile::clear`]): starter refuses to
+    /// start over them, and a live daemon's must never just be deleted.
     pub stale_pidfiles: Vec<PathBuf>,
 }
 
@@ -307,10 +308,8 @@ impl RunningProcess for RunningIke {
 impl IkePort for IkeAdapter {
     async fn start(&self) -> actors::Result<Box<dyn RunningProcess>> {
         for p in &self.stale_pidfiles {
-            match std::fs::remove_file(p) {
-                Ok(()) => tracing::info!(path = %p.display(), "removed a stale IKE pidfile"),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => tracing::warn!(path = %p.display(), error = %e, "stale IKE pidfile"),
+            if let Err(e) = crate::pidfile::clear(p, self.config.stop_grace).await {
+                tracing::warn!(path = %p.display(), error = %e, "IKE pidfile");
             }
         }
         let d = IkeDaemon::start(self.config.clone(), self.launcher.clone())

@@ -1,6 +1,7 @@
 //! Start-up order and shutdown of `kube-ovn-ipsec run`.
 //!
-//! Order: Kubernetes client, OVSDB, who this node is (chassis from OVSDB,
+//! Order: the key directory's owner lock, Kubernetes client, OVSDB, who
+//! this node is (chassis from OVSDB,
 //! Node UID from the API), status server, **capability gate**, trust
 //! follower, actor tree (identity actors, then protection, IKE daemon,
 //! monitor). The status server comes up before the tree so a node stuck
@@ -110,6 +111,10 @@ pub enum AgentError {
     /// A runtime adapter could not be set up (monitor script, XFRM socket).
     #[error("runtime: {0}")]
     Runtime(crate::Error),
+    /// The key directory's owner lock could not be taken (another agent
+    /// holds it: its PID is in the message), or the directory is unusable.
+    #[error("{0}; nothing on this node was touched")]
+    Owner(actors::Error),
 }
 
 impl AgentError {
@@ -190,6 +195,22 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
             "--ike-daemon=libreswan is not supported yet; use strongswan".into(),
         ));
     }
+    // The owner lock first: before this process reads or writes the key
+    // directory, the lease, OVSDB or the kernel (SPEC §2). A second agent
+    // on the same node stops here, naming the holder, having touched
+    // nothing; the lock is held until the process exits.
+    let key_dir = args.key_dir.clone();
+    let owner = tokio::task::spawn_blocking(move || actors::keydir::OwnerLock::acquire(key_dir))
+        .await
+        .map_err(|e| {
+            AgentError::Runtime(crate::Error::Blocking {
+                what: "taking the key directory's owner lock",
+                reason: e.to_string(),
+            })
+        })?
+        .map_err(AgentError::Owner)?;
+    let owner = Arc::new(owner);
+    tracing::info!(key_dir = %args.key_dir.display(), pid = std::process::id(), "key directory owner lock taken");
     let client = kube_client(&args).await?;
     let ovs = ovsdb::Client::connect_str(&args.ovsdb)
         .await
@@ -344,6 +365,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     identity.key_type = args.key_algorithm.into();
     identity.expiration_seconds = args.certificate_lifetime;
     identity.request_timeout = args.request_timeout();
+    identity.owner = Some(owner);
     // The Event forwarder subscribes before the tree starts: the identity
     // actor reports a moved-aside state file while it opens the key
     // directory, i.e. during its own start-up.

@@ -147,4 +147,12 @@ fn store_round_trip_mode_and_foreign_uid() {
     let text = std::fs::read_to_string(store.path()).unwrap();
     assert!(text.contains("\"nodeUID\": \"a\""), "{text}");
     assert!(text.contains("\"leaseId\""), "{text}");
+    // A lease file someone made world-readable is read and set back to 0600.
+    std::fs::set_permissions(store.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(store.load_for(&uid("a")).unwrap(), Loaded::Mine(lease));
+    let mode = std::fs::metadata(store.path())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "a 0644 lease file was left as it was");
 }
