@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use crate::gate::ProtectionGate;
 use crate::metrics::Metrics;
 use crate::ports::{IkePort, RunningProcess};
 use crate::process_watch::{ProcessConfig, ProcessWatch, WatchArgs};
@@ -21,6 +22,8 @@ use crate::status::{RuntimeComponent, StatusBoard};
 /// Start-up arguments (cloned for every incarnation).
 #[derive(Debug, Clone)]
 pub struct IkeArgs {
+    /// The guards must be armed before the daemon starts.
+    pub gate: ProtectionGate,
     /// Starts the daemon.
     pub port: Arc<dyn IkePort>,
     /// Where `runtimeHealthy` goes.
@@ -62,6 +65,9 @@ impl Actor for IkeActor {
         myself: ActorRef<IkeMsg>,
         args: IkeArgs,
     ) -> Result<IkeState, ActorProcessingErr> {
+        // Not before the guards (SPEC §4 "Order"): refused, the supervisor
+        // retries on its backoff.
+        args.gate.check("the IKE daemon")?;
         let watch = WatchArgs {
             name: "ike",
             component: RuntimeComponent::IkeDaemon,

@@ -47,6 +47,7 @@
 pub mod bus;
 pub mod clock;
 mod error;
+pub mod gate;
 pub mod identity;
 pub mod ike;
 pub mod keydir;

@@ -21,6 +21,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::bus::{Bus, IdentityEvent};
+use crate::gate::ProtectionGate;
 use crate::metrics::Metrics;
 use crate::ports::{MonitorPort, OvsdbIdentity, RunningMonitor};
 use crate::process_watch::{ProcessConfig, ProcessWatch, WatchArgs};
@@ -29,6 +30,8 @@ use crate::status::{RuntimeComponent, StatusBoard};
 /// Start-up arguments (cloned for every incarnation).
 #[derive(Debug, Clone)]
 pub struct MonitorArgs {
+    /// The guards must be armed before the monitor starts.
+    pub gate: ProtectionGate,
     /// Starts the monitor.
     pub port: Arc<dyn MonitorPort>,
     /// Reads the identity keys OVSDB points at.
@@ -135,6 +138,9 @@ impl Actor for MonitorActor {
         myself: ActorRef<MonitorMsg>,
         args: MonitorArgs,
     ) -> Result<MonitorState, ActorProcessingErr> {
+        // Not before the guards (SPEC §4 "Order"): refused, the supervisor
+        // retries on its backoff.
+        args.gate.check("the monitor")?;
         // From the identity active now: a restarted monitor acknowledges
         // it again.
         args.bus

@@ -14,6 +14,10 @@
 //! Activation is idempotent: when OVSDB already points at the generation
 //! (a restart after a commit whose confirmation was lost) it is confirmed
 //! without writing anything.
+//!
+//! No activation before the guards (SPEC §4 "Order"): while the
+//! [`ProtectionGate`] is closed the latest request waits (a newer one
+//! replaces it) and runs when the gate opens.
 
 use std::sync::Arc;
 
@@ -21,12 +25,15 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
 use crate::bus::{ActivationEvent, ActivationRequest, Bus, IdentityEvent};
+use crate::gate::ProtectionGate;
 use crate::metrics::Metrics;
 use crate::ports::{OvsdbIdentity, OvsdbIdentityKeys};
 
 /// Start-up arguments (cloned for every incarnation).
 #[derive(Debug, Clone)]
 pub struct OvsdbWriterArgs {
+    /// What activations wait for.
+    pub gate: ProtectionGate,
     /// OVSDB.
     pub ovsdb: Arc<dyn OvsdbIdentity>,
     /// Metrics (activation latency).
@@ -40,11 +47,15 @@ pub struct OvsdbWriterArgs {
 pub enum OvsdbWriterMsg {
     /// Point OVSDB at this generation.
     Activate(ActivationRequest),
+    /// Internal: the protection gate opened.
+    GateOpened,
 }
 
 /// The writer's state.
 pub struct OvsdbWriterState {
     args: OvsdbWriterArgs,
+    /// The request waiting for the gate, if any.
+    deferred: Option<ActivationRequest>,
 }
 
 /// The OVSDB writer actor.
@@ -65,16 +76,41 @@ impl Actor for OvsdbWriter {
             IdentityEvent::Ready(r) => Some(OvsdbWriterMsg::Activate(r)),
             _ => None,
         });
-        Ok(OvsdbWriterState { args })
+        Ok(OvsdbWriterState {
+            args,
+            deferred: None,
+        })
     }
 
     async fn handle(
         &self,
-        _: ActorRef<OvsdbWriterMsg>,
+        myself: ActorRef<OvsdbWriterMsg>,
         msg: OvsdbWriterMsg,
         state: &mut OvsdbWriterState,
     ) -> Result<(), ActorProcessingErr> {
-        let OvsdbWriterMsg::Activate(req) = msg;
+        let req = match msg {
+            OvsdbWriterMsg::Activate(req) => req,
+            OvsdbWriterMsg::GateOpened => match state.deferred.take() {
+                Some(req) => req,
+                None => return Ok(()),
+            },
+        };
+        if !state.args.gate.is_open() {
+            tracing::info!(
+                generation = req.generation,
+                "activation waits for the output-protection guards"
+            );
+            if state.deferred.replace(req).is_none() {
+                let gate = state.args.gate.clone();
+                tokio::spawn(async move {
+                    gate.opened().await;
+                    // The writer may be gone by then; its successor gets
+                    // the request again from the identity actor.
+                    let _ = myself.send_message(OvsdbWriterMsg::GateOpened);
+                });
+            }
+            return Ok(());
+        }
         let start = Instant::now();
         let want = OvsdbIdentityKeys::from_paths(&req.paths);
         let generation = req.generation;

@@ -26,6 +26,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::bus::{Bus, ProtectionEvent};
 use crate::error::Error;
+use crate::gate::ProtectionGate;
 use crate::metrics::Metrics;
 use crate::ports::{GuardChange, GuardReadback, LeaseSummary, ProtectionPort};
 use crate::status::StatusBoard;
@@ -52,6 +53,9 @@ impl Default for ProtectionConfig {
 /// Start-up arguments (cloned for every incarnation).
 #[derive(Debug, Clone)]
 pub struct ProtectionArgs {
+    /// Opened after each evaluation that found the guards armed and the
+    /// lease published; closed otherwise.
+    pub gate: ProtectionGate,
     /// Lease, guards, publication.
     pub port: Arc<dyn ProtectionPort>,
     /// Where `protectionArmed` goes.
@@ -146,6 +150,7 @@ async fn evaluate(state: &mut ProtectionState) -> Result<bool, ActorProcessingEr
                 .args
                 .board
                 .set_protection(false, Some(Reason::GuardMissing));
+            state.args.gate.set_armed(false);
             return Err(Box::new(e));
         }
     };
@@ -161,10 +166,14 @@ async fn evaluate(state: &mut ProtectionState) -> Result<bool, ActorProcessingEr
         problem.or((!readback.armed).then_some(Reason::GuardMissing)),
     );
     if readback.armed && !state.published {
-        state.args.port.publish_lease().await.map_err(Box::new)?;
+        if let Err(e) = state.args.port.publish_lease().await {
+            state.args.gate.set_armed(false);
+            return Err(Box::new(e));
+        }
         state.published = true;
         tracing::info!(lease_id = %state.lease.lease_id, mark = state.lease.mark, reqid = state.lease.reqid, "lease published in OVSDB external_ids");
     }
+    state.args.gate.set_armed(readback.armed && state.published);
     Ok(readback.armed)
 }
 
@@ -205,7 +214,8 @@ impl Actor for ProtectionActor {
                     _ => Reason::GuardMissing,
                 };
                 args.board.set_protection(false, Some(reason));
-                tracing::error!(error = %e, "no output-protection lease");
+                args.gate.set_armed(false);
+                tracing::error!(error = %e, "no output-protection lease; identity activation, the IKE daemon and the monitor wait");
                 return Err(Box::new(e));
             }
         };

@@ -356,7 +356,12 @@ fn derive_phase(b: &mut Board, now: Timestamp) {
     } else if expired {
         (Phase::Expired, Some(Reason::Expired))
     } else if let Some(r) = b.failing.values().next() {
-        (Phase::Degraded, Some(*r))
+        // Unarmed guards hold everything else back (the IKE daemon and
+        // the monitor refuse to start): their reason is the one to act on.
+        let held = (!s.protection_armed)
+            .then_some(b.protection_problem)
+            .flatten();
+        (Phase::Degraded, Some(held.unwrap_or(*r)))
     } else if active {
         let working = match b.identity {
             IdentityCondition::Working(r) => r,

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use crate::bus::Bus;
 use crate::error::Result;
+use crate::gate::ProtectionGate;
 use crate::identity::{IdentityActor, IdentityArgs, IdentityConfig};
 use crate::ike::{IkeActor, IkeArgs};
 use crate::metrics::Metrics;
@@ -69,7 +70,9 @@ pub struct TunnelPorts {
 /// The child specs of the tunnel actors (protection, IKE, monitor), for
 /// [`AgentTreeArgs::extra_children`].
 pub fn tunnel_child_specs(a: &AgentTreeArgs, ports: TunnelPorts) -> Vec<ChildSpec> {
+    a.gate.require();
     let protection = ProtectionArgs {
+        gate: a.gate.clone(),
         port: ports.protection,
         board: a.board.clone(),
         metrics: a.metrics.clone(),
@@ -77,12 +80,14 @@ pub fn tunnel_child_specs(a: &AgentTreeArgs, ports: TunnelPorts) -> Vec<ChildSpe
         config: ports.protection_config,
     };
     let ike = IkeArgs {
+        gate: a.gate.clone(),
         port: ports.ike,
         board: a.board.clone(),
         metrics: a.metrics.clone(),
         config: ports.process_config,
     };
     let monitor = MonitorArgs {
+        gate: a.gate.clone(),
         port: ports.monitor,
         ovsdb: a.ovsdb.clone(),
         board: a.board.clone(),
@@ -125,6 +130,10 @@ pub struct AgentTreeArgs {
     pub trust: watch::Receiver<Option<Vec<u8>>>,
     /// Restart tuning.
     pub supervisor: SupervisorConfig,
+    /// Whether the guards are armed: what identity activation, the IKE
+    /// daemon and the monitor wait for. [`tunnel_child_specs`] makes it
+    /// required; without the tunnel actors nothing waits.
+    pub gate: ProtectionGate,
     /// Further children, started after the identity actors: the tunnel
     /// actors ([`tunnel_child_specs`]).
     pub extra_children: Vec<ChildSpec>,
@@ -134,6 +143,7 @@ pub struct AgentTreeArgs {
 /// identity), in start order.
 pub fn identity_child_specs(a: &AgentTreeArgs) -> Vec<ChildSpec> {
     let writer = OvsdbWriterArgs {
+        gate: a.gate.clone(),
         ovsdb: a.ovsdb.clone(),
         metrics: a.metrics.clone(),
         bus: a.bus.clone(),

@@ -103,6 +103,7 @@ impl Harness {
             None,
             OvsdbWriter,
             OvsdbWriterArgs {
+                gate: crate::gate::ProtectionGate::default(),
                 ovsdb: Arc::new(self.ovsdb.clone()),
                 metrics: Arc::new(NoopMetrics),
                 bus: self.bus.clone(),

@@ -59,6 +59,7 @@ async fn supervised_tree_issues_rsa_identity_and_survives_child_kills() {
         bus: Bus::default(),
         trust: trust_rx,
         supervisor: SupervisorConfig::default(),
+        gate: crate::gate::ProtectionGate::default(),
         extra_children: vec![],
     })
     .await

@@ -30,9 +30,16 @@ struct Harness {
     monitor: FakeProcess,
     registry: prometheus_client::registry::Registry,
     protection_events: Arc<std::sync::Mutex<Vec<crate::bus::ProtectionEvent>>>,
+    ovsdb: FakeOvsdb,
 }
 
 async fn harness() -> Harness {
+    harness_with(|_| {}).await
+}
+
+/// The harness, with `prepare` applied to the protection fake before the
+/// tree starts.
+async fn harness_with(prepare: impl FnOnce(&FakeProtection)) -> Harness {
     let tmp = tempfile::tempdir().unwrap();
     let clock = Arc::new(TokioClock::starting_at(
         UNIX_EPOCH + Duration::from_secs(1_800_000_000),
@@ -49,6 +56,7 @@ async fn harness() -> Harness {
     let mut config = super::tests::node_7(tmp.path());
     config.key_type = crate::pki::KeyType::EcdsaP256;
     let protection = FakeProtection::new();
+    prepare(&protection);
     let ike = FakeProcess::new("ike");
     let monitor = FakeProcess::new("monitor");
     let trust = TrustBundle::from_pem(&ca.trust_pem()).unwrap().digest();
@@ -58,13 +66,14 @@ async fn harness() -> Harness {
     let mut args = AgentTreeArgs {
         identity: config,
         csr_api: Arc::new(csr),
-        ovsdb: Arc::new(ovsdb),
+        ovsdb: Arc::new(ovsdb.clone()),
         clock,
         metrics,
         board: board.clone(),
         bus,
         trust: trust_rx,
         supervisor: SupervisorConfig::default(),
+        gate: crate::gate::ProtectionGate::default(),
         extra_children: vec![],
     };
     args.extra_children = tunnel_child_specs(
@@ -88,6 +97,7 @@ async fn harness() -> Harness {
         monitor,
         registry,
         protection_events,
+        ovsdb,
     }
 }
 
@@ -374,4 +384,44 @@ async fn sas_are_observed_at_arming_and_every_period_failures_are_not_fatal() {
         h.protection.evaluations() > evaluations,
         "read-backs go on: the actor was not stopped"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_runs_before_the_guards_are_armed() {
+    // A bypass policy refuses the lease from the first start.
+    let h = harness_with(|p| p.refuse(Some(Reason::BypassPolicyPresent))).await;
+    // Long enough for the CSR to be issued and several supervisor retries.
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    let snap = h.board.snapshot();
+    assert!(!snap.protection_armed, "{snap:?}");
+    assert!(
+        h.ike.starts().is_empty(),
+        "the IKE daemon started unprotected"
+    );
+    assert!(
+        h.monitor.starts().is_empty(),
+        "the monitor started unprotected"
+    );
+    let oc = h.ovsdb.other_config();
+    assert!(
+        !oc.contains_key("private_key") && !oc.contains_key("certificate"),
+        "an identity was activated unprotected: {oc:?}"
+    );
+    assert_eq!(h.protection.published(), 0);
+    assert!(h.board.readyz().is_err());
+    assert_eq!(snap.reason, Some(Reason::BypassPolicyPresent), "{snap:?}");
+
+    // The bypass is removed: the protection actor's next attempt arms, and
+    // then (in this order) the rest follows on its own.
+    h.protection.refuse(None);
+    until(
+        "ready once the guards are armed",
+        Duration::from_secs(120),
+        || h.board.readyz().is_ok(),
+    )
+    .await;
+    assert!(!h.protection.published_before_armed());
+    assert!(h.ovsdb.other_config().contains_key("private_key"));
+    assert_eq!(h.ike.starts().len(), 1);
+    assert_eq!(h.monitor.starts().len(), 1);
 }

@@ -395,6 +395,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         bus,
         trust: trust_rx,
         supervisor: SupervisorConfig::default(),
+        gate: actors::gate::ProtectionGate::default(),
         extra_children: Vec::new(),
     };
     tree_args.extra_children = tree::tunnel_child_specs(&tree_args, tunnel_ports);
