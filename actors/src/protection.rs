@@ -44,7 +44,10 @@ pub struct ProtectionConfig {
 impl Default for ProtectionConfig {
     fn default() -> Self {
         Self {
-            readback_period: Duration::from_secs(5),
+            // Half of what /readyz accepts (`status::MAX_READBACK_AGE`),
+            // so a healthy actor is never stale; two GETPOLICY by index
+            // cost microseconds (docs/performance.md).
+            readback_period: Duration::from_millis(500),
             observe_period: Duration::from_secs(30),
         }
     }

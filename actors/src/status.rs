@@ -24,6 +24,9 @@ use tokio::sync::watch;
 
 use kube_ovn_ipsec_api::clock::Clock;
 
+/// The oldest guard read-back `/readyz` answers from (SPEC §4).
+pub const MAX_READBACK_AGE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Wall time as a status timestamp (whole seconds, clamped to the years
 /// 1970..=9999 that [`Timestamp`] accepts).
 #[allow(clippy::expect_used)] // the clamped value is inside the accepted range
@@ -61,6 +64,8 @@ struct Board {
     trust: Option<Sha256Digest>,
     /// Failing supervised children and the reason each maps to.
     failing: BTreeMap<String, Reason>,
+    /// When the guards were last read back (armed or not).
+    readback_at: Option<SystemTime>,
     /// Health of the processes, as their actors last saw it.
     runtime: BTreeMap<RuntimeComponent, bool>,
     /// Why the guards are not armed, when known (missing, conflict).
@@ -116,6 +121,7 @@ impl StatusBoard {
                 activated: None,
                 trust: None,
                 failing: BTreeMap::new(),
+                readback_at: None,
                 runtime: BTreeMap::new(),
                 protection_problem: None,
                 acknowledged: None,
@@ -186,6 +192,15 @@ impl StatusBoard {
         if !b.status.protection_armed {
             return Err(b.protection_problem.unwrap_or(Reason::GuardMissing));
         }
+        // Armed as of the last read-back — which must be recent: a stalled
+        // protection actor must not keep the node ready on old evidence.
+        // (A clock stepped back counts as fresh, never as stale forever.)
+        let age = b
+            .readback_at
+            .map(|t| self.clock.now().duration_since(t).unwrap_or_default());
+        if age.is_none_or(|a| a > MAX_READBACK_AGE) {
+            return Err(Reason::GuardReadbackStale);
+        }
         let current_trust = b.trust;
         match b.acknowledged {
             Some((generation, trust))
@@ -235,9 +250,11 @@ impl StatusBoard {
     /// The guards' read-back: `protectionArmed` is `armed`; `problem` says
     /// why not (kept for `readyz`'s answer).
     pub fn set_protection(&self, armed: bool, problem: Option<Reason>) {
+        let now = self.clock.now();
         self.update(|b| {
             b.status.protection_armed = armed;
             b.protection_problem = if armed { None } else { problem };
+            b.readback_at = Some(now);
         });
     }
 
@@ -459,6 +476,24 @@ mod tests {
         assert_eq!(b.readyz(), Ok(()));
         tokio::time::advance(Duration::from_secs(3600)).await;
         assert_eq!(b.readyz(), Err(Reason::Expired));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn readyz_answers_only_from_a_read_back_at_most_a_second_old() {
+        let b = board();
+        let expires = Timestamp::from_unix(1_800_000_000 + 3600).unwrap();
+        b.set_active(1, Sha256Digest::of(b"c"), expires);
+        runtime_ready(&b, 1);
+        assert_eq!(b.readyz(), Ok(()));
+        tokio::time::advance(Duration::from_millis(900)).await;
+        assert_eq!(b.readyz(), Ok(()));
+        // No read-back for more than a second: armed, but not on evidence
+        // fresh enough to be ready on.
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(b.readyz(), Err(Reason::GuardReadbackStale));
+        assert!(b.snapshot().protection_armed);
+        b.set_protection(true, None);
+        assert_eq!(b.readyz(), Ok(()));
     }
 
     #[tokio::test(start_paused = true)]

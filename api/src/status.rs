@@ -110,6 +110,8 @@ pub enum Reason {
     GuardMissing,
     /// A foreign policy occupies a guard's place; not overwritten.
     GuardConflict,
+    /// The last read-back of the guards is older than `/readyz` accepts.
+    GuardReadbackStale,
     /// SAs up, outbound bytes grow, inbound stay flat.
     InboundMissing,
     /// Tunnel MTU too small for ESP overhead.
@@ -230,6 +232,11 @@ impl Reason {
             GuardConflict => {
                 "a foreign XFRM policy occupies the guard's selector and priority; it is not \
                  overwritten — remove the foreign policy"
+            }
+            GuardReadbackStale => {
+                "the output-protection guards were not read back from the kernel within the last \
+                 second: the protection actor is stalled or restarting; readiness returns once it \
+                 reads them back"
             }
             InboundMissing => {
                 "SAs are up but no inbound encrypted traffic arrives: ESP (IP proto 50) or UDP \
@@ -418,7 +425,7 @@ mod tests {
         Phase::Failed,
     ];
 
-    const REASONS: [Reason; 31] = [
+    const REASONS: [Reason; 32] = [
         Reason::KeyDirReadOnly,
         Reason::KeyDirLocked,
         Reason::KeyDirFull,
@@ -446,6 +453,7 @@ mod tests {
         Reason::LeaseAllocationFailed,
         Reason::GuardMissing,
         Reason::GuardConflict,
+        Reason::GuardReadbackStale,
         Reason::InboundMissing,
         Reason::MtuTooSmall,
         Reason::WaitingForCoordination,

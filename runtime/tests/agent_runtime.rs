@@ -65,7 +65,10 @@ fn assert_nothing_created(cluster: &Cluster, key_dir: &Path) {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n != actors::keydir::LOCK_FILE)
         .collect();
-    assert!(entries.is_empty(), "the key directory must hold no key, CSR or lease: {entries:?}");
+    assert!(
+        entries.is_empty(),
+        "the key directory must hold no key, CSR or lease: {entries:?}"
+    );
     let ids = cluster.external_ids();
     assert!(
         !ids.keys().any(|k| k.starts_with("ovn-ipsec-protection")),
@@ -84,7 +87,31 @@ async fn capability_missing_refuses_before_any_key_csr_or_lease() {
     let key_dir = cluster.dir.path().join("keys-image");
     let port = Cluster::free_port();
     let oc = ovn_controller.display().to_string();
-    let mut agent = cluster.spawn_agent(&key_dir, port, 600, &["--ovn-controller", &oc]);
+    let mut agent = cluster.spawn_agent(
+        &key_dir,
+        port,
+        600,
+        &["--ovn-controller", &oc, "--capability-exit-delay", "3"],
+    );
+    // Served until the distinct exit: /status names the phase, /readyz
+    // fails.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let seen = loop {
+        if let Some((200, body)) = http_get(port, "/status").await {
+            let s: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if s["phase"] == "CapabilityMissing" {
+                break s;
+            }
+        }
+        assert!(
+            Instant::now() < deadline && agent.try_wait().unwrap().is_none(),
+            "CapabilityMissing was never served:\n{}",
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(seen["reason"], "CapabilityMissing", "{seen}");
+    assert_eq!(http_get(port, "/readyz").await.map(|(c, _)| c), Some(503));
     let code = wait_exit(&mut agent, Duration::from_secs(30)).await;
     println!("image refusal: {code:?} after {:?}", t0.elapsed());
     assert_eq!(code.code(), Some(3), "logs:\n{}", cluster.agent_logs());
@@ -98,7 +125,14 @@ async fn capability_missing_refuses_before_any_key_csr_or_lease() {
         &key_dir,
         Cluster::free_port(),
         600,
-        &["--ovs-appctl", &appctl, "--ovn-controller-ctl", &ctl],
+        &[
+            "--ovs-appctl",
+            &appctl,
+            "--ovn-controller-ctl",
+            &ctl,
+            "--capability-exit-delay",
+            "0",
+        ],
     );
     let code = wait_exit(&mut agent, Duration::from_secs(30)).await;
     println!("running refusal: {code:?} after {:?}", t0.elapsed());
@@ -458,8 +492,8 @@ async fn real_ike_daemon_and_monitor_restart_with_guards_in_place() {
         "1".into(),
         "--stop-grace".into(),
         "3".into(),
-        "--guard-readback-period".into(),
-        "1".into(),
+        "--guard-readback-ms".into(),
+        "200".into(),
         "--sa-observe-period".into(),
         "1".into(),
     ];

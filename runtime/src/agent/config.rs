@@ -164,9 +164,16 @@ pub struct RunArgs {
     pub monitor_output_file: Option<PathBuf>,
 
     // --- Supervision of the runtime ---
-    /// Seconds between guard read-backs.
-    #[arg(long, default_value_t = 5)]
-    pub guard_readback_period: u64,
+    /// Seconds the agent keeps serving `/status` (phase
+    /// `CapabilityMissing`) and a failing `/readyz` after the capability
+    /// gate failed, before it exits with the distinct code; SIGTERM ends
+    /// the wait.
+    #[arg(long, default_value_t = 30)]
+    pub capability_exit_delay: u64,
+    /// Milliseconds between guard read-backs. `/readyz` answers only from
+    /// a read-back at most 1 s old, so keep this well below 1000.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(50..=900))]
+    pub guard_readback_ms: u64,
     /// Seconds between SA observation passes (a full XFRM dump; the record
     /// in the key directory is rewritten only when what it shows changes).
     #[arg(long, default_value_t = 30)]

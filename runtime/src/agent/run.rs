@@ -9,12 +9,10 @@
 //! of a crash loop.
 //!
 //! The capability gate (SPEC §4) runs before any actor that creates a key,
-//! a CSR or a lease. On failure the agent exits at once with
-//! [`crate::capability::CAPABILITY_MISSING_EXIT_CODE`]: the board shows
-//! `CapabilityMissing` for the log line, but the status server is not kept
-//! up — the container's exit code and its last log line are what the
-//! kubelet and an operator see, and lingering would only delay the
-//! restart that picks up a fixed image (docs/decisions.md).
+//! a CSR or a lease. On failure the agent keeps serving `/status` (phase
+//! `CapabilityMissing`) and a failing `/readyz` for
+//! `--capability-exit-delay` seconds (SIGTERM ends it), then exits with
+//! [`crate::capability::CAPABILITY_MISSING_EXIT_CODE`] (docs/decisions.md).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -271,7 +269,15 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     };
     if let Err(e) = capability::check(&capability, &launcher).await {
         board.set_capability_missing();
-        tracing::error!(error = %e, exit_code = capability::CAPABILITY_MISSING_EXIT_CODE, "capability gate failed: ovn-controller lacks the IPsec output protection patch; no key, CSR or lease was created");
+        tracing::error!(error = %e, exit_code = capability::CAPABILITY_MISSING_EXIT_CODE, exit_in_secs = args.capability_exit_delay, "capability gate failed: ovn-controller lacks the IPsec output protection patch; no key, CSR or lease was created");
+        // Visible before the distinct exit: /status says CapabilityMissing
+        // (and /readyz fails) for a while, so an operator or a probe sees
+        // why, not only a crash loop.
+        let delay = tokio::time::sleep(Duration::from_secs(args.capability_exit_delay));
+        tokio::select! {
+            () = delay => {}
+            _ = shutdown.wait_for(|stop| *stop) => {}
+        }
         return Err(AgentError::CapabilityMissing(e));
     }
     tracing::info!("capability gate passed: both ovn-controllers advertise output protection");
@@ -335,7 +341,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
             patch,
         }),
         protection_config: ProtectionConfig {
-            readback_period: Duration::from_secs(args.guard_readback_period.max(1)),
+            readback_period: Duration::from_millis(args.guard_readback_ms),
             observe_period: Duration::from_secs(args.sa_observe_period.max(1)),
         },
         process_config: ProcessConfig {
