@@ -106,6 +106,14 @@ pub enum ProtectionEvent {
     /// A foreign policy occupies a guard's place (published when the
     /// conflict starts, not on every read-back while it lasts).
     GuardConflict(crate::ports::GuardChange),
+    /// Keys the agent publishes in OVSDB had been removed or changed by
+    /// someone else and were written back.
+    OvsdbDriftRestored {
+        /// `lease` (external_ids) or `identity` (other_config paths).
+        what: &'static str,
+        /// The keys that had drifted.
+        keys: Vec<String>,
+    },
 }
 
 /// The identity actor's port: an [`OutputPort`] that also remembers the

@@ -32,6 +32,11 @@ pub trait Metrics: Send + Sync + Debug + 'static {
     fn process_failure(&self, process: &str) {
         let _ = process;
     }
+    /// Keys the agent publishes in OVSDB had drifted and were restored:
+    /// `what` is `lease` or `identity`.
+    fn ovsdb_drift(&self, what: &str) {
+        let _ = what;
+    }
 }
 
 /// Metrics that go nowhere.
@@ -64,6 +69,12 @@ pub struct PrometheusMetrics {
     expiry: Gauge<f64, AtomicU64>,
     guard_events: Family<KindLabel, Counter>,
     process_failures: Family<ProcessLabel, Counter>,
+    ovsdb_drift: Family<WhatLabel, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WhatLabel {
+    what: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -87,6 +98,7 @@ impl PrometheusMetrics {
             expiry: Gauge::default(),
             guard_events: Family::default(),
             process_failures: Family::default(),
+            ovsdb_drift: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kube_ovn_ipsec");
         r.register(
@@ -118,6 +130,11 @@ impl PrometheusMetrics {
             "process_failures",
             "Runtime process exits and failed health probes by process",
             m.process_failures.clone(),
+        );
+        r.register(
+            "ovsdb_drift_restored",
+            "The agent's OVSDB keys found changed by someone else and restored, by what (lease, identity)",
+            m.ovsdb_drift.clone(),
         );
         m
     }
@@ -155,6 +172,13 @@ impl Metrics for PrometheusMetrics {
         self.process_failures
             .get_or_create(&ProcessLabel {
                 process: process.to_owned(),
+            })
+            .inc();
+    }
+    fn ovsdb_drift(&self, what: &str) {
+        self.ovsdb_drift
+            .get_or_create(&WhatLabel {
+                what: what.to_owned(),
             })
             .inc();
     }

@@ -15,6 +15,12 @@
 //! (a restart after a commit whose confirmation was lost) it is confirmed
 //! without writing anything.
 //!
+//! It also keeps what it wrote: every `verify_period` it reads the three
+//! keys back and, when someone removed or changed them (`ovs-vsctl`, a
+//! replaced `conf.db`), writes the active generation again — not ready
+//! (`OvsdbDrift`) until that succeeds, counted, and published on the bus
+//! for a Kubernetes Event.
+//!
 //! No activation before the guards (SPEC §4 "Order"): while the
 //! [`ProtectionGate`] is closed the latest request waits (a newer one
 //! replaces it) and runs when the gate opens.
@@ -28,12 +34,17 @@ use crate::bus::{ActivationEvent, ActivationRequest, Bus, IdentityEvent};
 use crate::gate::ProtectionGate;
 use crate::metrics::Metrics;
 use crate::ports::{OvsdbIdentity, OvsdbIdentityKeys};
+use crate::status::StatusBoard;
 
 /// Start-up arguments (cloned for every incarnation).
 #[derive(Debug, Clone)]
 pub struct OvsdbWriterArgs {
     /// What activations wait for.
     pub gate: ProtectionGate,
+    /// Where a drift shows (`/readyz`).
+    pub board: StatusBoard,
+    /// How often the active generation's keys are read back.
+    pub verify_period: std::time::Duration,
     /// OVSDB.
     pub ovsdb: Arc<dyn OvsdbIdentity>,
     /// Metrics (activation latency).
@@ -49,6 +60,8 @@ pub enum OvsdbWriterMsg {
     Activate(ActivationRequest),
     /// Internal: the protection gate opened.
     GateOpened,
+    /// Internal: read the keys back and restore them if they drifted.
+    Verify,
 }
 
 /// The writer's state.
@@ -56,6 +69,10 @@ pub struct OvsdbWriterState {
     args: OvsdbWriterArgs,
     /// The request waiting for the gate, if any.
     deferred: Option<ActivationRequest>,
+    /// The last generation OVSDB was confirmed to point at.
+    active: Option<ActivationRequest>,
+    /// The verification tick, stopped with the actor.
+    ticker: ractor::concurrency::JoinHandle<()>,
 }
 
 /// The OVSDB writer actor.
@@ -72,14 +89,26 @@ impl Actor for OvsdbWriter {
         myself: ActorRef<OvsdbWriterMsg>,
         args: OvsdbWriterArgs,
     ) -> Result<OvsdbWriterState, ActorProcessingErr> {
-        args.bus.identity.subscribe(myself, |e| match e {
+        args.bus.identity.subscribe(myself.clone(), |e| match e {
             IdentityEvent::Ready(r) => Some(OvsdbWriterMsg::Activate(r)),
             _ => None,
         });
+        let ticker = myself.send_interval(args.verify_period, || OvsdbWriterMsg::Verify);
         Ok(OvsdbWriterState {
             args,
             deferred: None,
+            active: None,
+            ticker,
         })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<OvsdbWriterMsg>,
+        state: &mut OvsdbWriterState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.ticker.abort();
+        Ok(())
     }
 
     async fn handle(
@@ -94,6 +123,10 @@ impl Actor for OvsdbWriter {
                 Some(req) => req,
                 None => return Ok(()),
             },
+            OvsdbWriterMsg::Verify => {
+                verify(state).await;
+                return Ok(());
+            }
         };
         if !state.args.gate.is_open() {
             tracing::info!(
@@ -121,6 +154,7 @@ impl Actor for OvsdbWriter {
                     .metrics
                     .activation_latency(start.elapsed().as_secs_f64());
                 tracing::info!(generation, "OVSDB points at generation");
+                state.active = Some(req.clone());
                 state
                     .args
                     .bus
@@ -136,5 +170,56 @@ impl Actor for OvsdbWriter {
             }
         }
         Ok(())
+    }
+}
+
+/// Reads the active generation's keys back; writes them again when they
+/// drifted.
+async fn verify(state: &mut OvsdbWriterState) {
+    let Some(req) = &state.active else {
+        return;
+    };
+    let want = OvsdbIdentityKeys::from_paths(&req.paths);
+    let have = match state.args.ovsdb.read().await {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the identity keys back");
+            return;
+        }
+    };
+    if have == want {
+        return;
+    }
+    let keys: Vec<String> = [
+        ("private_key", &have.private_key, &want.private_key),
+        ("certificate", &have.certificate, &want.certificate),
+        ("ca_cert", &have.ca_cert, &want.ca_cert),
+    ]
+    .into_iter()
+    .filter(|(_, h, w)| h != w)
+    .map(|(k, _, _)| k.to_owned())
+    .collect();
+    state.args.board.set_ovsdb_drift(true);
+    tracing::warn!(generation = req.generation, keys = ?keys, "the identity keys in OVSDB other_config had drifted; restoring");
+    match state.args.ovsdb.activate(&want).await {
+        Ok(()) => {
+            state.args.board.set_ovsdb_drift(false);
+            state.args.metrics.ovsdb_drift("identity");
+            state
+                .args
+                .bus
+                .protection
+                .send(crate::bus::ProtectionEvent::OvsdbDriftRestored {
+                    what: "identity",
+                    keys,
+                });
+            tracing::info!(
+                generation = req.generation,
+                "identity keys restored in OVSDB"
+            );
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "restoring the identity keys failed; retrying next period");
+        }
     }
 }

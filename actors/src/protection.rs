@@ -168,13 +168,35 @@ async fn evaluate(state: &mut ProtectionState) -> Result<bool, ActorProcessingEr
         readback.armed,
         problem.or((!readback.armed).then_some(Reason::GuardMissing)),
     );
-    if readback.armed && !state.published {
-        if let Err(e) = state.args.port.publish_lease().await {
-            state.args.gate.set_armed(false);
-            return Err(Box::new(e));
+    if readback.armed {
+        // Every read-back also checks the publication (one OVSDB read) and
+        // writes back what someone removed or changed.
+        let drifted = match state.args.port.publish_lease().await {
+            Ok(d) => d,
+            Err(e) => {
+                state.args.gate.set_armed(false);
+                state
+                    .args
+                    .board
+                    .set_protection(false, Some(Reason::OvsdbDrift));
+                return Err(Box::new(e));
+            }
+        };
+        if !state.published {
+            state.published = true;
+            tracing::info!(lease_id = %state.lease.lease_id, mark = state.lease.mark, reqid = state.lease.reqid, "lease published in OVSDB external_ids");
+        } else if !drifted.is_empty() {
+            tracing::warn!(keys = ?drifted, advice = Reason::OvsdbDrift.message(), "the published lease had drifted in OVSDB external_ids; restored");
+            state.args.metrics.ovsdb_drift("lease");
+            state
+                .args
+                .bus
+                .protection
+                .send(ProtectionEvent::OvsdbDriftRestored {
+                    what: "lease",
+                    keys: drifted,
+                });
         }
-        state.published = true;
-        tracing::info!(lease_id = %state.lease.lease_id, mark = state.lease.mark, reqid = state.lease.reqid, "lease published in OVSDB external_ids");
     }
     state.args.gate.set_armed(readback.armed && state.published);
     Ok(readback.armed)

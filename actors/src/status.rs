@@ -66,6 +66,8 @@ struct Board {
     failing: BTreeMap<String, Reason>,
     /// When the guards were last read back (armed or not).
     readback_at: Option<SystemTime>,
+    /// The identity keys in OVSDB were found changed and are not restored.
+    ovsdb_drift: bool,
     /// Health of the processes, as their actors last saw it.
     runtime: BTreeMap<RuntimeComponent, bool>,
     /// Why the guards are not armed, when known (missing, conflict).
@@ -122,6 +124,7 @@ impl StatusBoard {
                 trust: None,
                 failing: BTreeMap::new(),
                 readback_at: None,
+                ovsdb_drift: false,
                 runtime: BTreeMap::new(),
                 protection_problem: None,
                 acknowledged: None,
@@ -181,6 +184,9 @@ impl StatusBoard {
     pub fn readyz(&self) -> Result<(), Reason> {
         self.identity_ready()?;
         let b = self.lock();
+        if b.ovsdb_drift {
+            return Err(Reason::OvsdbDrift);
+        }
         if b.prepare {
             return Ok(());
         }
@@ -342,6 +348,12 @@ impl StatusBoard {
         self.lock().trust
     }
 
+    /// The OVSDB writer found the identity keys changed by someone else
+    /// (`true`) or has written them back (`false`); not ready meanwhile.
+    pub fn set_ovsdb_drift(&self, drifted: bool) {
+        self.update(|b| b.ovsdb_drift = drifted);
+    }
+
     /// A supervised child keeps failing.
     pub fn set_child_failing(&self, child: &str, reason: Reason) {
         self.update(|b| {
@@ -493,6 +505,11 @@ mod tests {
         assert_eq!(b.readyz(), Err(Reason::GuardReadbackStale));
         assert!(b.snapshot().protection_armed);
         b.set_protection(true, None);
+        assert_eq!(b.readyz(), Ok(()));
+        // Drifted OVSDB keys: not ready until written back.
+        b.set_ovsdb_drift(true);
+        assert_eq!(b.readyz(), Err(Reason::OvsdbDrift));
+        b.set_ovsdb_drift(false);
         assert_eq!(b.readyz(), Ok(()));
     }
 

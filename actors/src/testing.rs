@@ -248,6 +248,11 @@ impl FakeOvsdb {
         self.inner.lock().unwrap().transactions
     }
 
+    /// Someone else (`ovs-vsctl remove`) deletes `key` from `other_config`.
+    pub fn remove_key(&self, key: &str) {
+        self.inner.lock().unwrap().other_config.remove(key);
+    }
+
     /// Makes the next `n` activations fail as if OVSDB were down.
     pub fn fail_next(&self, n: usize) {
         self.inner.lock().unwrap().fail_next = n;

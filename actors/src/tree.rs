@@ -144,6 +144,8 @@ pub struct AgentTreeArgs {
 pub fn identity_child_specs(a: &AgentTreeArgs) -> Vec<ChildSpec> {
     let writer = OvsdbWriterArgs {
         gate: a.gate.clone(),
+        board: a.board.clone(),
+        verify_period: std::time::Duration::from_secs(2),
         ovsdb: a.ovsdb.clone(),
         metrics: a.metrics.clone(),
         bus: a.bus.clone(),

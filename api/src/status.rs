@@ -112,6 +112,9 @@ pub enum Reason {
     GuardConflict,
     /// The last read-back of the guards is older than `/readyz` accepts.
     GuardReadbackStale,
+    /// Keys the agent publishes in OVSDB (the lease, the identity paths)
+    /// were changed by someone else and are not restored yet.
+    OvsdbDrift,
     /// SAs up, outbound bytes grow, inbound stay flat.
     InboundMissing,
     /// Tunnel MTU too small for ESP overhead.
@@ -237,6 +240,12 @@ impl Reason {
                 "the output-protection guards were not read back from the kernel within the last \
                  second: the protection actor is stalled or restarting; readiness returns once it \
                  reads them back"
+            }
+            OvsdbDrift => {
+                "someone removed or changed the agent's keys in the Open_vSwitch table (the \
+                 ovn-ipsec-protection-* external_ids or other_config private_key/certificate/\
+                 ca_cert); the agent restores them — find what edits them (ovs-vsctl, a \
+                 replaced conf.db)"
             }
             InboundMissing => {
                 "SAs are up but no inbound encrypted traffic arrives: ESP (IP proto 50) or UDP \
@@ -425,7 +434,7 @@ mod tests {
         Phase::Failed,
     ];
 
-    const REASONS: [Reason; 32] = [
+    const REASONS: [Reason; 33] = [
         Reason::KeyDirReadOnly,
         Reason::KeyDirLocked,
         Reason::KeyDirFull,
@@ -454,6 +463,7 @@ mod tests {
         Reason::GuardMissing,
         Reason::GuardConflict,
         Reason::GuardReadbackStale,
+        Reason::OvsdbDrift,
         Reason::InboundMissing,
         Reason::MtuTooSmall,
         Reason::WaitingForCoordination,

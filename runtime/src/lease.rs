@@ -93,14 +93,35 @@ pub fn withdrawal() -> MapChanges {
 
 /// Publishes `lease` in `Open_vSwitch . external_ids`: the four keys in one
 /// guarded transaction, every other key untouched (the `ovsdb` crate's
-/// [`MapWriter`], which retries a lost guard itself). The writer is fresh, so
-/// it reads first: publication is rare, and an already published lease is
-/// then confirmed without a write.
-pub async fn publish(client: &ovsdb::Client, lease: &Lease) -> Result<MapSnapshot, Error> {
-    MapWriter::new(client.clone())
-        .update_map(&MapColumn::ovs_external_ids(), &lease.publication(), 5)
-        .await
-        .map_err(Error::Ovsdb)
+/// [`MapWriter`], which retries a lost guard itself). It reads first, so an
+/// already published lease costs one read and no write — which is how the
+/// agent also checks its publication for drift on every read-back. Returns
+/// the keys that were missing or different (and are now restored); empty
+/// when OVSDB already held the lease.
+pub async fn publish(client: &ovsdb::Client, lease: &Lease) -> Result<Vec<String>, Error> {
+    let col = MapColumn::ovs_external_ids();
+    let want = lease.publication();
+    let snap = client.read_map(&col).await.map_err(Error::Ovsdb)?;
+    let drifted = drifted_keys(&snap.entries, &want);
+    if !drifted.is_empty() {
+        MapWriter::new(client.clone())
+            .update_map_from(&col, Some(&snap), &want, 5)
+            .await
+            .map_err(Error::Ovsdb)?;
+    }
+    Ok(drifted)
+}
+
+/// The keys of `want` that `have` lacks or holds with another value (or,
+/// for a removal, still holds).
+pub fn drifted_keys(
+    have: &std::collections::BTreeMap<String, String>,
+    want: &MapChanges,
+) -> Vec<String> {
+    want.iter()
+        .filter(|(k, v)| have.get(*k) != v.as_ref())
+        .map(|(k, _)| k.clone())
+        .collect()
 }
 
 /// Removes the four keys in one guarded transaction (cleanup path only).

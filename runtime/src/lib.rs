@@ -11,7 +11,7 @@
 //!   (kube-rs, OVSDB) and the status server.
 //! - [`monitor_patch`]: does the `ovs-monitor-ipsec` script the agent would
 //!   run carry the project's patch (`image/patches/ovs-monitor-ipsec-3.1.patch`)?
-//!   Decides whether the agent keeps its CA workaround.
+//!   Reported at start-up; the refresh fix is what it changes.
 //! - [`lease`]: the output-protection lease — allocation, persistence,
 //!   OVSDB publication.
 //! - [`sa`]: SA attribution by reqid + mark + exact selector, and the
@@ -21,7 +21,7 @@
 //! - [`pidfile`]: the IKE daemon's pidfiles, removed only when stale.
 //! - [`process`]: foreground children in their own process group.
 //! - [`ike`]: strongSwan starter — start, probe, loaded certificates, stop,
-//!   the CA workaround.
+//!   the trust bundle installed one file per CA.
 //! - [`monitor`]: ovs-monitor-ipsec — start, `tunnels/show`, the
 //!   acknowledgement of the active generation.
 //! - [`fsutil`]: the boot ID (crash-safe writes are `actors::keydir::write_atomic`).

@@ -11,8 +11,9 @@
 //! ```
 //!
 //! The agent reads the script it is about to run (it runs the script, so the
-//! script is what counts — not a package version) and keeps its CA workaround
-//! only for an unpatched monitor ([`MonitorPatch::needs_ca_workaround`]).
+//! script is what counts — not a package version) and reports what it
+//! found ([`MonitorPatch::needs_ca_workaround`]); the trust bundle is
+//! installed one file per CA either way (`ike::install_trust_bundle`).
 //!
 //! The detection is a pure function of the script text ([`detect`]);
 //! [`inspect`] only adds reading the file.
@@ -53,8 +54,8 @@ impl MonitorPatch {
     /// True only for an unpatched monitor: its `ca` section lacks
     /// `auto=add`, so starter never loads the CA and every peer fails
     /// authentication without the copy. Every patch version (v1 and later)
-    /// loads the CA itself, so with it the copy would only be a second,
-    /// unsynchronised source of trust.
+    /// loads the CA file itself — but only its first certificate, which is
+    /// why the agent installs the bundle one file per CA in every case.
     pub fn needs_ca_workaround(self) -> bool {
         match self {
             MonitorPatch::Patched { version } => version < 1,

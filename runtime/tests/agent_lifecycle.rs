@@ -390,3 +390,68 @@ async fn a_second_agent_on_the_same_key_directory_exits_having_touched_nothing()
     .unwrap();
     first.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ovsdb_drift_is_restored_and_reported() {
+    let cluster = Cluster::start(Duration::from_secs(600)).await;
+    let key_dir = cluster.dir.path().join("keys");
+    let port = Cluster::free_port();
+    let mut agent = cluster.spawn_agent(&key_dir, port, 600, &[]);
+    wait_generation(&cluster, port, 1, Duration::from_secs(60)).await;
+    let (ids, oc) = (cluster.external_ids(), cluster.other_config());
+    let mark = ids["ovn-ipsec-protection-mark"].clone();
+
+    // What an operator's ovs-vsctl does to the agent's keys.
+    cluster
+        .ovs
+        .vsctl(&[
+            "remove",
+            "Open_vSwitch",
+            ".",
+            "external_ids",
+            "ovn-ipsec-protection-mark",
+        ])
+        .unwrap();
+    cluster
+        .ovs
+        .vsctl(&["remove", "Open_vSwitch", ".", "other_config", "private_key"])
+        .unwrap();
+    let t = Instant::now();
+    loop {
+        let (i, o) = (cluster.external_ids(), cluster.other_config());
+        if i.get("ovn-ipsec-protection-mark") == Some(&mark)
+            && o.get("private_key") == oc.get("private_key")
+        {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "not restored: {i:?} {o:?}\n{}",
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("restored after {:?}", t.elapsed());
+    assert_eq!(cluster.other_config(), oc, "other keys touched");
+    assert_eq!(cluster.external_ids(), ids, "other keys touched");
+    let e = cluster
+        .wait_event("IPsecOvsdbDriftRestored", Duration::from_secs(10))
+        .await;
+    println!("event: {:?}", e.message);
+    wait_generation(&cluster, port, 1, Duration::from_secs(10)).await;
+    let (_, metrics) = http_get(port, "/metrics").await.unwrap();
+    for what in ["lease", "identity"] {
+        assert!(
+            metrics.contains(&format!(
+                "kube_ovn_ipsec_ovsdb_drift_restored_total{{what=\"{what}\"}} 1"
+            )),
+            "{metrics}"
+        );
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    agent.wait().unwrap();
+}

@@ -51,17 +51,18 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
     for n in [&mut a, &mut b] {
         start_ike(n);
         start_monitor(n, Path::new(DEBIAN_MONITOR_SCRIPT)).await;
-        let applied = n
+        assert!(
+            patch.needs_ca_workaround(),
+            "Debian's monitor is unpatched: without the agent's CA files nothing trusts the CA"
+        );
+        let installed = n
             .ike
             .as_ref()
             .unwrap()
-            .apply_ca_workaround(patch, &ca.cert)
+            .install_trust_bundle(&ca.cert)
             .await
             .unwrap();
-        assert!(
-            applied,
-            "Debian's monitor is unpatched: the CA workaround must be applied"
-        );
+        assert_eq!(installed.files.len(), 1, "{installed:?}");
     }
     // Tunnels as the patched ovn-controller would set them from the lease.
     let ta = Tunnel {

@@ -150,6 +150,15 @@ impl CaFiles {
     }
 }
 
+/// Writes the trust bundle of `cas`, in this order, as ONE PEM file at
+/// `path` — what the key directory's `ca.pem` holds during a CA rotation
+/// (`[old, new]`) and what the monitor's `other_config:ca_cert` names.
+/// strongSwan loads only the first certificate of such a file.
+pub fn write_trust_bundle(path: &Path, cas: &[&CaFiles]) -> Result<(), IpsecError> {
+    let pem: String = cas.iter().map(|c| c.ca.cert_pem()).collect();
+    std::fs::write(path, pem).map_err(io_err(path))
+}
+
 /// How [`IpsecNode::start`] runs the node.
 #[derive(Debug, Clone)]
 pub struct StartOptions<'a> {
@@ -663,6 +672,18 @@ impl IpsecNode {
         std::fs::copy(ca_cert, &dst).map_err(io_err(&dst))?;
         self.ipsec(&["rereadcacerts"])?;
         Ok(())
+    }
+
+    /// The file names in the node's `/etc/ipsec.d/cacerts`, sorted.
+    pub fn cacerts_files(&self) -> Result<Vec<String>, IpsecError> {
+        let dir = self.etc_path("ipsec.d/cacerts");
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(io_err(&dir))? {
+            let entry = entry.map_err(io_err(&dir))?;
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        names.sort();
+        Ok(names)
     }
 
     /// `ovs-appctl -t ovs-monitor-ipsec tunnels/show`. The monitor answers

@@ -104,6 +104,8 @@ impl Harness {
             OvsdbWriter,
             OvsdbWriterArgs {
                 gate: crate::gate::ProtectionGate::default(),
+                board: self.board.clone(),
+                verify_period: Duration::from_secs(2),
                 ovsdb: Arc::new(self.ovsdb.clone()),
                 metrics: Arc::new(NoopMetrics),
                 bus: self.bus.clone(),

@@ -117,8 +117,10 @@ pub trait ProtectionPort: Send + Sync + Debug + 'static {
     /// persisting the lease when its recorded indexes changed.
     async fn evaluate_guards(&self) -> Result<GuardReadback>;
     /// Publishes the lease in `Open_vSwitch . external_ids` (one guarded
-    /// transaction, other keys untouched).
-    async fn publish_lease(&self) -> Result<()>;
+    /// transaction, other keys untouched) when OVSDB does not hold it
+    /// already; returns the keys that were missing or different (empty:
+    /// nothing written). Called on every read-back, so drift is restored.
+    async fn publish_lease(&self) -> Result<Vec<String>>;
     /// Attributes the kernel's SAs and policies to the lease (reqid + mark +
     /// the exact selector of a tunnel this node has in OVSDB) and records
     /// the observation, with the boot ID, in the key directory. Reads no SA
@@ -162,8 +164,8 @@ pub struct Acknowledgement {
 pub trait RunningMonitor: RunningProcess {
     /// Reads the monitor back (`tunnels/show`) and the IKE daemon's loaded
     /// certificates and compares them with the identity OVSDB points at
-    /// (`keys`). Applies the CA workaround first where the monitor is
-    /// unpatched.
+    /// (`keys`). Installs the trust bundle (one file per CA) first when it
+    /// changed or the monitor is new.
     async fn acknowledge(&mut self, keys: &OvsdbIdentityKeys) -> Result<Acknowledgement>;
 }
 

@@ -18,6 +18,8 @@ use crate::ports::{
 #[derive(Debug, Default)]
 struct ProtectionInner {
     refuse: Option<Reason>,
+    /// Whether OVSDB holds the published lease.
+    publication_present: bool,
     guards_present: bool,
     ever_armed: bool,
     conflict: bool,
@@ -44,6 +46,11 @@ impl FakeProtection {
     fn lock(&self) -> std::sync::MutexGuard<'_, ProtectionInner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+    /// Someone removed the published lease from OVSDB.
+    pub fn remove_publication(&self) {
+        self.lock().publication_present = false;
+    }
+
     /// Lease allocation refuses with `reason` (a bypass, exhaustion).
     pub fn refuse(&self, reason: Option<Reason>) {
         self.lock().refuse = reason;
@@ -141,13 +148,17 @@ impl ProtectionPort for FakeProtection {
         })
     }
 
-    async fn publish_lease(&self) -> Result<()> {
+    async fn publish_lease(&self) -> Result<Vec<String>> {
         let mut i = self.lock();
         if !i.guards_present {
             i.published_before_armed = true;
         }
+        if i.publication_present {
+            return Ok(Vec::new());
+        }
+        i.publication_present = true;
         i.published += 1;
-        Ok(())
+        Ok(vec!["ovn-ipsec-protection-mark".into()])
     }
 
     async fn observe_sas(&self) -> Result<SaSummary> {

@@ -425,3 +425,55 @@ async fn nothing_runs_before_the_guards_are_armed() {
     assert_eq!(h.ike.starts().len(), 1);
     assert_eq!(h.monitor.starts().len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn drifted_publications_are_restored_reported_and_block_readiness_meanwhile() {
+    let h = harness().await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    let published = h.protection.published();
+    let paths = h.ovsdb.other_config();
+
+    // The lease's keys removed from external_ids: back at the next
+    // read-back, counted, reported.
+    h.protection.remove_publication();
+    until("lease restored", Duration::from_secs(2), || {
+        h.protection.published() == published + 1
+    })
+    .await;
+    // Identity paths removed from other_config: not ready until restored.
+    h.ovsdb.remove_key("private_key");
+    until("identity restored", Duration::from_secs(5), || {
+        h.ovsdb.other_config().get("private_key") == paths.get("private_key")
+    })
+    .await;
+    until("ready again", Duration::from_secs(5), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    assert_eq!(h.ovsdb.other_config(), paths);
+    let events = h.protection_events.lock().unwrap().clone();
+    let drifts: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            crate::bus::ProtectionEvent::OvsdbDriftRestored { what, keys } => {
+                Some((*what, keys.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(drifts.len(), 2, "{events:?}");
+    assert_eq!(drifts[0].0, "lease");
+    assert_eq!(drifts[1], ("identity", vec!["private_key".to_string()]));
+    let text = metrics_text(&h);
+    for what in ["lease", "identity"] {
+        assert!(
+            text.contains(&format!(
+                "kube_ovn_ipsec_ovsdb_drift_restored_total{{what=\"{what}\"}} 1"
+            )),
+            "{text}"
+        );
+    }
+}

@@ -135,8 +135,8 @@ pub struct RunArgs {
     /// from it before a restart).
     #[arg(long, default_value = "/var/run")]
     pub ike_rundir: PathBuf,
-    /// strongSwan's CA directory (the CA workaround for an unpatched
-    /// monitor copies the trust bundle there).
+    /// strongSwan's CA directory: the agent installs the trust bundle there,
+    /// one file per CA (strongSwan reads only a file's first certificate).
     #[arg(long, default_value = "/etc/ipsec.d/cacerts")]
     pub ipsec_cacerts_dir: PathBuf,
     /// File receiving the IKE daemon's output (default: inherited).

@@ -21,6 +21,9 @@ pub const REASON_STATE_MOVED_ASIDE: &str = "IPsecStateMovedAside";
 pub const REASON_GUARD_READDED: &str = "IPsecGuardReadded";
 /// Reason of the Event for a foreign policy in a guard's place.
 pub const REASON_GUARD_CONFLICT: &str = "IPsecGuardConflict";
+/// Reason of the Event for OVSDB keys of the agent found changed and
+/// written back.
+pub const REASON_OVSDB_DRIFT: &str = "IPsecOvsdbDriftRestored";
 
 /// Writes Events about one Node.
 #[derive(Clone)]
@@ -234,6 +237,13 @@ fn protection_message(e: &ProtectionEvent) -> Option<(&'static str, String)> {
             REASON_GUARD_CONFLICT,
             format!(
                 "a policy this agent did not create (index {index}) occupies the {family} guard's place ({detail}); it was not overwritten and output protection is not armed"
+            ),
+        )),
+        ProtectionEvent::OvsdbDriftRestored { what, keys } => Some((
+            REASON_OVSDB_DRIFT,
+            format!(
+                "the agent's {what} keys in the Open_vSwitch table had been removed or changed ({}) and were written back; find what edits them (ovs-vsctl, a replaced conf.db)",
+                keys.join(", ")
             ),
         )),
         _ => None,

@@ -1,7 +1,7 @@
 //! The protection, IKE and monitor actors' ports over this crate's adapters: lease and guards
 //! ([`crate::lease`], [`xfrm::guard`] over netlink XFRM), the IKE daemon
 //! ([`crate::ike`]) and the monitor ([`crate::monitor`], with the
-//! acknowledgement and, for an unpatched monitor only, the CA workaround).
+//! acknowledgement and the trust bundle installed one file per CA).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -246,11 +246,10 @@ impl ProtectionPort for ProtectionAdapter {
         blocking(move || node.evaluate_guards()).await
     }
 
-    async fn publish_lease(&self) -> actors::Result<()> {
+    async fn publish_lease(&self) -> actors::Result<Vec<String>> {
         let lease = self.node.current()?;
         lease::publish(&self.ovs, &lease)
             .await
-            .map(|_| ())
             .map_err(protection_err)
     }
 
@@ -328,7 +327,9 @@ pub struct MonitorAdapter {
     pub ike: IkeConfig,
     /// Where (namespaces) they run.
     pub launcher: Launcher,
-    /// Whether the monitor script carries the project's patch.
+    /// Whether the monitor script carries the project's patch (reported;
+    /// the trust bundle is installed one file per CA either way, since
+    /// even the patched monitor's `cacert=` loads only its first CA).
     pub patch: MonitorPatch,
 }
 
@@ -337,8 +338,8 @@ struct RunningMon {
     monitor: Monitor,
     pid: u32,
     adapter: MonitorAdapter,
-    /// The trust bundle last copied for the CA workaround.
-    workaround_applied: Option<Sha256Digest>,
+    /// The trust digest of the bundle last installed into the CA directory.
+    installed_trust: Option<Sha256Digest>,
 }
 
 impl RunningMon {
@@ -399,31 +400,27 @@ impl RunningMonitor for RunningMon {
         };
         let active = ActiveIdentity::load(Path::new(cert), Path::new(ca))
             .map_err(|e| process_err("monitor", e))?;
-        if self.adapter.patch.needs_ca_workaround()
-            && self.workaround_applied != Some(active.trust_digest)
-        {
-            // Unpatched monitor only: its `ca` section is never loaded.
-            let pem = std::fs::read(ca).map_err(|e| actors::Error::Process {
-                process: "monitor",
-                reason: format!("reading {ca}: {e}"),
-            })?;
-            let dst = self
-                .adapter
-                .ike
-                .cacerts_dir
-                .join("kube-ovn-ipsec-trust.pem");
-            actors::keydir::write_atomic(&dst, &pem, 0o644).map_err(|e| {
-                process_err(
-                    "ike",
-                    crate::Error::Io {
-                        path: e.path,
-                        source: e.source,
-                    },
-                )
-            })?;
+        if self.installed_trust != Some(active.trust_digest) {
+            // strongSwan loads only the first CA of a PEM file, the
+            // monitor's `cacert=` included: every CA gets a file of its own.
+            let dir = self.adapter.ike.cacerts_dir.clone();
+            let bundle = PathBuf::from(ca);
+            let installed = blocking(move || {
+                crate::ike::read_trust_bundle(&bundle)
+                    .and_then(|b| crate::ike::install_trust_bundle(&dir, &b))
+                    .map_err(|e| process_err("ike", e))
+            })
+            .await?;
             self.ipsec("rereadcacerts").await?;
-            tracing::info!(dst = %dst.display(), "CA workaround applied (unpatched ovs-monitor-ipsec)");
-            self.workaround_applied = Some(active.trust_digest);
+            tracing::info!(
+                dir = %self.adapter.ike.cacerts_dir.display(),
+                cas = installed.files.len(),
+                written = installed.written.len(),
+                removed = installed.removed.len(),
+                trust_digest = %active.trust_digest,
+                "trust bundle installed for the IKE daemon, one file per CA"
+            );
+            self.installed_trust = Some(active.trust_digest);
         }
         let tunnels = self
             .monitor
@@ -451,7 +448,7 @@ impl MonitorPort for MonitorAdapter {
             monitor: m,
             pid,
             adapter: self.clone(),
-            workaround_applied: None,
+            installed_trust: None,
         }))
     }
 }

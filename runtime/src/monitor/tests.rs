@@ -123,6 +123,51 @@ fn acknowledgement_needs_paths_digests_and_daemon_view() {
 }
 
 #[test]
+fn acknowledgement_needs_every_ca_of_the_bundle_loaded() {
+    // A rotation's bundle [old, new]: strongSwan loading only the first CA
+    // of a one-file bundle leaves the new one out, and that is no
+    // acknowledgement.
+    let a = ActiveIdentity {
+        ca_serials: vec!["0a".into(), "0b".into()],
+        ..active()
+    };
+    let files = |_: &Path, bundle: bool| -> Result<Sha256Digest, String> {
+        Ok(if bundle {
+            digest(b"trust")
+        } else {
+            digest(b"leaf")
+        })
+    };
+    let good = [tunnel("/keys/2/cert.pem", "/keys/2/ca.pem")];
+    let leaf = [loaded("01:02", true)];
+    for (cas, applied) in [
+        (vec![loaded("0a", false)], false),
+        (vec![loaded("0b", false)], false),
+        (vec![loaded("0a", false), loaded("0a", false)], false),
+        (vec![loaded("0b", false), loaded("0a", false)], true),
+        (
+            vec![
+                loaded("0a", false),
+                loaded("0a", false),
+                loaded("0b", false),
+            ],
+            true,
+        ),
+    ] {
+        let ack = acknowledge(&a, &good, &leaf, &cas, &files);
+        assert_eq!(ack.configuration_applied, applied, "{cas:?}: {ack:?}");
+        // Also with no tunnel yet: the CA check alone decides.
+        let ack = acknowledge(&a, &[], &[], &cas, &files);
+        assert_eq!(ack.configuration_applied, applied, "{cas:?}: {ack:?}");
+    }
+    let ack = acknowledge(&a, &good, &leaf, &[loaded("0a", false)], &files);
+    assert_eq!(
+        ack.mismatches,
+        vec!["IKE daemon has not loaded CA serial 0b".to_string()]
+    );
+}
+
+#[test]
 fn serials_compare_without_der_sign_padding() {
     // x509-parser's raw serial of 0xbf83cbee is 00:bf:83:cb:ee; strongSwan
     // prints bf:83:cb:ee. Both must meet in one spelling.
