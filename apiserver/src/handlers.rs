@@ -18,6 +18,7 @@ use futures::StreamExt as _;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::FutureWatch;
 use crate::auth::{Identity, Tokens};
 use crate::discovery;
 use crate::error::ApiError;
@@ -45,15 +46,41 @@ pub struct Shared {
     pub rbac: bool,
     /// The bound address, for `/api`'s serverAddressByClientCIDRs.
     pub addr: SocketAddr,
-    /// Ends watches on shutdown.
+    /// Ends watches: on shutdown, and when the store is reset.
     pub shutdown: CancellationToken,
     /// How often watches with `allowWatchBookmarks` get a bookmark.
     pub bookmark_interval: Duration,
+    /// How a watch from a resourceVersion not issued yet is answered.
+    pub future_watch: FutureWatch,
+}
+
+/// The [`Shared`] state requests are served with, replaced whole when the
+/// store is reset under open connections.
+#[derive(Debug)]
+pub struct Current(std::sync::RwLock<Arc<Shared>>);
+
+impl Current {
+    /// Serves `shared` from now on.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self(std::sync::RwLock::new(shared))
+    }
+
+    /// The state of this moment (a request keeps the one it started with).
+    pub fn get(&self) -> Arc<Shared> {
+        // Only ever swapped whole: a poisoned lock still holds a complete state.
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Serves `shared` from now on; returns the state it replaces.
+    pub fn replace(&self, shared: Arc<Shared>) -> Arc<Shared> {
+        let mut current = self.0.write().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *current, shared)
+    }
 }
 
 /// The axum router: everything goes through [`handle`].
-pub fn router(shared: Arc<Shared>) -> axum::Router {
-    axum::Router::new().fallback(handle).with_state(shared)
+pub fn router(current: Arc<Current>) -> axum::Router {
+    axum::Router::new().fallback(handle).with_state(current)
 }
 
 fn json_response(code: StatusCode, body: &Value) -> Response {
@@ -78,7 +105,8 @@ fn bytes_response(code: StatusCode, body: Bytes, content_type: &'static str) -> 
 }
 
 /// The one entry point: turns every failure into a `Status`.
-pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+pub async fn handle(State(current): State<Arc<Current>>, req: Request) -> Response {
+    let shared = current.get();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let resp = match serve(&shared, req).await {
@@ -460,10 +488,18 @@ fn watch(
         timeout,
         bookmark_interval: shared.bookmark_interval,
     };
-    let body = match shared
-        .store
-        .subscribe(rp.resource, rp.namespace.as_deref(), from)
-    {
+    // Every version a client holds came from this server, so one above the
+    // newest is from before a store reset, and the events up to it would
+    // never be sent: unless told to wait like kube-apiserver, a 410 makes
+    // the client relist.
+    let ns = rp.namespace.as_deref();
+    let subscribed = match from {
+        Some(rv) if shared.future_watch == FutureWatch::Expire => {
+            shared.store.subscribe_issued(rp.resource, ns, rv)
+        }
+        _ => shared.store.subscribe(rp.resource, ns, from),
+    };
+    let body = match subscribed {
         Ok(mut sub) => {
             if send_initial == Some("false") {
                 sub.initial.clear();

@@ -34,6 +34,14 @@
 //! server.shutdown().await;
 //! # Ok(()) }
 //! ```
+//!
+//! [`ApiServerHandle::restart_with_empty_store`] models an API server that
+//! comes back with its store reset (an etcd restored from an old backup):
+//! same address, CA, serving certificate and tokens, a store starting over
+//! from resourceVersion 1; [`ApiServerHandle::reset_store`] does the same
+//! under open connections, as a watch cache re-initialised over a restored
+//! etcd. How a watch from a version the new store never issued is answered
+//! is [`FutureWatch`].
 
 mod auth;
 mod discovery;
@@ -53,6 +61,7 @@ mod watch;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -73,7 +82,7 @@ pub use resources::{RESOURCES, ResourceDef, Storage};
 pub use store::{EventType, Store, StoredEvent, Write, Written};
 
 use auth::Tokens;
-use handlers::Shared;
+use handlers::{Current, Shared};
 use tls::ServerPki;
 
 /// The token of the built-in administrator (`system:masters`, bypasses RBAC).
@@ -82,6 +91,25 @@ pub const ADMIN_TOKEN: &str = "lab-admin-token";
 /// Namespaces every cluster starts with.
 pub const INITIAL_NAMESPACES: &[&str] =
     &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// How a watch from a resourceVersion newer than any the store has issued is
+/// answered. On one server every version a client holds came from it, so such
+/// a version is only ever seen after the store was reset
+/// ([`ApiServerHandle::restart_with_empty_store`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FutureWatch {
+    /// 200 with one `ERROR` event, a `Status` of code 410, reason `Expired`:
+    /// what a kube-apiserver on an etcd restored with `--bump-revision
+    /// --mark-compacted` answers for a version from before the restore. kube-rs'
+    /// `watcher` and client-go's reflector relist on it.
+    #[default]
+    Expire,
+    /// Accept the watch and wait until the store reaches that version, as
+    /// kube-apiserver's watch cache does for a version ahead of it (after a
+    /// restore without a revision bump, the watch silently misses everything
+    /// up to it). For testing clients that must not rely on a 410.
+    Wait,
+}
 
 /// Entry point: `ApiServer::builder()`.
 #[derive(Debug)]
@@ -97,6 +125,7 @@ impl ApiServer {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             history: 10_000,
             bookmark_interval: Duration::from_secs(5),
+            future_watch: FutureWatch::default(),
         }
     }
 }
@@ -109,6 +138,16 @@ pub struct ApiServerBuilder {
     listen: SocketAddr,
     history: usize,
     bookmark_interval: Duration,
+    future_watch: FutureWatch,
+}
+
+/// What a restart keeps besides the listener, the PKI and the tokens.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    rbac: bool,
+    history: usize,
+    bookmark_interval: Duration,
+    future_watch: FutureWatch,
 }
 
 impl ApiServerBuilder {
@@ -142,58 +181,123 @@ impl ApiServerBuilder {
         self
     }
 
+    /// How a watch from a resourceVersion the store has not issued is
+    /// answered (default [`FutureWatch::Expire`]).
+    pub fn future_watch(mut self, answer: FutureWatch) -> Self {
+        self.future_watch = answer;
+        self
+    }
+
     /// Binds, seeds the initial namespaces and serves until [`ApiServerHandle::shutdown`].
     pub async fn start(self) -> Result<ApiServerHandle, Error> {
         // kube-rs and this server both use aws-lc-rs; installing it as the process
         // default keeps any rustls user that relies on the default from panicking.
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let pki = ServerPki::generate()?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config()?);
+        let tls = pki.server_config()?;
         let listener = TcpListener::bind(self.listen).await?;
         let addr = listener.local_addr()?;
-        let store = Arc::new(Store::new(self.history));
-        for ns in INITIAL_NAMESPACES {
-            let obj = json!({"apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": ns, "uid": uuid::Uuid::new_v4().to_string(),
-                             "creationTimestamp": objects::now(), "labels": {"kubernetes.io/metadata.name": ns}},
-                "spec": {}, "status": {"phase": "Active"}});
-            store
-                .write(resources::idx::NAMESPACES, "", ns, |_| Ok(Write::Put(obj)))
-                .map_err(|e| Error::Kubeconfig(e.to_string()))?;
-        }
         let tokens = Arc::new(Tokens::default());
         for (t, id) in self.tokens {
             tokens.insert(&t, id);
         }
-        let shutdown = CancellationToken::new();
-        let shared = Arc::new(Shared {
-            store: store.clone(),
-            tokens: tokens.clone(),
+        let settings = Settings {
             rbac: self.rbac,
-            addr,
-            shutdown: shutdown.clone(),
+            history: self.history,
             bookmark_interval: self.bookmark_interval,
-        });
-        let router = handlers::router(shared);
-        let task = tokio::spawn(serve(listener, acceptor, router, shutdown.clone()));
-        tracing::info!(%addr, rbac = self.rbac, "embedded apiserver listening");
+            future_watch: self.future_watch,
+        };
+        let running = launch(listener, addr, tls.clone(), tokens.clone(), settings)?;
         Ok(ApiServerHandle {
             addr,
             pki,
-            store,
+            tls,
+            settings,
             tokens,
-            shutdown,
-            task,
+            current: running.current,
+            store: running.store,
+            shutdown: running.shutdown,
+            keep_listener: running.keep_listener,
+            task: running.task,
         })
     }
 }
 
+/// One serving run: a fresh store behind a listener.
+struct Running {
+    current: Arc<Current>,
+    store: Arc<Store>,
+    shutdown: CancellationToken,
+    keep_listener: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Option<TcpListener>>,
+}
+
+/// Seeds a new store with the initial namespaces and serves it on `listener`.
+fn launch(
+    listener: TcpListener,
+    addr: SocketAddr,
+    tls: Arc<rustls::ServerConfig>,
+    tokens: Arc<Tokens>,
+    settings: Settings,
+) -> Result<Running, Error> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let store = seeded_store(settings.history)?;
+    let shutdown = CancellationToken::new();
+    let keep_listener = Arc::new(AtomicBool::new(false));
+    let shared = Arc::new(Shared {
+        store: store.clone(),
+        tokens,
+        rbac: settings.rbac,
+        addr,
+        // A child: a store reset ends the watches, not the server.
+        shutdown: shutdown.child_token(),
+        bookmark_interval: settings.bookmark_interval,
+        future_watch: settings.future_watch,
+    });
+    let current = Arc::new(Current::new(shared));
+    let router = handlers::router(current.clone());
+    let task = tokio::spawn(serve(
+        listener,
+        acceptor,
+        router,
+        shutdown.clone(),
+        keep_listener.clone(),
+    ));
+    tracing::info!(%addr, rbac = settings.rbac, "embedded apiserver listening");
+    Ok(Running {
+        current,
+        store,
+        shutdown,
+        keep_listener,
+        task,
+    })
+}
+
+/// A new store holding the initial namespaces.
+fn seeded_store(history: usize) -> Result<Arc<Store>, Error> {
+    let store = Arc::new(Store::new(history));
+    for ns in INITIAL_NAMESPACES {
+        let obj = json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns, "uid": uuid::Uuid::new_v4().to_string(),
+                             "creationTimestamp": objects::now(), "labels": {"kubernetes.io/metadata.name": ns}},
+                "spec": {}, "status": {"phase": "Active"}});
+        store
+            .write(resources::idx::NAMESPACES, "", ns, |_| Ok(Write::Put(obj)))
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    }
+    Ok(store)
+}
+
+/// Serves until `shutdown`; hands the listener back if `keep_listener` was
+/// set by then (a restart), otherwise closes it at once so that new
+/// connections are refused while the open ones wind down.
 async fn serve(
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     router: axum::Router,
     shutdown: CancellationToken,
-) {
+    keep_listener: Arc<AtomicBool>,
+) -> Option<TcpListener> {
     let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
     loop {
@@ -218,11 +322,14 @@ async fn serve(
             }
         }
     }
-    drop(listener);
+    // Across a restart the listener stays open: a client connecting meanwhile
+    // waits in the backlog for the next run instead of being refused.
+    let kept = keep_listener.load(Ordering::SeqCst).then_some(listener);
     // Watches end on the cancelled token; idle keep-alive connections close at
     // once; in-flight requests get a moment to finish before being dropped.
     let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
     conns.abort_all();
+    kept
 }
 
 /// A running server.
@@ -230,10 +337,14 @@ async fn serve(
 pub struct ApiServerHandle {
     addr: SocketAddr,
     pki: ServerPki,
+    tls: Arc<rustls::ServerConfig>,
+    settings: Settings,
+    current: Arc<Current>,
     store: Arc<Store>,
     tokens: Arc<Tokens>,
     shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    keep_listener: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Option<TcpListener>>,
 }
 
 impl ApiServerHandle {
@@ -353,6 +464,64 @@ impl ApiServerHandle {
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let _ = self.task.await;
+    }
+
+    /// Resets the store under the running server, as a kube-apiserver whose
+    /// etcd was restored underneath it re-initialises its watch cache: every
+    /// open watch ends (cleanly, no error), connections stay open, and
+    /// requests from now on see a new store holding only the initial
+    /// namespaces, its resourceVersions starting over below the ones clients
+    /// hold. A watch resumed from an old version is answered as
+    /// [`FutureWatch`] says. [`Self::store`] is the new store afterwards.
+    pub fn reset_store(&mut self) -> Result<(), Error> {
+        let store = seeded_store(self.settings.history)?;
+        let old = self.current.get();
+        let shared = Arc::new(Shared {
+            store: store.clone(),
+            tokens: old.tokens.clone(),
+            rbac: old.rbac,
+            addr: old.addr,
+            shutdown: self.shutdown.child_token(),
+            bookmark_interval: old.bookmark_interval,
+            future_watch: old.future_watch,
+        });
+        // New requests (the re-watches among them) reach the new store
+        // before the old watches are told to end.
+        self.current.replace(shared);
+        old.shutdown.cancel();
+        self.store = store;
+        Ok(())
+    }
+
+    /// Restarts the server with its store reset, as an API server whose etcd
+    /// was restored from an old backup: open watches end and connections
+    /// close, then the same address, CA, serving certificate, tokens and
+    /// settings serve a new store holding only the initial namespaces, its
+    /// resourceVersions starting over (below the ones clients hold). A watch
+    /// resumed from an old version is answered as [`FutureWatch`] says.
+    /// [`Self::store`] and [`Self::shutdown_token`] refer to the new run
+    /// afterwards.
+    pub async fn restart_with_empty_store(&mut self) -> Result<(), Error> {
+        self.keep_listener.store(true, Ordering::SeqCst);
+        self.shutdown.cancel();
+        let listener = match (&mut self.task).await {
+            Ok(Some(listener)) => listener,
+            // The serving task died: bind the address again.
+            Ok(None) | Err(_) => TcpListener::bind(self.addr).await?,
+        };
+        let running = launch(
+            listener,
+            self.addr,
+            self.tls.clone(),
+            self.tokens.clone(),
+            self.settings,
+        )?;
+        self.current = running.current;
+        self.store = running.store;
+        self.shutdown = running.shutdown;
+        self.keep_listener = running.keep_listener;
+        self.task = running.task;
+        Ok(())
     }
 
     /// A token that completes when the server is asked to shut down.

@@ -402,6 +402,23 @@ impl Store {
         }
     }
 
+    /// Starts a watch at `rv` like [`Self::subscribe`], but fails with 410
+    /// Expired when the store has not issued `rv` yet (a version from before
+    /// a reset: the events up to it would never come).
+    pub fn subscribe_issued(
+        &self,
+        resource: usize,
+        namespace: Option<&str>,
+        rv: u64,
+    ) -> Result<Subscription, ApiError> {
+        // Versions only grow: one issued at this check stays issued.
+        let newest = self.resource_version();
+        if rv > newest {
+            return Err(ApiError::expired(rv, newest));
+        }
+        self.subscribe(resource, namespace, Some(rv))
+    }
+
     /// Appends the history's events after `after_rv` (oldest first, at most
     /// `max`) to `out`, or fails with 410 Expired when events after
     /// `after_rv` are no longer in the history. Only references are taken
@@ -525,6 +542,23 @@ mod tests {
         );
         assert_eq!(store.list_at(CM, None, rv1).unwrap_err().code, 410);
         assert!(store.subscribe(CM, None, Some(4)).is_ok());
+    }
+
+    #[test]
+    fn a_watch_only_starts_from_an_issued_version() {
+        let store = Store::new(10);
+        store
+            .write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", "1"))))
+            .unwrap();
+        assert!(store.subscribe_issued(CM, None, 1).is_ok());
+        assert!(store.subscribe_issued(CM, None, 0).is_ok());
+        let err = store.subscribe_issued(CM, None, 2).unwrap_err();
+        assert_eq!((err.code, err.reason), (410, "Expired"));
+        // Once issued, the same version is a valid starting point.
+        store
+            .write(CM, "ns", "b", |_| Ok(Write::Put(cm("b", "1"))))
+            .unwrap();
+        assert!(store.subscribe_issued(CM, None, 2).is_ok());
     }
 
     #[test]

@@ -25,6 +25,15 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
         .ok_or_else(|| format!("{s:?} is too long"))
 }
 
+/// [`parse_duration`], but zero is refused: a period of nothing would relist
+/// without pause.
+pub fn parse_period(s: &str) -> std::result::Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("{s:?}: the period must be above zero")),
+        d => Ok(d),
+    }
+}
+
 /// How the controller runs.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Config {
@@ -87,6 +96,12 @@ pub struct Config {
     #[arg(long, env = "OVN_IPSEC_LIVE_CACHE", default_value_t = true,
           action = clap::ArgAction::Set)]
     pub live_cache: bool,
+    /// Every watch (CSRs and the live-state caches) starts over with a fresh
+    /// LIST at least this often, and at once after a watch error. Bounds how
+    /// long a CSR can go unreconciled when a watch silently misses events, as
+    /// after an API server whose etcd was restored from an older backup.
+    #[arg(long, env = "OVN_IPSEC_RESYNC_PERIOD", default_value = "60s", value_parser = parse_period)]
+    pub resync_period: Duration,
     /// CSRs reconciled at once (0: unbounded).
     #[arg(long, env = "OVN_IPSEC_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,

@@ -31,6 +31,7 @@
 //! - [`live`]: API objects to views, live reads for one CSR.
 //! - [`ca`]: the CA Secret and trust ConfigMap, rotation and retirement.
 //! - [`reconcile`]: the kube-runtime controller over CSRs.
+//! - [`resync`]: watches that relist periodically and after errors.
 //! - [`metrics`], [`config`], [`names`].
 //! - [`error`]: the crate's one error type (a leaf module).
 //! - [`run`]: wires it all together; `main.rs` only parses flags and calls it.
@@ -49,6 +50,7 @@ pub mod pkcs10;
 pub mod policy;
 pub mod profile;
 pub mod reconcile;
+pub mod resync;
 pub mod signer;
 pub mod validate;
 
@@ -98,7 +100,8 @@ pub async fn run(
         (SignerMode::BuiltIn(RwLock::new(Arc::new(ca))), trust)
     };
     let (cache, feed) = if config.live_cache {
-        let (cache, feed) = live::LiveCache::start(&client, &policy.cni_namespace);
+        let (cache, feed) =
+            live::LiveCache::start(&client, &policy.cni_namespace, config.resync_period);
         (Some(cache), Some(tokio::spawn(feed)))
     } else {
         (None, None)
@@ -127,6 +130,7 @@ pub async fn run(
         clock: clock.clone(),
         cache: cache.clone(),
         concurrency: config.concurrency,
+        resync_period: config.resync_period,
     });
     let reload = tokio::spawn(reload_loop(
         shared.clone(),

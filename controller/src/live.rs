@@ -24,6 +24,7 @@ use kube::{Api, Client, ResourceExt};
 use crate::error::Result;
 use crate::names;
 use crate::policy::Policy;
+use crate::resync::resyncing;
 use crate::validate::{CsrView, DaemonSetView, LiveContext, NodeView, PodView};
 
 /// The pure view of a CSR object.
@@ -170,39 +171,46 @@ pub struct LiveCache {
 
 impl LiveCache {
     /// Creates the stores and the future that keeps them fed (four watches,
-    /// each relisting with backoff after an error). Drive the future for as
-    /// long as the cache is used; the stores are empty and not ready until
-    /// each watch has delivered its initial list.
+    /// each relisting at least every `resync` and, with backoff, after an
+    /// error: see [`crate::resync`]). Drive the future for as long as the
+    /// cache is used; the stores are empty and not ready until each watch
+    /// has delivered its initial list.
     pub fn start(
         client: &Client,
         namespace: &str,
+        resync: std::time::Duration,
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (pods, pods_w) = reflector::store();
         let (nodes, nodes_w) = reflector::store();
         let (daemon_sets, daemon_sets_w) = reflector::store();
         let (revisions, revisions_w) = reflector::store();
-        let cfg = watcher::Config::default;
         let feed = futures::future::join4(
             drive(reflector::reflector(
                 pods_w,
-                watcher(Api::<Pod>::namespaced(client.clone(), namespace), cfg()),
+                relisting(
+                    "pods",
+                    Api::<Pod>::namespaced(client.clone(), namespace),
+                    resync,
+                ),
             )),
             drive(reflector::reflector(
                 nodes_w,
-                watcher(Api::<Node>::all(client.clone()), cfg()),
+                relisting("nodes", Api::<Node>::all(client.clone()), resync),
             )),
             drive(reflector::reflector(
                 daemon_sets_w,
-                watcher(
+                relisting(
+                    "daemonsets",
                     Api::<DaemonSet>::namespaced(client.clone(), namespace),
-                    cfg(),
+                    resync,
                 ),
             )),
             drive(reflector::reflector(
                 revisions_w,
-                watcher(
+                relisting(
+                    "controllerrevisions",
                     Api::<ControllerRevision>::namespaced(client.clone(), namespace),
-                    cfg(),
+                    resync,
                 ),
             )),
         )
@@ -274,12 +282,29 @@ async fn drive<K, S>(stream: S)
 where
     S: futures::Stream<Item = std::result::Result<watcher::Event<K>, watcher::Error>> + Send,
 {
-    stream
-        .default_backoff()
-        .for_each(|ev| async move {
-            if let Err(e) = ev {
-                tracing::warn!(error = %e, "live-state watch failed; relisting");
-            }
-        })
-        .await;
+    // The error was logged where the watch starts over (crate::resync).
+    stream.default_backoff().for_each(|_| async {}).await;
+}
+
+/// One relisting watch of `api`: a new watcher (a new LIST) each time the
+/// resync period passes or a watch fails.
+fn relisting<K>(
+    what: &'static str,
+    api: Api<K>,
+    resync: std::time::Duration,
+) -> impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    resyncing(
+        what,
+        move || watcher(api.clone(), watcher::Config::default()),
+        resync,
+    )
 }

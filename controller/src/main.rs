@@ -87,8 +87,12 @@ async fn main() -> anyhow::Result<()> {
                     let _ = rx2.changed().await;
                 },
             ));
+            // Installed before anything slow: a SIGTERM during start-up then
+            // still ends in a clean stop instead of the default disposition.
+            let stop = shutdown_signal()?;
             tokio::spawn(async move {
-                let _ = tokio::signal::ctrl_c().await;
+                let signal = stop.await;
+                tracing::info!(signal, "shutting down");
                 let _ = tx.send(true);
             });
             let mut rx3 = rx;
@@ -102,7 +106,22 @@ async fn main() -> anyhow::Result<()> {
                 },
             )
             .await?;
+            tracing::info!("kube-ovn-ipsec-controller stopped");
         }
     }
     Ok(())
+}
+
+/// Resolves with the signal's name on the first SIGTERM (what the kubelet
+/// sends to stop a Pod) or SIGINT.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = &'static str>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    })
 }

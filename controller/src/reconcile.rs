@@ -12,11 +12,11 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use base64::Engine as _;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use kube_ovn_ipsec_api::clock::Clock;
@@ -28,6 +28,7 @@ use crate::live::{LiveCache, csr_view, fetch_live};
 use crate::metrics::Metrics;
 use crate::names;
 use crate::policy::Policy;
+use crate::resync::resyncing;
 use crate::signer::CertificateAuthority;
 use crate::validate::validate;
 
@@ -61,6 +62,8 @@ pub struct Shared {
     pub cache: Option<LiveCache>,
     /// Reconciles running at once (0: unbounded).
     pub concurrency: u16,
+    /// How often the CSR watch starts over with a fresh LIST.
+    pub resync_period: Duration,
 }
 
 impl Shared {
@@ -81,16 +84,44 @@ pub async fn run_controller(
 ) {
     let csrs: Api<CertificateSigningRequest> = Api::all(shared.client.clone());
     let selector = format!("spec.signerName={}", names::SIGNER_NAME);
-    Controller::new(csrs, watcher::Config::default().fields(&selector))
+    let config = watcher::Config::default().fields(&selector);
+    // Every relist hands each CSR to the reconciler again: a pending one the
+    // watch never delivered is reconciled then, a final one costs a no-op.
+    let (reader, writer) = reflector::store();
+    let trigger = reflector(
+        writer,
+        resyncing(
+            "certificatesigningrequests",
+            move || watcher(csrs.clone(), config.clone()),
+            shared.resync_period,
+        ),
+    )
+    .applied_objects();
+    let shutdown = shutdown.shared();
+    let synced = reader.clone();
+    let controller = Controller::for_stream(trigger, reader)
         .with_config(kube::runtime::Config::default().concurrency(shared.concurrency))
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(shutdown.clone())
         .run(reconcile, error_policy, shared)
         .for_each(|res| async move {
             if let Err(e) = res {
                 tracing::debug!(error = %e, "reconcile did not complete");
             }
-        })
-        .await;
+        });
+    // kube-runtime holds every reconcile until the CSR store has its first
+    // list, and a graceful shutdown cuts the watch: stopped before that list,
+    // the controller would wait for it forever. Nothing can be running yet
+    // then, so it stops at once instead.
+    let stop_before_sync = async move {
+        shutdown.await;
+        if synced.wait_until_ready().now_or_never().is_some() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = controller => {}
+        () = stop_before_sync => tracing::info!("stopped before the first CSR list"),
+    }
 }
 
 fn error_policy(csr: Arc<CertificateSigningRequest>, e: &Error, shared: Arc<Shared>) -> Action {

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle, Identity};
+use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerBuilder, ApiServerHandle, Identity};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, PostParams};
@@ -108,90 +108,103 @@ fn rbac() -> Vec<Value> {
     ]
 }
 
+/// Creates the RBAC objects, the DaemonSet, its revisions, the nodes and
+/// their pods, and a Pod-bound token per node.
+async fn populate(server: &ApiServerHandle, admin: &Client, nodes: usize) -> (Vec<NodeFx>, String) {
+    for obj in rbac() {
+        create(admin, obj).await;
+    }
+    let labels = json!({"app": "kube-ovn-cni"});
+    let ds = create(admin, json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "kube-ovn-cni", "namespace": NS},
+            "spec": {"selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "cni-server", "image": "kube-ovn"}]}}}}))
+        .await;
+    let ds_uid = ds["metadata"]["uid"].as_str().unwrap().to_owned();
+    let owner = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "kube-ovn-cni",
+                            "uid": ds_uid, "controller": true}]);
+    create(
+        admin,
+        json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
+            "metadata": {"name": format!("kube-ovn-cni-{HASH}"), "namespace": NS,
+                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
+                         "ownerReferences": owner},
+            "revision": 2}),
+    )
+    .await;
+    create(
+        admin,
+        json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
+            "metadata": {"name": "kube-ovn-cni-oldhash", "namespace": NS,
+                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": "oldhash"},
+                         "ownerReferences": owner},
+            "revision": 1}),
+    )
+    .await;
+    let mut fxs = Vec::new();
+    for i in 0..nodes {
+        let name = format!("node-{i}");
+        let chassis = format!("chassis-{i}");
+        let node = create(
+            admin,
+            json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "annotations": {"ovn.kubernetes.io/chassis": chassis}}}),
+        )
+        .await;
+        let uid = node["metadata"]["uid"].as_str().unwrap().to_owned();
+        let pod_name = format!("kube-ovn-cni-{i}");
+        let pod = create(
+            admin,
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "namespace": NS,
+                             "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
+                             "ownerReferences": owner},
+                "spec": {"nodeName": name, "serviceAccountName": "kube-ovn-cni",
+                         "containers": [{"name": "cni-server", "image": "kube-ovn"}]}}),
+        )
+        .await;
+        let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
+        let token = format!("cni-{i}");
+        server.add_token(
+            &token,
+            Identity::service_account(NS, "kube-ovn-cni")
+                .bound_to_pod(&pod_name, &pod_uid, &name, &uid),
+        );
+        let client = server.client(&token).await.unwrap();
+        fxs.push(NodeFx {
+            name,
+            uid,
+            chassis,
+            pod_name,
+            pod_uid,
+            client,
+        });
+    }
+    (fxs, ds_uid)
+}
+
 impl Cluster {
     /// Starts the server and creates the DaemonSet, revision, nodes and pods.
     pub async fn start(nodes: usize) -> Cluster {
-        let server = ApiServer::builder()
+        Self::start_with(ApiServer::builder(), nodes).await
+    }
+
+    /// [`Self::start`] on a server configured by `builder` (RBAC is turned
+    /// on and the controller's token added here).
+    pub async fn start_with(builder: ApiServerBuilder, nodes: usize) -> Cluster {
+        let server = builder
             .rbac(true)
             .token("controller", Identity::service_account(NS, CONTROLLER_SA))
             .start()
             .await
             .unwrap();
         let admin = server.client(ADMIN_TOKEN).await.unwrap();
-        for obj in rbac() {
-            create(&admin, obj).await;
-        }
-        let labels = json!({"app": "kube-ovn-cni"});
-        let ds = create(&admin, json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "kube-ovn-cni", "namespace": NS},
-            "spec": {"selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "cni-server", "image": "kube-ovn"}]}}}}))
-        .await;
-        let ds_uid = ds["metadata"]["uid"].as_str().unwrap().to_owned();
-        let owner = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "kube-ovn-cni",
-                            "uid": ds_uid, "controller": true}]);
-        create(
-            &admin,
-            json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
-            "metadata": {"name": format!("kube-ovn-cni-{HASH}"), "namespace": NS,
-                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
-                         "ownerReferences": owner},
-            "revision": 2}),
-        )
-        .await;
-        create(
-            &admin,
-            json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
-            "metadata": {"name": "kube-ovn-cni-oldhash", "namespace": NS,
-                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": "oldhash"},
-                         "ownerReferences": owner},
-            "revision": 1}),
-        )
-        .await;
-        let mut fxs = Vec::new();
-        for i in 0..nodes {
-            let name = format!("node-{i}");
-            let chassis = format!("chassis-{i}");
-            let node = create(
-                &admin,
-                json!({"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "annotations": {"ovn.kubernetes.io/chassis": chassis}}}),
-            )
-            .await;
-            let uid = node["metadata"]["uid"].as_str().unwrap().to_owned();
-            let pod_name = format!("kube-ovn-cni-{i}");
-            let pod = create(
-                &admin,
-                json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod_name, "namespace": NS,
-                             "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
-                             "ownerReferences": owner},
-                "spec": {"nodeName": name, "serviceAccountName": "kube-ovn-cni",
-                         "containers": [{"name": "cni-server", "image": "kube-ovn"}]}}),
-            )
-            .await;
-            let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-            let token = format!("cni-{i}");
-            server.add_token(
-                &token,
-                Identity::service_account(NS, "kube-ovn-cni")
-                    .bound_to_pod(&pod_name, &pod_uid, &name, &uid),
-            );
-            let client = server.client(&token).await.unwrap();
-            fxs.push(NodeFx {
-                name,
-                uid,
-                chassis,
-                pod_name,
-                pod_uid,
-                client,
-            });
-        }
+        let (nodes, ds_uid) = populate(&server, &admin, nodes).await;
         Cluster {
             server,
             admin,
-            nodes: fxs,
+            nodes,
             ds_uid,
             stop: None,
             task: None,
@@ -199,20 +212,54 @@ impl Cluster {
         }
     }
 
+    /// Restarts the API server with its store reset (same address, CA and
+    /// tokens; resourceVersions start over) and creates the cluster's
+    /// objects again: new UIDs, new Pod-bound tokens in `nodes`. The
+    /// controller keeps running against it.
+    pub async fn restart_with_empty_store(&mut self) {
+        self.server.restart_with_empty_store().await.unwrap();
+        self.repopulate().await;
+    }
+
+    /// [`Self::restart_with_empty_store`] without the restart: the store is
+    /// reset under open connections, watches end without an error.
+    pub async fn reset_store(&mut self) {
+        self.server.reset_store().unwrap();
+        self.repopulate().await;
+    }
+
+    async fn repopulate(&mut self) {
+        let (nodes, ds_uid) = populate(&self.server, &self.admin, self.nodes.len()).await;
+        self.nodes = nodes;
+        self.ds_uid = ds_uid;
+    }
+
     /// The controller's flags for this cluster.
     pub fn config(&self) -> controller::config::Config {
+        self.config_with(&[])
+    }
+
+    /// [`Self::config`] with more flags.
+    pub fn config_with(&self, flags: &[&str]) -> controller::config::Config {
         use clap::Parser;
         #[derive(clap::Parser)]
         struct P {
             #[command(flatten)]
             c: controller::config::Config,
         }
-        P::parse_from(["test", "--namespace", NS, "--ca-reload", "3600s"]).c
+        let mut args = vec!["test", "--namespace", NS, "--ca-reload", "3600s"];
+        args.extend_from_slice(flags);
+        P::parse_from(args).c
     }
 
     /// Starts the controller in-process as its own ServiceAccount.
     pub async fn start_controller(&mut self, config: controller::config::Config) {
-        let client = self.server.client("controller").await.unwrap();
+        self.start_controller_as("controller", config).await;
+    }
+
+    /// [`Self::start_controller`] with another bearer token.
+    pub async fn start_controller_as(&mut self, token: &str, config: controller::config::Config) {
+        let client = self.server.client(token).await.unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let metrics = self.metrics.clone();
         self.task = Some(tokio::spawn(async move {
