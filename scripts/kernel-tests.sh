@@ -19,7 +19,7 @@ BENCHES=(overlay_datapath)
 
 # Prints the executables cargo builds for the given cargo test arguments.
 executables() {
-  cargo test --locked "$@" --no-run --message-format=json 2>/dev/null \
+  cargo test --locked "$@" --no-run --message-format=json \
     | python3 -c '
 import json, sys
 for line in sys.stdin:
