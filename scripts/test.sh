@@ -22,6 +22,13 @@ python3 scripts/crate-graph.py --check docs/architecture.md
 echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+# A workspace build unifies features across every crate; a binary built on
+# its own (scripts/lab.sh, the image) gets only its own. Check each alone.
+echo "== each binary crate builds on its own"
+for p in kube-ovn-ipsec-lab kube-ovn-ipsec-runtime kube-ovn-ipsec-controller; do
+  cargo check --locked -q -p "$p"
+done
+
 echo "== the full kernel for the kernel checks (fetched once into its cache)"
 cargo build --locked -q -p testbed --bin koi-kernel-run
 target/debug/koi-kernel-run --prepare
