@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::RwLock;
+use std::time::SystemTime;
 
 /// `extra` key the real server sets for a token bound to a Pod: the Pod's name.
 pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
@@ -114,18 +115,58 @@ impl Identity {
     }
 }
 
-/// Token → identity table; tokens can be added while the server runs (a lab
+/// An object a token is bound to: the token authenticates only while an
+/// object of that name with that UID exists, as the real server's
+/// ServiceAccount token validator checks on every request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundObject {
+    /// Index into [`RESOURCES`](crate::RESOURCES).
+    pub resource: usize,
+    /// Namespace, `""` for cluster-scoped objects.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The UID the object had when the token was issued.
+    pub uid: String,
+}
+
+/// What a bearer token stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credential {
+    /// Who the bearer is.
+    pub identity: Identity,
+    /// From this instant on the token no longer authenticates (`None`: never expires).
+    pub expires: Option<SystemTime>,
+    /// Objects that must still exist for the token to authenticate.
+    pub bound: Vec<BoundObject>,
+}
+
+impl Credential {
+    /// A token valid for as long as the server runs (static tokens).
+    pub fn forever(identity: Identity) -> Self {
+        Credential {
+            identity,
+            expires: None,
+            bound: Vec::new(),
+        }
+    }
+}
+
+/// Token → credential table; tokens can be added while the server runs (a lab
 /// starting a new Pod gives it a new bound token).
 #[derive(Debug, Default)]
-pub struct Tokens(RwLock<HashMap<String, Identity>>);
+pub struct Tokens(RwLock<HashMap<String, Credential>>);
 
 impl Tokens {
-    /// Adds or replaces a token.
+    /// Adds or replaces a token that never expires.
     pub fn insert(&self, token: &str, identity: Identity) {
-        self.0
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(token.into(), identity);
+        self.insert_credential(token, Credential::forever(identity));
+    }
+
+    /// Adds or replaces a token.
+    pub fn insert_credential(&self, token: &str, credential: Credential) {
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        map.insert(token.into(), credential);
     }
 
     /// Removes a token (later requests with it get 401).
@@ -136,14 +177,36 @@ impl Tokens {
             .remove(token);
     }
 
-    /// The identity of an `Authorization` header value.
-    pub fn authenticate(&self, header: Option<&str>) -> Option<Identity> {
+    /// The identity of an `Authorization` header value at `now`: `None` for
+    /// an unknown or expired token, or one whose bound objects are gone
+    /// (`exists` answers whether a bound object is still there with its UID).
+    pub fn authenticate(
+        &self,
+        header: Option<&str>,
+        now: SystemTime,
+        exists: impl Fn(&BoundObject) -> bool,
+    ) -> Option<Identity> {
         let token = header?.strip_prefix("Bearer ")?.trim();
-        self.0
+        let credential = self
+            .0
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(token)
-            .cloned()
+            .cloned()?;
+        if credential.expires.is_some_and(|at| now >= at) {
+            return None;
+        }
+        credential
+            .bound
+            .iter()
+            .all(exists)
+            .then_some(credential.identity)
+    }
+
+    /// Drops the tokens that expired by `now`.
+    pub fn forget_expired(&self, now: SystemTime) {
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        map.retain(|_, c| c.expires.is_none_or(|at| now < at));
     }
 
     /// Whether a token is known.
@@ -158,6 +221,7 @@ impl Tokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn bearer_tokens() {
@@ -167,7 +231,9 @@ mod tests {
             Identity::service_account("kube-system", "kube-ovn-cni")
                 .bound_to_pod("p", "u", "n", ""),
         );
-        let id = t.authenticate(Some("Bearer tok")).unwrap();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let auth = |h| t.authenticate(h, now, |_| true);
+        let id = auth(Some("Bearer tok")).unwrap();
         assert_eq!(
             id.username,
             "system:serviceaccount:kube-system:kube-ovn-cni"
@@ -178,9 +244,43 @@ mod tests {
             id.effective_groups()
                 .contains(&"system:authenticated".to_string())
         );
-        assert!(t.authenticate(Some("Bearer nope")).is_none());
-        assert!(t.authenticate(Some("Basic tok")).is_none());
-        assert!(t.authenticate(None).is_none());
+        assert!(auth(Some("Bearer nope")).is_none());
+        assert!(auth(Some("Basic tok")).is_none());
+        assert!(auth(None).is_none());
         assert!(Identity::admin().is_master());
+    }
+
+    #[test]
+    fn expired_or_unbound_tokens_stop_authenticating() {
+        let t = Tokens::default();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let pod = BoundObject {
+            resource: 2,
+            namespace: "ns".into(),
+            name: "p".into(),
+            uid: "u1".into(),
+        };
+        t.insert_credential(
+            "tok",
+            Credential {
+                identity: Identity::service_account("ns", "sa"),
+                expires: Some(now + Duration::from_secs(600)),
+                bound: vec![pod.clone()],
+            },
+        );
+        let h = Some("Bearer tok");
+        assert!(t.authenticate(h, now, |_| true).is_some());
+        assert!(
+            t.authenticate(h, now + Duration::from_secs(599), |_| true)
+                .is_some()
+        );
+        assert!(
+            t.authenticate(h, now + Duration::from_secs(600), |_| true)
+                .is_none()
+        );
+        assert!(t.authenticate(h, now, |b| *b != pod).is_none());
+        t.insert("static", Identity::user("u"));
+        t.forget_expired(now + Duration::from_secs(600));
+        assert!(!t.contains("tok") && t.contains("static"));
     }
 }

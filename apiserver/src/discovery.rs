@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::resources::{RESOURCES, ResourceDef, Storage, groups};
+use crate::resources::{RESOURCES, ResourceDef, Storage, groups, subresource_kind};
 
 /// The Kubernetes version the server claims (matches k8s-openapi's `v1_33`).
 pub fn version() -> Value {
@@ -82,10 +82,19 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
             "kind": d.kind, "verbs": verbs(d), "shortNames": d.short_names,
         }));
         for sub in d.subresources {
-            resources.push(json!({
+            let (group, kind, verbs) = subresource_kind(d, sub);
+            let mut doc = json!({
                 "name": format!("{}/{sub}", d.plural), "singularName": "", "namespaced": d.namespaced,
-                "kind": d.kind, "verbs": ["get", "patch", "update"],
-            }));
+                "kind": kind, "verbs": verbs,
+            });
+            // A subresource of another kind names its group and version, as kube-apiserver's does.
+            if group != d.group
+                && let Some(m) = doc.as_object_mut()
+            {
+                m.insert("group".into(), json!(group));
+                m.insert("version".into(), json!("v1"));
+            }
+            resources.push(doc);
         }
     }
     if resources.is_empty() {
@@ -115,9 +124,11 @@ pub fn wants_aggregated(accept: &str) -> bool {
 fn discovery_version(group: &str, version: &str) -> Value {
     let resources: Vec<Value> = in_group(group, version)
         .map(|d| {
-            let subs: Vec<Value> = d.subresources.iter().map(|s| json!({
-                "subresource": s, "responseKind": {"group": d.group, "version": d.version, "kind": d.kind},
-                "verbs": ["get", "patch", "update"]})).collect();
+            let subs: Vec<Value> = d.subresources.iter().map(|s| {
+                let (group, kind, verbs) = subresource_kind(d, s);
+                json!({"subresource": s, "responseKind": {"group": group, "version": "v1", "kind": kind},
+                       "verbs": verbs})
+            }).collect();
             json!({
                 "resource": d.plural, "responseKind": {"group": d.group, "version": d.version, "kind": d.kind},
                 "scope": if d.namespaced { "Namespaced" } else { "Cluster" },
@@ -233,6 +244,15 @@ mod tests {
             csr.to_string()
                 .contains("certificatesigningrequests/approval")
         );
+        let token = core["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "serviceaccounts/token")
+            .unwrap();
+        assert_eq!(token["kind"], "TokenRequest");
+        assert_eq!(token["group"], "authentication.k8s.io");
+        assert_eq!(token["verbs"], json!(["create"]));
         assert!(api_resource_list("nope", "v1").is_none());
         assert!(api_group("apps").is_some());
         assert!(api_group_list().to_string().contains("cert-manager.io/v1"));

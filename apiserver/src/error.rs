@@ -176,6 +176,26 @@ impl ApiError {
         .with_details(def, name)
     }
 
+    /// 422 Invalid for a kind that is not a stored resource (a TokenRequest):
+    /// `group_kind` as kube-apiserver names it (`TokenRequest.authentication.k8s.io`).
+    pub fn invalid_kind(group_kind: &str, name: &str, why: impl AsRef<str>) -> Self {
+        Self::new(
+            422,
+            "Invalid",
+            format!("{group_kind} \"{name}\" is invalid: {}", why.as_ref()),
+        )
+    }
+
+    /// 409 Conflict about an object named by kind (`Pod`), as kube-apiserver
+    /// words a conflict outside the store.
+    pub fn conflict_on(kind: &str, name: &str, why: &str) -> Self {
+        Self::new(
+            409,
+            "Conflict",
+            format!("Operation cannot be fulfilled on {kind} \"{name}\": {why}"),
+        )
+    }
+
     /// 500 InternalError.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)

@@ -18,8 +18,10 @@ use futures::StreamExt as _;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use kube_ovn_ipsec_api::clock::Clock;
+
 use crate::FutureWatch;
-use crate::auth::{Identity, Tokens};
+use crate::auth::{BoundObject, Identity, Tokens};
 use crate::discovery;
 use crate::error::ApiError;
 use crate::objects::{self, certificate_changed, prepare_create, prepare_delete, prepare_update};
@@ -29,6 +31,7 @@ use crate::rbac::{self, Attributes, Decision};
 use crate::resources::{RESOURCES, ResourceDef, Storage, idx};
 use crate::routes::{ResourcePath, Route, parse_route, query_map};
 use crate::selectors::{FieldSelector, LabelSelector};
+use crate::serviceaccount;
 use crate::store::{Store, Write};
 use crate::watch::{self, WatchSpec};
 
@@ -52,6 +55,8 @@ pub struct Shared {
     pub bookmark_interval: Duration,
     /// How a watch from a resourceVersion not issued yet is answered.
     pub future_watch: FutureWatch,
+    /// Wall time, for token issuance and expiry.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// The [`Shared`] state requests are served with, replaced whole when the
@@ -167,10 +172,12 @@ async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
+    let now = shared.clock.now();
     let id = shared
         .tokens
-        .authenticate(auth)
+        .authenticate(auth, now, |b| bound_object_exists(&shared.store, b))
         .ok_or_else(ApiError::unauthorized)?;
+    let id = impersonate(shared, id, req.headers())?;
     let route = route?;
     let method = req.method().clone();
     let accept = req
@@ -202,7 +209,12 @@ async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
     }
     let def = &RESOURCES[rp.resource];
     let is_watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    // The route grammar only lets `token` through under serviceaccounts.
+    let token_sub = rp.subresource.as_deref() == Some("token");
     let verb = match (&method, rp.name.is_some()) {
+        // The token subresource is create-only: `POST .../serviceaccounts/<name>/token`.
+        (&Method::POST, true) if token_sub => "create",
+        _ if token_sub => return Err(ApiError::method_not_allowed(method.as_str(), &path)),
         (&Method::GET, true) => "get",
         (&Method::GET, false) if is_watch => "watch",
         (&Method::GET, false) => "list",
@@ -216,7 +228,7 @@ async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
     if def.storage == Storage::Review && verb != "create" {
         return Err(ApiError::method_not_allowed(method.as_str(), &path));
     }
-    if rp.subresource.is_some() && !matches!(verb, "get" | "update" | "patch") {
+    if rp.subresource.is_some() && !token_sub && !matches!(verb, "get" | "update" | "patch") {
         return Err(ApiError::method_not_allowed(method.as_str(), &path));
     }
     if def.namespaced && rp.namespace.is_none() && !matches!(verb, "list" | "watch") {
@@ -248,10 +260,14 @@ async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
             let headers = req.headers().clone();
             let body = read_body(req.into_body()).await?;
             let obj = decode_body(&headers, &body)?;
-            if def.storage == Storage::Review {
-                return self_subject_access_review(shared, &id, obj);
+            if token_sub {
+                return token_request(shared, &ns, &name, obj);
             }
-            create(shared, def, rp.resource, &ns, obj, &id)
+            match (def.storage, def.kind) {
+                (Storage::Review, "SelfSubjectReview") => self_subject_review(def, &id, obj),
+                (Storage::Review, _) => self_subject_access_review(shared, &id, obj),
+                (Storage::Stored, _) => create(shared, def, rp.resource, &ns, obj, &id),
+            }
         }
         "update" | "patch" => {
             let headers = req.headers().clone();
@@ -294,6 +310,126 @@ async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
         "deletecollection" => delete_collection(shared, def, &rp, &query),
         _ => Err(ApiError::method_not_allowed(method.as_str(), &path)),
     }
+}
+
+/// Whether an object a token is bound to is still stored with the UID it had.
+fn bound_object_exists(store: &Store, bound: &BoundObject) -> bool {
+    store
+        .get(bound.resource, &bound.namespace, &bound.name)
+        .is_some_and(|o| o.pointer("/metadata/uid").and_then(Value::as_str) == Some(&bound.uid))
+}
+
+/// `POST .../serviceaccounts/<name>/token`: mints a token and registers it.
+fn token_request(shared: &Shared, ns: &str, name: &str, body: Value) -> Result<Response, ApiError> {
+    let now = shared.clock.now();
+    let issued = serviceaccount::token_request(&shared.store, now, ns, name, body)?;
+    // Expired tokens never authenticate again: dropping them here keeps a
+    // long-running lab whose kubelets refresh tokens from growing the table.
+    shared.tokens.forget_expired(now);
+    if let Some(credential) = issued.credential {
+        shared.tokens.insert_credential(&issued.token, credential);
+    }
+    Ok(json_response(StatusCode::CREATED, &issued.response))
+}
+
+/// The header prefix of impersonated `extra` values.
+const IMPERSONATE_EXTRA: &str = "impersonate-extra-";
+
+/// Applies the `Impersonate-*` headers: the request then runs as the named
+/// user, if the caller may `impersonate` each part (user or ServiceAccount,
+/// each group, the UID, each extra value), as kube-apiserver's
+/// impersonation filter checks.
+fn impersonate(shared: &Shared, id: Identity, headers: &HeaderMap) -> Result<Identity, ApiError> {
+    let values = |name: &str| -> Vec<String> {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_string)
+            .collect()
+    };
+    let user = values("impersonate-user").into_iter().next();
+    let groups = values("impersonate-group");
+    let uid = values("impersonate-uid").into_iter().next();
+    let mut extra = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for (name, value) in headers {
+        if let Some(key) = name.as_str().strip_prefix(IMPERSONATE_EXTRA)
+            && let Ok(v) = value.to_str()
+        {
+            let key = crate::routes::percent_decode(key);
+            extra.entry(key).or_default().push(v.to_string());
+        }
+    }
+    let Some(user) = user else {
+        if groups.is_empty() && uid.is_none() && extra.is_empty() {
+            return Ok(id);
+        }
+        return Err(ApiError::bad_request(
+            "requested impersonation of groups, a UID or extra values without impersonating a user: add an Impersonate-User header",
+        ));
+    };
+    let mut checks = Vec::new();
+    let sa = user
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'));
+    checks.push(match sa {
+        Some((ns, name)) => Attributes {
+            verb: "impersonate".into(),
+            resource: "serviceaccounts".into(),
+            namespace: ns.into(),
+            name: name.into(),
+            ..Default::default()
+        },
+        None => Attributes {
+            verb: "impersonate".into(),
+            resource: "users".into(),
+            name: user.clone(),
+            ..Default::default()
+        },
+    });
+    for g in &groups {
+        checks.push(Attributes {
+            verb: "impersonate".into(),
+            resource: "groups".into(),
+            name: g.clone(),
+            ..Default::default()
+        });
+    }
+    if let Some(uid) = &uid {
+        checks.push(Attributes {
+            verb: "impersonate".into(),
+            group: "authentication.k8s.io".into(),
+            resource: "uids".into(),
+            name: uid.clone(),
+            ..Default::default()
+        });
+    }
+    for (key, vals) in &extra {
+        for v in vals {
+            checks.push(Attributes {
+                verb: "impersonate".into(),
+                group: "authentication.k8s.io".into(),
+                resource: "userextras".into(),
+                subresource: key.clone(),
+                name: v.clone(),
+                ..Default::default()
+            });
+        }
+    }
+    for attrs in &checks {
+        authorize(shared, &id, attrs)?;
+    }
+    // A ServiceAccount impersonated without groups gets its own, as on the real server.
+    let groups = match (sa, groups.is_empty()) {
+        (Some((ns, name)), true) => Identity::service_account(ns, name).groups,
+        _ => groups,
+    };
+    Ok(Identity {
+        username: user,
+        uid: uid.unwrap_or_default(),
+        groups,
+        extra,
+    })
 }
 
 fn authorize(shared: &Shared, id: &Identity, attrs: &Attributes) -> Result<(), ApiError> {
@@ -634,6 +770,24 @@ fn delete_collection(
         StatusCode::OK,
         &json!({"kind": def.list_kind(), "apiVersion": def.api_version(), "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
     ))
+}
+
+/// `SelfSubjectReview` (`kubectl auth whoami`): who the caller is.
+fn self_subject_review(
+    def: &ResourceDef,
+    id: &Identity,
+    mut review: Value,
+) -> Result<Response, ApiError> {
+    objects::check_type(def, &mut review)?;
+    let user = json!({
+        "username": id.username, "uid": id.uid,
+        "groups": id.effective_groups(), "extra": id.extra,
+    });
+    if let Some(m) = review.as_object_mut() {
+        m.entry("metadata").or_insert_with(|| json!({}));
+        m.insert("status".into(), json!({"userInfo": user}));
+    }
+    Ok(json_response(StatusCode::CREATED, &review))
 }
 
 fn self_subject_access_review(

@@ -15,6 +15,8 @@
 //! - `patch`: merge, JSON and strategic merge patches;
 //! - `selectors`: label and field selectors;
 //! - `auth`, `rbac`: bearer tokens to identities, RBAC from stored objects;
+//! - `serviceaccount`: TokenRequest (`serviceaccounts/<name>/token`) and the
+//!   Pod-bound identity it shares with [`ApiServerHandle::token_for_pod`];
 //! - `discovery`: `/version`, `/api`, `/apis` documents;
 //! - `routes`: the pure path grammar (what a path names, query parameters);
 //! - `handlers`: the verbs; `protobuf`: the protobuf bodies kubectl sends;
@@ -54,6 +56,7 @@ mod rbac;
 mod resources;
 mod routes;
 mod selectors;
+mod serviceaccount;
 mod store;
 mod tls;
 mod watch;
@@ -68,10 +71,13 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use kube_ovn_ipsec_api::clock::{Clock, SystemClock};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+
+pub use serviceaccount::{API_AUDIENCE, DEFAULT_EXPIRATION_SECONDS};
 
 pub use auth::{
     EXTRA_CREDENTIAL_ID, EXTRA_NODE_NAME, EXTRA_NODE_UID, EXTRA_POD_NAME, EXTRA_POD_UID, Identity,
@@ -126,6 +132,7 @@ impl ApiServer {
             history: 10_000,
             bookmark_interval: Duration::from_secs(5),
             future_watch: FutureWatch::default(),
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -139,15 +146,17 @@ pub struct ApiServerBuilder {
     history: usize,
     bookmark_interval: Duration,
     future_watch: FutureWatch,
+    clock: Arc<dyn Clock>,
 }
 
 /// What a restart keeps besides the listener, the PKI and the tokens.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Settings {
     rbac: bool,
     history: usize,
     bookmark_interval: Duration,
     future_watch: FutureWatch,
+    clock: Arc<dyn Clock>,
 }
 
 impl ApiServerBuilder {
@@ -188,6 +197,14 @@ impl ApiServerBuilder {
         self
     }
 
+    /// The wall clock token issuance and expiry read (default: the system
+    /// clock). Tests move a clock of their own to expire tokens, which
+    /// cannot be asked for less than ten minutes.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// Binds, seeds the initial namespaces and serves until [`ApiServerHandle::shutdown`].
     pub async fn start(self) -> Result<ApiServerHandle, Error> {
         // kube-rs and this server both use aws-lc-rs; installing it as the process
@@ -206,8 +223,15 @@ impl ApiServerBuilder {
             history: self.history,
             bookmark_interval: self.bookmark_interval,
             future_watch: self.future_watch,
+            clock: self.clock,
         };
-        let running = launch(listener, addr, tls.clone(), tokens.clone(), settings)?;
+        let running = launch(
+            listener,
+            addr,
+            tls.clone(),
+            tokens.clone(),
+            settings.clone(),
+        )?;
         Ok(ApiServerHandle {
             addr,
             pki,
@@ -253,6 +277,7 @@ fn launch(
         shutdown: shutdown.child_token(),
         bookmark_interval: settings.bookmark_interval,
         future_watch: settings.future_watch,
+        clock: settings.clock.clone(),
     });
     let current = Arc::new(Current::new(shared));
     let router = handlers::router(current.clone());
@@ -374,40 +399,17 @@ impl ApiServerHandle {
     }
 
     /// Issues a ServiceAccount token bound to a stored Pod, as the kubelet's
-    /// projected token would be: the Pod's ServiceAccount (default `default`),
-    /// its name and UID, and its Node's name and UID (if the Node exists) in
-    /// `extra`. Returns the new bearer token.
+    /// projected token would be: the Pod's ServiceAccount (default `default`;
+    /// its UID when the ServiceAccount is stored), its name and UID, and its
+    /// Node's name and UID (if the Node exists) in `extra`. Returns the new
+    /// bearer token. Unlike one from a TokenRequest it does not expire, needs
+    /// no stored ServiceAccount, and outlives the Pod.
     pub fn token_for_pod(&self, namespace: &str, pod: &str) -> Result<String, Error> {
         let obj = self
             .store
             .get(resources::idx::PODS, namespace, pod)
             .ok_or_else(|| Error::UnknownPod(format!("{namespace}/{pod}")))?;
-        let s = |p: &str| {
-            obj.pointer(p)
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
-        let sa = match s("/spec/serviceAccountName") {
-            n if n.is_empty() => "default".to_string(),
-            n => n,
-        };
-        let node = s("/spec/nodeName");
-        let node_uid = self
-            .store
-            .get(resources::idx::NODES, "", &node)
-            .and_then(|n| {
-                n.pointer("/metadata/uid")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            })
-            .unwrap_or_default();
-        let identity = Identity::service_account(namespace, &sa).bound_to_pod(
-            pod,
-            &s("/metadata/uid"),
-            &node,
-            &node_uid,
-        );
+        let (identity, _) = serviceaccount::pod_bound_identity(&self.store, namespace, &obj);
         let token = format!("pod-{}", uuid::Uuid::new_v4());
         self.tokens.insert(&token, identity);
         Ok(token)
@@ -484,6 +486,7 @@ impl ApiServerHandle {
             shutdown: self.shutdown.child_token(),
             bookmark_interval: old.bookmark_interval,
             future_watch: old.future_watch,
+            clock: old.clock.clone(),
         });
         // New requests (the re-watches among them) reach the new store
         // before the old watches are told to end.
@@ -514,7 +517,7 @@ impl ApiServerHandle {
             self.addr,
             self.tls.clone(),
             self.tokens.clone(),
-            self.settings,
+            self.settings.clone(),
         )?;
         self.current = running.current;
         self.store = running.store;

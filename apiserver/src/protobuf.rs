@@ -1,9 +1,11 @@
 //! Just enough of the Kubernetes protobuf encoding to read the bodies kubectl's
 //! typed clients send as `application/vnd.kubernetes.protobuf`:
 //! CertificateSigningRequest (`kubectl certificate approve|deny`),
-//! SelfSubjectAccessReview (`kubectl auth can-i`), and the Namespace,
-//! ConfigMap and Secret that `kubectl create namespace|configmap|secret
-//! generic` build. Other kinds in protobuf are refused with 415; answers are
+//! SelfSubjectAccessReview (`kubectl auth can-i`), SelfSubjectReview
+//! (`kubectl auth whoami`), TokenRequest (`kubectl create token`, the
+//! kubelet), and the Namespace, ConfigMap, Secret and ServiceAccount that
+//! `kubectl create namespace|configmap|secret generic|serviceaccount` build.
+//! Other kinds in protobuf are refused with 415 naming the kind; answers are
 //! always JSON, which client-go accepts.
 //!
 //! Field numbers are those of `k8s.io/api/*/generated.proto`.
@@ -331,6 +333,101 @@ fn secret(buf: &[u8]) -> Result<Value, ApiError> {
     Ok(Value::Object(m))
 }
 
+fn object_reference(buf: &[u8]) -> Result<Value, ApiError> {
+    message(
+        buf,
+        &[
+            (1, "kind"),
+            (2, "namespace"),
+            (3, "name"),
+            (4, "uid"),
+            (5, "apiVersion"),
+            (6, "resourceVersion"),
+            (7, "fieldPath"),
+        ],
+        &[],
+        &[],
+    )
+}
+
+fn local_object_reference(buf: &[u8]) -> Result<Value, ApiError> {
+    message(buf, &[(1, "name")], &[], &[])
+}
+
+fn service_account(buf: &[u8]) -> Result<Value, ApiError> {
+    let mut m = Map::new();
+    for (num, f) in fields(buf)? {
+        match (num, f) {
+            (1, Field::Bytes(b)) => drop(m.insert("metadata".into(), object_meta(b)?)),
+            (2 | 3, Field::Bytes(b)) => {
+                let (key, item) = if num == 2 {
+                    ("secrets", object_reference(b)?)
+                } else {
+                    ("imagePullSecrets", local_object_reference(b)?)
+                };
+                if let Value::Array(a) = m.entry(key).or_insert_with(|| json!([])) {
+                    a.push(item);
+                }
+            }
+            (4, Field::Varint(v)) => {
+                drop(m.insert("automountServiceAccountToken".into(), json!(v != 0)))
+            }
+            _ => {}
+        }
+    }
+    Ok(Value::Object(m))
+}
+
+fn bound_object_reference(buf: &[u8]) -> Result<Value, ApiError> {
+    message(
+        buf,
+        &[(1, "kind"), (2, "apiVersion"), (3, "name"), (4, "uid")],
+        &[],
+        &[],
+    )
+}
+
+fn token_request_spec(buf: &[u8]) -> Result<Value, ApiError> {
+    let mut m = Map::new();
+    for (num, f) in fields(buf)? {
+        match (num, f) {
+            (1, Field::Bytes(b)) => {
+                if let Value::Array(a) = m.entry("audiences").or_insert_with(|| json!([])) {
+                    a.push(text(b));
+                }
+            }
+            (3, Field::Bytes(b)) => {
+                drop(m.insert("boundObjectRef".into(), bound_object_reference(b)?))
+            }
+            // int64: a negative value arrives as its two's complement.
+            (4, Field::Varint(v)) => drop(m.insert("expirationSeconds".into(), json!(v as i64))),
+            _ => {}
+        }
+    }
+    Ok(Value::Object(m))
+}
+
+fn token_request(buf: &[u8]) -> Result<Value, ApiError> {
+    message(
+        buf,
+        &[],
+        &[],
+        &[
+            (1, "metadata", object_meta),
+            (2, "spec", token_request_spec),
+        ],
+    )
+}
+
+fn self_subject_review(buf: &[u8]) -> Result<Value, ApiError> {
+    // The status (field 2) is the server's to fill in.
+    message(buf, &[], &[], &[(1, "metadata", object_meta)])
+}
+
+/// The kinds whose protobuf bodies [`decode`] reads.
+const DECODED: &str = "CertificateSigningRequest, SelfSubjectAccessReview, SelfSubjectReview, \
+TokenRequest, Namespace, ConfigMap, Secret and ServiceAccount";
+
 /// Decodes a protobuf request body into the JSON form of the object.
 pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
     let inner = body
@@ -360,11 +457,13 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
         ("v1", "Namespace") => namespace(raw)?,
         ("v1", "ConfigMap") => config_map(raw)?,
         ("v1", "Secret") => secret(raw)?,
+        ("v1", "ServiceAccount") => service_account(raw)?,
+        ("authentication.k8s.io/v1", "TokenRequest") => token_request(raw)?,
+        ("authentication.k8s.io/v1", "SelfSubjectReview") => self_subject_review(raw)?,
         _ => {
             return Err(ApiError::unsupported_media_type(format!(
-                "the lab API server reads protobuf only for CertificateSigningRequest, \
-                 SelfSubjectAccessReview, Namespace, ConfigMap and Secret (got {api_version} \
-                 {kind}); send application/json"
+                "the lab API server reads protobuf only for {DECODED} (got {api_version:?} \
+                 kind {kind:?}); send application/json"
             )));
         }
     };
@@ -408,6 +507,50 @@ mod tests {
         assert_eq!(obj["status"]["conditions"][0]["type"], "Approved");
         assert_eq!(obj["status"]["conditions"][0]["status"], "True");
         assert_eq!(obj["kind"], "CertificateSigningRequest");
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// Bodies captured from kubectl 1.32: `create serviceaccount
+    /// kube-ovn-cni -n kube-system`, `create token kube-ovn-cni
+    /// --bound-object-kind Pod --bound-object-name kube-ovn-cni-abcde
+    /// --duration 20m`, and `auth whoami`.
+    #[test]
+    fn decodes_what_kubectl_sends_for_tokens() {
+        let sa = decode(&unhex(
+            "6b3873000a140a027631120e536572766963654163636f756e7412290a270a0c6b7562652d6f766e2d636e69\
+             12001a0b6b7562652d73797374656d22002a003200380042001a002200",
+        ))
+        .unwrap();
+        assert_eq!(sa["kind"], "ServiceAccount");
+        assert_eq!(sa["metadata"]["name"], "kube-ovn-cni");
+        assert_eq!(sa["metadata"]["namespace"], "kube-system");
+        let tr = decode(&unhex(
+            "6b3873000a280a1861757468656e7469636174696f6e2e6b38732e696f2f7631120c546f6b656e52657175\
+             657374123e0a100a0012001a0022002a0032003800420012241a1f0a03506f64120276311a126b7562652d\
+             6f766e2d636e692d6162636465220020b0091a040a0012001a002200",
+        ))
+        .unwrap();
+        assert_eq!(tr["apiVersion"], "authentication.k8s.io/v1");
+        assert_eq!(tr["kind"], "TokenRequest");
+        assert_eq!(tr["spec"]["expirationSeconds"], 1200);
+        assert_eq!(
+            tr["spec"]["boundObjectRef"],
+            json!({"kind": "Pod", "apiVersion": "v1", "name": "kube-ovn-cni-abcde", "uid": ""})
+        );
+        assert!(tr["spec"].get("audiences").is_none());
+        let ssr = decode(&unhex(
+            "6b3873000a2d0a1861757468656e7469636174696f6e2e6b38732e696f2f7631121153656c665375626a65\
+             6374526576696577121a0a100a0012001a0022002a0032003800420012060a040a0012001a002200",
+        ))
+        .unwrap();
+        assert_eq!(ssr["kind"], "SelfSubjectReview");
+        assert!(ssr.get("status").is_none());
     }
 
     #[test]

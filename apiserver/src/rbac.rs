@@ -126,11 +126,13 @@ pub fn authorize(store: &Store, id: &Identity, a: &Attributes) -> Decision {
             return Decision::Allow("system:discovery".into());
         }
     }
-    // Everyone may ask what they themselves may do (system:basic-user).
-    if a.group == "authorization.k8s.io"
-        && a.resource == "selfsubjectaccessreviews"
-        && a.verb == "create"
-    {
+    // Everyone may ask what they themselves may do and who they are (system:basic-user).
+    let self_review = matches!(
+        (a.group.as_str(), a.resource.as_str()),
+        ("authorization.k8s.io", "selfsubjectaccessreviews")
+            | ("authentication.k8s.io", "selfsubjectreviews")
+    );
+    if self_review && a.verb == "create" {
         return Decision::Allow("system:basic-user".into());
     }
     let groups = id.effective_groups();

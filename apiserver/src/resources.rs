@@ -132,7 +132,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         "serviceaccounts",
         "serviceaccount",
         true,
-        &[],
+        &["token"],
         &["sa"],
     ),
     core("Event", "events", "event", true, &[], &["ev"]),
@@ -244,6 +244,18 @@ pub static RESOURCES: &[ResourceDef] = &[
             &[],
         )
     },
+    ResourceDef {
+        storage: Storage::Review,
+        ..grouped(
+            "authentication.k8s.io",
+            "SelfSubjectReview",
+            "selfsubjectreviews",
+            "selfsubjectreview",
+            false,
+            &[],
+            &[],
+        )
+    },
 ];
 
 /// Indices of resources used by the server's own logic.
@@ -254,6 +266,10 @@ pub mod idx {
     pub const NODES: usize = 1;
     /// Pod.
     pub const PODS: usize = 2;
+    /// Secret.
+    pub const SECRETS: usize = 4;
+    /// ServiceAccount.
+    pub const SERVICE_ACCOUNTS: usize = 5;
     /// CertificateSigningRequest.
     pub const CSRS: usize = 9;
     /// Role.
@@ -264,6 +280,19 @@ pub mod idx {
     pub const ROLE_BINDINGS: usize = 13;
     /// ClusterRoleBinding.
     pub const CLUSTER_ROLE_BINDINGS: usize = 14;
+}
+
+/// What a subresource of `def` answers with and which verbs it takes, for
+/// discovery: `serviceaccounts/token` is a create-only TokenRequest; every
+/// other subresource (`status`, `approval`) is read and written as its parent kind.
+pub fn subresource_kind(
+    def: &ResourceDef,
+    sub: &str,
+) -> (&'static str, &'static str, &'static [&'static str]) {
+    match (def.kind, sub) {
+        ("ServiceAccount", "token") => ("authentication.k8s.io", "TokenRequest", &["create"]),
+        _ => (def.group, def.kind, &["get", "patch", "update"]),
+    }
 }
 
 /// Finds a resource by group, version and plural.
@@ -294,6 +323,8 @@ mod tests {
         assert_eq!(RESOURCES[idx::PODS].kind, "Pod");
         assert_eq!(RESOURCES[idx::NODES].kind, "Node");
         assert_eq!(RESOURCES[idx::CSRS].kind, "CertificateSigningRequest");
+        assert_eq!(RESOURCES[idx::SECRETS].kind, "Secret");
+        assert_eq!(RESOURCES[idx::SERVICE_ACCOUNTS].kind, "ServiceAccount");
         assert_eq!(RESOURCES[idx::ROLES].kind, "Role");
         assert_eq!(RESOURCES[idx::CLUSTER_ROLES].kind, "ClusterRole");
         assert_eq!(RESOURCES[idx::ROLE_BINDINGS].kind, "RoleBinding");

@@ -112,7 +112,8 @@ pub(crate) fn query_map(query: Option<&str>) -> HashMap<String, String> {
         .unwrap_or_default()
 }
 
-fn percent_decode(s: &str) -> String {
+/// `%XX` and `+` decoding of a query component or header-borne key.
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

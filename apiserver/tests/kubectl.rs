@@ -388,3 +388,156 @@ async fn secret_string_data_is_merged_into_data() {
     assert!(got.string_data.is_none());
     assert_eq!(got.data.unwrap()["a"].0, b"updated");
 }
+
+/// `kubectl create serviceaccount` and `kubectl create token --bound-object-kind
+/// Pod` (both protobuf bodies) mint a token that `kubectl auth whoami` shows as
+/// the ServiceAccount with the Pod's and Node's extras, as the kubelet's
+/// projected token would be: the CSR checks are reachable from kubectl.
+#[tokio::test]
+async fn create_token_bound_to_a_pod_and_whoami() {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    let s = server(true, &[]).await;
+    let admin = Kubectl::new(&s, ADMIN_TOKEN);
+    let out = admin
+        .ok(&[
+            "create",
+            "serviceaccount",
+            "kube-ovn-cni",
+            "-n",
+            "kube-system",
+        ])
+        .await;
+    assert!(out.contains("serviceaccount/kube-ovn-cni created"), "{out}");
+    let client = s.client(ADMIN_TOKEN).await.unwrap();
+    let node = Api::<Node>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "node1"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(client, "kube-system");
+    let pod = |name: &str, sa: &str| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"serviceAccountName": sa, "nodeName": "node1",
+                     "containers": [{"name": "c", "image": "kube-ovn"}]}}))
+        .unwrap()
+    };
+    let cni_pod = pods
+        .create(
+            &PostParams::default(),
+            &pod("kube-ovn-cni-abcde", "kube-ovn-cni"),
+        )
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod("other", "default"))
+        .await
+        .unwrap();
+
+    let out = admin
+        .ok(&[
+            "create",
+            "token",
+            "kube-ovn-cni",
+            "-n",
+            "kube-system",
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            "kube-ovn-cni-abcde",
+            "--duration",
+            "20m",
+            "-o",
+            "json",
+        ])
+        .await;
+    let request: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(request["kind"], "TokenRequest", "{request}");
+    assert_eq!(request["spec"]["expirationSeconds"], 1200, "{request}");
+    assert_eq!(
+        request["spec"]["boundObjectRef"]["name"],
+        "kube-ovn-cni-abcde"
+    );
+    let token = request["status"]["token"].as_str().unwrap().to_string();
+    assert!(request["status"]["expirationTimestamp"].is_string());
+
+    let cni = Kubectl::new(&s, &token);
+    let out = cni.ok(&["auth", "whoami", "-o", "json"]).await;
+    let review: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let user = &review["status"]["userInfo"];
+    assert_eq!(
+        user["username"], "system:serviceaccount:kube-system:kube-ovn-cni",
+        "{review}"
+    );
+    let groups: Vec<&str> = user["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|g| g.as_str())
+        .collect();
+    assert_eq!(
+        groups,
+        [
+            "system:serviceaccounts",
+            "system:serviceaccounts:kube-system",
+            "system:authenticated"
+        ]
+    );
+    let extra = &user["extra"];
+    assert_eq!(
+        extra["authentication.kubernetes.io/pod-name"],
+        json!(["kube-ovn-cni-abcde"])
+    );
+    assert_eq!(
+        extra["authentication.kubernetes.io/pod-uid"],
+        json!([cni_pod.metadata.uid.unwrap()])
+    );
+    assert_eq!(
+        extra["authentication.kubernetes.io/node-name"],
+        json!(["node1"])
+    );
+    assert_eq!(
+        extra["authentication.kubernetes.io/node-uid"],
+        json!([node.metadata.uid.unwrap()])
+    );
+    // RBAC applies to the minted identity: nothing is granted to it.
+    let out = cni
+        .run(&["auth", "can-i", "create", "certificatesigningrequests"])
+        .await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
+
+    // A Pod running as another ServiceAccount is refused, with the reason.
+    let out = admin
+        .run(&[
+            "create",
+            "token",
+            "kube-ovn-cni",
+            "-n",
+            "kube-system",
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            "other",
+        ])
+        .await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot bind token for serviceaccount \"kube-ovn-cni\" to pod running with different serviceaccount name"),
+        "{stderr}"
+    );
+    // An unbound token, default lifetime.
+    let out = admin
+        .ok(&["create", "token", "kube-ovn-cni", "-n", "kube-system"])
+        .await;
+    let plain = Kubectl::new(&s, out.trim());
+    let out = plain.ok(&["auth", "whoami", "-o", "json"]).await;
+    let review: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        review["status"]["userInfo"]["extra"]
+            .get("authentication.kubernetes.io/pod-name")
+            .is_none(),
+        "{review}"
+    );
+    s.shutdown().await;
+}
