@@ -455,3 +455,67 @@ async fn ovsdb_drift_is_restored_and_reported() {
     .unwrap();
     agent.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_conf_db_gets_the_agents_keys_back() {
+    let mut cluster = Cluster::start(Duration::from_secs(600)).await;
+    let key_dir = cluster.dir.path().join("keys");
+    let port = Cluster::free_port();
+    let mut agent = cluster.spawn_agent(&key_dir, port, 600, &[]);
+    wait_generation(&cluster, port, 1, Duration::from_secs(60)).await;
+    let (ids, oc) = (cluster.external_ids(), cluster.other_config());
+
+    // conf.db replaced by a fresh one, initialised the way ovs-ctl does at
+    // start (system-id from its own file); the agent's keys are gone.
+    cluster.ovs.stop().unwrap();
+    let db = cluster.ovs.db_path().to_path_buf();
+    std::fs::remove_file(&db).unwrap();
+    testbed::ovs::run(
+        "ovsdb-tool",
+        &[
+            "create",
+            &db.display().to_string(),
+            testbed::ovs::DbKind::Vswitch.schema(),
+        ],
+    )
+    .unwrap();
+    cluster.ovs.restart().unwrap();
+    cluster.ovs.vsctl(&["--no-wait", "init"]).unwrap();
+    cluster
+        .ovs
+        .vsctl(&[
+            "set",
+            "Open_vSwitch",
+            ".",
+            &format!("external_ids:system-id={}", support::cluster::CHASSIS),
+        ])
+        .unwrap();
+    let t = Instant::now();
+    let restored = |c: &Cluster| {
+        let (i, o) = (c.external_ids(), c.other_config());
+        ids.iter()
+            .filter(|(k, _)| k.starts_with("ovn-ipsec-protection"))
+            .all(|(k, v)| i.get(k) == Some(v))
+            && ["private_key", "certificate", "ca_cert"]
+                .iter()
+                .all(|k| o.get(*k) == oc.get(*k))
+    };
+    while !restored(&cluster) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "not restored after a conf.db replacement: {:?} {:?}\n{}",
+            cluster.external_ids(),
+            cluster.other_config(),
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("keys back {:?} after the new conf.db", t.elapsed());
+    wait_generation(&cluster, port, 1, Duration::from_secs(20)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    agent.wait().unwrap();
+}
