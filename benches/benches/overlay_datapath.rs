@@ -23,18 +23,14 @@
 #[path = "../../runtime/tests/ike_node/mod.rs"]
 mod ike_node;
 
-use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ike_node::{Node, setup, start_ike, start_monitor, start_vswitchd};
+use ike_node::{Node, Overlay, POD_B, overlay_pair, wait_for_pod_reply};
 use testbed::guest::{GuestKernel, HostFeatures, run_in_guest};
-use testbed::ipsec::{CaFiles, IpsecNode, Tunnel};
 use testbed::netns::wait_for;
 use testbed::overlay::{self, PingStats, Throughput};
 
-const POD_A: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
-const POD_B: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 const TCP_PORT: u16 = 5201;
 
 /// What one pass over the data path measured.
@@ -85,40 +81,19 @@ fn measure(a: &Node, b: &Node, sizes: &Sizes) -> Figures {
     Figures { ping, tcp }
 }
 
-fn tunnel(n: &Node, peer: &IpsecNode) -> Tunnel {
-    Tunnel {
-        mark: n.lease.mark,
-        reqid: n.lease.reqid,
-        ..Tunnel::to(peer, 0)
-    }
-}
-
-fn wait_for_pod_reply(a: &Node, timeout: Duration) {
-    wait_for(timeout, Duration::from_millis(100), || {
-        let p = overlay::ping(a.node.netns(), POD_B, 1, Duration::from_millis(200)).ok()?;
-        (p.received == 1).then_some(())
-    })
-    .unwrap_or_else(|| panic!("no pod reply:\n{}", a.node.diagnostics()));
-}
-
 async fn datapath(sizes: Sizes) {
     let t0 = Instant::now();
     let script =
         testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap();
-    let ca = CaFiles::create("kube-ovn-ipsec overlay bench CA").unwrap();
-    let (a, b) = IpsecNode::pair("koi-ovb", "chass-a", "chass-b").unwrap();
-    let mut a = setup(a, &ca).await;
-    let mut b = setup(b, &ca).await;
-    for (n, pod) in [(&mut a, POD_A), (&mut b, POD_B)] {
-        start_vswitchd(n);
-        overlay::add_pod(&n.node, "pod0", &format!("{pod}/24")).unwrap();
-        start_ike(n);
-        start_monitor(n, script).await;
-    }
-    let (ta, tb) = (tunnel(&a, &b.node), tunnel(&b, &a.node));
-    a.node.add_plain_tunnel(&ta.name, b.node.ip()).unwrap();
-    b.node.add_plain_tunnel(&tb.name, a.node.ip()).unwrap();
-    wait_for_pod_reply(&a, Duration::from_secs(30));
+    let Overlay {
+        a,
+        b,
+        ta,
+        tb,
+        ca: _ca,
+    } = overlay_pair("koi-ovb", "kube-ovn-ipsec overlay bench CA", script).await;
+    wait_for_pod_reply(&a, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no pod reply:\n{}", a.node.diagnostics()));
     println!(
         "overlay_datapath: two nodes up after {:.1} s",
         t0.elapsed().as_secs_f64()
@@ -133,7 +108,8 @@ async fn datapath(sizes: Sizes) {
             .then_some(())
     })
     .expect("conns routed");
-    wait_for_pod_reply(&a, Duration::from_secs(60));
+    wait_for_pod_reply(&a, Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("no encrypted pod reply:\n{}", a.node.diagnostics()));
     println!(
         "overlay_datapath: IPsec intent to the first encrypted pod reply: {:.1} s",
         t1.elapsed().as_secs_f64()

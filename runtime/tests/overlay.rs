@@ -35,31 +35,19 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ike_node::{
-    Node, guards_present, guards_through, setup, start_ike, start_monitor, start_vswitchd,
+    Node, Overlay, POD_B, guards_present, guards_through, overlay_pair, start_ike,
+    wait_for_pod_reply,
 };
 use kube_ovn_ipsec_runtime::monitor_patch;
 use kube_ovn_ipsec_runtime::sa::{self, TunnelEndpoints};
 use nix::sys::signal::Signal;
 use testbed::guest::HostFeatures;
-use testbed::ipsec::{CaFiles, IpsecNode, Tunnel};
 use testbed::netns::wait_for;
 use testbed::overlay::{self, Capture, CaptureSummary, Pinger};
 use xfrm::Xfrm;
 use xfrm::stat::{OUT_POL_BLOCK, XfrmStats};
 
-const POD_A: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
-const POD_B: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 const PING_INTERVAL: Duration = Duration::from_millis(200);
-
-/// The tunnel from `n` to `peer` with `n`'s lease, as the patched
-/// ovn-controller would configure it.
-fn tunnel(n: &Node, peer: &IpsecNode) -> Tunnel {
-    Tunnel {
-        mark: n.lease.mark,
-        reqid: n.lease.reqid,
-        ..Tunnel::to(peer, 0)
-    }
-}
 
 /// `(spi, bytes)` of every SA attributed to `n`'s lease.
 fn lease_sas(n: &mut Node, peer_ip: Ipv4Addr) -> Vec<(u32, u64)> {
@@ -83,15 +71,6 @@ fn stats(n: &Node) -> XfrmStats {
 
 fn capture(n: &Node, name: &str) -> Capture {
     Capture::start(n.node.netns(), "eth0", &n.node.dir().join(name)).unwrap()
-}
-
-/// Pings pod B from pod A, one echo at a time, until one is answered.
-fn wait_for_pod_reply(a: &Node, timeout: Duration) -> Option<Duration> {
-    let t0 = Instant::now();
-    wait_for(timeout, Duration::from_millis(100), || {
-        let p = overlay::ping(a.node.netns(), POD_B, 1, PING_INTERVAL).ok()?;
-        (p.received == 1).then(|| t0.elapsed())
-    })
 }
 
 fn assert_no_plaintext(what: &str, c: &CaptureSummary) {
@@ -138,19 +117,13 @@ async fn encrypted_overlay_end_to_end() {
             .unwrap()
             .needs_ca_workaround()
     );
-    let ca = CaFiles::create("kube-ovn-ipsec overlay test CA").unwrap();
-    let (a, b) = IpsecNode::pair("koi-ovl", "chass-a", "chass-b").unwrap();
-    let mut a = setup(a, &ca).await;
-    let mut b = setup(b, &ca).await;
-    for (n, pod) in [(&mut a, POD_A), (&mut b, POD_B)] {
-        start_vswitchd(n);
-        overlay::add_pod(&n.node, "pod0", &format!("{pod}/24")).unwrap();
-        start_ike(n);
-        start_monitor(n, script).await;
-    }
-    let (ta, tb) = (tunnel(&a, &b.node), tunnel(&b, &a.node));
-    a.node.add_plain_tunnel(&ta.name, b.node.ip()).unwrap();
-    b.node.add_plain_tunnel(&tb.name, a.node.ip()).unwrap();
+    let Overlay {
+        mut a,
+        mut b,
+        ta,
+        tb,
+        ca: _ca,
+    } = overlay_pair("koi-ovl", "kube-ovn-ipsec overlay test CA", script).await;
     println!(
         "two nodes up (ovsdb, vswitchd, guards, IKE, monitor) after {:?}",
         t0.elapsed()

@@ -538,26 +538,25 @@ impl IpsecNode {
     /// `remote_name` and the output-protection options the patched
     /// ovn-controller sets (see [`Tunnel::protection_options`]).
     pub fn add_tunnel(&self, tunnel: &Tunnel) -> Result<(), IpsecError> {
-        let name = tunnel.name.as_str();
-        let mut args = vec![
-            "add-port".to_string(),
-            "br-int".into(),
-            name.into(),
-            "--".into(),
-            "set".into(),
-            "Interface".into(),
-            name.into(),
-        ];
-        args.extend(self.geneve_options(tunnel.remote_ip));
-        args.extend(tunnel.protection_options());
-        self.vsctl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
-        Ok(())
+        self.add_geneve(&tunnel.name, tunnel.remote_ip, &tunnel.protection_options())
     }
 
     /// Adds a geneve Interface `name` to `remote_ip` without IPsec intent
     /// (no `remote_name`, no marks): what ovn-controller creates while
     /// `SB_Global.ipsec` is false. Its traffic is plaintext and unmarked.
     pub fn add_plain_tunnel(&self, name: &str, remote_ip: Ipv4Addr) -> Result<(), IpsecError> {
+        self.add_geneve(name, remote_ip, &[])
+    }
+
+    /// `ovs-vsctl add-port br-int <name>` as a geneve Interface to
+    /// `remote_ip`, with `options` (`options:key=value`) in the same
+    /// transaction.
+    fn add_geneve(
+        &self,
+        name: &str,
+        remote_ip: Ipv4Addr,
+        options: &[String],
+    ) -> Result<(), IpsecError> {
         let mut args = vec![
             "add-port".to_string(),
             "br-int".into(),
@@ -566,8 +565,12 @@ impl IpsecNode {
             "set".into(),
             "Interface".into(),
             name.into(),
+            "type=geneve".into(),
+            format!("options:local_ip={}", self.ip),
+            format!("options:remote_ip={remote_ip}"),
+            "options:key=flow".into(),
         ];
-        args.extend(self.geneve_options(remote_ip));
+        args.extend_from_slice(options);
         self.vsctl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
         Ok(())
     }
@@ -589,15 +592,6 @@ impl IpsecNode {
         args.extend(ovs::TUNNEL_PROTECTION_OPTIONS);
         self.vsctl(&args)?;
         Ok(())
-    }
-
-    fn geneve_options(&self, remote_ip: Ipv4Addr) -> [String; 4] {
-        [
-            "type=geneve".to_string(),
-            format!("options:local_ip={}", self.ip),
-            format!("options:remote_ip={remote_ip}"),
-            "options:key=flow".to_string(),
-        ]
     }
 
     /// Removes the tunnel Interface `name`.

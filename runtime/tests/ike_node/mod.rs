@@ -6,6 +6,7 @@
 // Each test binary uses a different part of it.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -14,9 +15,9 @@ use kube_ovn_ipsec_runtime::ike::{IkeConfig, IkeDaemon};
 use kube_ovn_ipsec_runtime::lease::{self, AllocationConfig, Lease, LeaseStore};
 use kube_ovn_ipsec_runtime::monitor::{Monitor, MonitorConfig};
 use kube_ovn_ipsec_runtime::process::{Launcher, ProcessSpec, Supervised};
-use testbed::ipsec::{CaFiles, IpsecNode, NodeCert};
+use testbed::ipsec::{CaFiles, IpsecNode, NodeCert, Tunnel};
 use testbed::netns::wait_for;
-use testbed::overlay::VSwitchd;
+use testbed::overlay::{self, VSwitchd};
 use xfrm::alloc::OsRandom;
 use xfrm::guard::GuardKeeper;
 use xfrm::{Xfrm, XfrmHandle};
@@ -221,4 +222,65 @@ pub fn start_vswitchd(n: &mut Node) {
         VSwitchd::start(&n.node)
             .unwrap_or_else(|e| panic!("ovs-vswitchd:\n{e}\n{}", n.node.diagnostics())),
     );
+}
+
+/// Pod `pod0` of node A.
+pub const POD_A: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
+/// Pod `pod0` of node B.
+pub const POD_B: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
+
+/// The tunnel from `n` to `peer` with `n`'s lease, as the patched
+/// ovn-controller would configure it.
+pub fn tunnel(n: &Node, peer: &IpsecNode) -> Tunnel {
+    Tunnel {
+        mark: n.lease.mark,
+        reqid: n.lease.reqid,
+        ..Tunnel::to(peer, 0)
+    }
+}
+
+/// Two nodes of the overlay, ready for pod traffic.
+pub struct Overlay {
+    // Field order is drop order: the nodes before the CA whose files they
+    // point at.
+    /// Node A (pod [`POD_A`]).
+    pub a: Node,
+    /// Node B (pod [`POD_B`]).
+    pub b: Node,
+    /// A's tunnel to B, as it becomes with IPsec intent.
+    pub ta: Tunnel,
+    /// B's tunnel to A, likewise.
+    pub tb: Tunnel,
+    /// The CA that issued both nodes' certificates.
+    pub ca: CaFiles,
+}
+
+/// Two nodes on the full kernel: [`setup`] each, ovs-vswitchd on the
+/// kernel datapath, a pod port, the IKE daemon and the monitor running
+/// `script`, and a Geneve tunnel each way *without* IPsec intent.
+pub async fn overlay_pair(prefix: &str, ca_cn: &str, script: &Path) -> Overlay {
+    let ca = CaFiles::create(ca_cn).unwrap();
+    let (a, b) = IpsecNode::pair(prefix, "chass-a", "chass-b").unwrap();
+    let mut a = setup(a, &ca).await;
+    let mut b = setup(b, &ca).await;
+    for (n, pod) in [(&mut a, POD_A), (&mut b, POD_B)] {
+        start_vswitchd(n);
+        overlay::add_pod(&n.node, "pod0", &format!("{pod}/24")).unwrap();
+        start_ike(n);
+        start_monitor(n, script).await;
+    }
+    let (ta, tb) = (tunnel(&a, &b.node), tunnel(&b, &a.node));
+    a.node.add_plain_tunnel(&ta.name, b.node.ip()).unwrap();
+    b.node.add_plain_tunnel(&tb.name, a.node.ip()).unwrap();
+    Overlay { a, b, ta, tb, ca }
+}
+
+/// Pings pod B from pod A, one echo at a time, until one is answered;
+/// how long that took, `None` after `timeout`.
+pub fn wait_for_pod_reply(a: &Node, timeout: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    wait_for(timeout, Duration::from_millis(100), || {
+        let p = overlay::ping(a.node.netns(), POD_B, 1, Duration::from_millis(200)).ok()?;
+        (p.received == 1).then(|| t0.elapsed())
+    })
 }
