@@ -183,21 +183,48 @@ async fn bad_csrs_are_denied_through_the_api_with_their_reason_and_never_signed(
         "PodTemplateOutdated",
     ));
 
+    // A Pod that has finished: its bound token still authenticates (only a
+    // deleted Pod's is refused, below), the controller refuses it.
     let n3 = &c.nodes[3];
-    pods.delete(&n3.pod_name, &DeleteParams::default())
-        .await
-        .unwrap();
+    pods.patch_status(
+        &n3.pod_name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"phase": "Failed"}})),
+    )
+    .await
+    .unwrap();
     cases.push((
-        "deleted pod",
+        "finished pod",
         n3.client.clone(),
         csr_object(
-            "ovn-ipsec-deleted",
+            "ovn-ipsec-finished",
             n3,
             &request_pem(&key, &n3.chassis),
             86400,
         ),
         "PodNotLive",
     ));
+    // A deleted Pod's token no longer authenticates at all, as on
+    // kube-apiserver: its CSR never reaches the controller.
+    let n4 = &c.nodes[4];
+    pods.delete(&n4.pod_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let refused = Api::<CertificateSigningRequest>::all(n4.client.clone())
+        .create(
+            &PostParams::default(),
+            &csr_object(
+                "ovn-ipsec-deleted",
+                n4,
+                &request_pem(&key, &n4.chassis),
+                86400,
+            ),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 401),
+        "a deleted Pod's token must be refused: {refused:?}"
+    );
 
     for (_, client, csr, _) in &cases {
         submit(client, csr).await;

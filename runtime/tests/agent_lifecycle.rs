@@ -519,3 +519,73 @@ async fn a_replaced_conf_db_gets_the_agents_keys_back() {
     .unwrap();
     agent.wait().unwrap();
 }
+
+/// The agent signed by the real controller, with nothing in between: RBAC
+/// on, the controller (built-in CA) with its own ServiceAccount's minted
+/// token, the agent as a process with its CNI Pod's Pod-bound token minted
+/// through `TokenRequest`. The controller validates the CSR against the live
+/// Pod, DaemonSet, Node and chassis and signs it; the agent goes `Active`
+/// on a leaf that chains to the controller's CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_controller_signs_the_agent_with_a_pod_bound_token() {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use kube::api::Api;
+    use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
+
+    let cluster = Cluster::start_with_controller().await;
+    let key_dir = cluster.dir.path().join("keys");
+    let port = Cluster::free_port();
+    let t = Instant::now();
+    let mut agent = cluster.spawn_agent(&key_dir, port, 3600, &["--key-algorithm", "ecdsa-p256"]);
+    let s = wait_generation(&cluster, port, 1, Duration::from_secs(60)).await;
+    println!(
+        "signed by the controller and active after {:?}",
+        t.elapsed()
+    );
+    assert_eq!(s["nodeUID"], cluster.node_uid.as_str(), "{s}");
+    assert_eq!(s["protectionArmed"], true, "{s}");
+
+    // The CSR was the Pod's, approved and signed by the controller.
+    let admin = cluster.api.client(apiserver::ADMIN_TOKEN).await.unwrap();
+    let csrs = Api::<CertificateSigningRequest>::all(admin)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(csrs.items.len(), 1, "one CSR: {:?}", csrs.items);
+    let csr = &csrs.items[0];
+    assert_eq!(
+        csr.spec.username.as_deref(),
+        Some("system:serviceaccount:kube-system:kube-ovn-cni"),
+        "the requester is the CNI ServiceAccount, not an admin"
+    );
+    let extra = csr.spec.extra.clone().unwrap_or_default();
+    assert_eq!(
+        extra.get("authentication.kubernetes.io/pod-uid"),
+        Some(&vec![cluster.pod.uid.clone()]),
+        "the token is bound to the agent's Pod: {extra:?}"
+    );
+    let status = csr.status.clone().unwrap();
+    let approved = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Approved")
+        .expect("an Approved condition");
+    assert_ne!(approved.reason.as_deref(), Some("TestSigner"));
+    let leaf = Certificate::from_pem(&status.certificate.unwrap().0).unwrap();
+    let trust = TrustBundle::from_pem(cluster.ca_pem.as_bytes()).unwrap();
+    trust
+        .verify_leaf(
+            &leaf,
+            kube_ovn_ipsec_api::clock::timestamp(std::time::SystemTime::now()).unwrap(),
+        )
+        .unwrap();
+    let oc = cluster.other_config();
+    assert!(
+        oc.get("certificate")
+            .is_some_and(|v| v.contains("gen-000001")),
+        "{oc:?}"
+    );
+    let _ = agent.kill();
+    let _ = agent.wait();
+}

@@ -2,7 +2,11 @@
 //! DaemonSet, its current ControllerRevision, N Nodes with chassis
 //! annotations, one CNI Pod per Node with a Pod-bound token, and the
 //! controller's own ServiceAccount with the permissions docs/controller.md
-//! lists. Shared by the integration tests and `benches/src/bin/csr_e2e.rs`.
+//! lists, and the agent's (the CNI ServiceAccount's) with the permissions
+//! docs/controller.md lists for it. Each node's token is minted the way the
+//! kubelet asks for it: a `TokenRequest` bound to the node's CNI Pod.
+//! Shared by the integration tests, `benches/src/bin/csr_e2e.rs` and the
+//! agent's end-to-end test with the real controller.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -18,6 +22,8 @@ use serde_json::{Value, json};
 pub const NS: &str = "kube-system";
 pub const CONTROLLER_SA: &str = "ovn";
 pub const HASH: &str = "6d8f9c7b5";
+/// The CNI Pods' ServiceAccount: the agent's identity.
+pub const CNI_SA: &str = "kube-ovn-cni";
 
 pub struct NodeFx {
     pub name: String,
@@ -25,6 +31,8 @@ pub struct NodeFx {
     pub chassis: String,
     pub pod_name: String,
     pub pod_uid: String,
+    /// The Pod-bound ServiceAccount token `client` authenticates with.
+    pub token: String,
     pub client: Client,
 }
 
@@ -56,6 +64,7 @@ async fn create(admin: &Client, v: Value) -> Value {
         "Node" => "nodes",
         "Pod" => "pods",
         "ConfigMap" => "configmaps",
+        "ServiceAccount" => "serviceaccounts",
         other => panic!("no plural for {other}"),
     };
     let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
@@ -69,7 +78,7 @@ async fn create(admin: &Client, v: Value) -> Value {
 
 fn rbac() -> Vec<Value> {
     let ctrl = json!([{"kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": NS}]);
-    let cni = json!([{"kind": "ServiceAccount", "name": "kube-ovn-cni", "namespace": NS}]);
+    let cni = json!([{"kind": "ServiceAccount", "name": CNI_SA, "namespace": NS}]);
     vec![
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": "kube-ovn-ipsec-controller"},
@@ -98,19 +107,68 @@ fn rbac() -> Vec<Value> {
             "metadata": {"name": "kube-ovn-ipsec-controller", "namespace": NS},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kube-ovn-ipsec-controller"},
             "subjects": ctrl}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": CONTROLLER_SA, "namespace": NS}}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": CNI_SA, "namespace": NS}}),
+        // The agent: its CSRs, its Node (the UID it binds), Events on its
+        // Node (namespace `default`), the trust ConfigMap.
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": "kube-ovn-cni-ipsec"},
-            "rules": [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]}]}),
+        "metadata": {"name": "kube-ovn-cni-ipsec"},
+        "rules": [
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+        ]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": {"name": "kube-ovn-cni-ipsec"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kube-ovn-cni-ipsec"},
             "subjects": cni}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "kube-ovn-cni-ipsec", "namespace": NS},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "kube-ovn-cni-ipsec", "namespace": NS},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kube-ovn-cni-ipsec"},
+            "subjects": cni}),
     ]
 }
 
-/// Creates the RBAC objects, the DaemonSet, its revisions, the nodes and
-/// their pods, and a Pod-bound token per node.
-async fn populate(server: &ApiServerHandle, admin: &Client, nodes: usize) -> (Vec<NodeFx>, String) {
+/// Mints a token for ServiceAccount `sa` in [`NS`] through `TokenRequest`,
+/// bound to Pod `pod` (name, UID) when given: what the kubelet asks for a
+/// Pod's projected token.
+pub async fn mint_token(admin: &Client, sa: &str, pod: Option<(&str, &str)>) -> String {
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            bound_object_ref: pod.map(|(name, uid)| BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+            }),
+        },
+        ..Default::default()
+    };
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(admin.clone(), NS);
+    let answer = sas
+        .create_token_request(sa, &PostParams::default(), &request)
+        .await
+        .unwrap();
+    answer.status.unwrap().token
+}
+
+/// Creates the ServiceAccounts, RBAC objects, the DaemonSet, its revisions,
+/// the nodes and their pods, and a Pod-bound token per node.
+pub async fn populate(
+    server: &ApiServerHandle,
+    admin: &Client,
+    nodes: usize,
+) -> (Vec<NodeFx>, String) {
     for obj in rbac() {
         create(admin, obj).await;
     }
@@ -160,17 +218,12 @@ async fn populate(server: &ApiServerHandle, admin: &Client, nodes: usize) -> (Ve
                 "metadata": {"name": pod_name, "namespace": NS,
                              "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
                              "ownerReferences": owner},
-                "spec": {"nodeName": name, "serviceAccountName": "kube-ovn-cni",
+                "spec": {"nodeName": name, "serviceAccountName": CNI_SA,
                          "containers": [{"name": "cni-server", "image": "kube-ovn"}]}}),
         )
         .await;
         let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-        let token = format!("cni-{i}");
-        server.add_token(
-            &token,
-            Identity::service_account(NS, "kube-ovn-cni")
-                .bound_to_pod(&pod_name, &pod_uid, &name, &uid),
-        );
+        let token = mint_token(admin, CNI_SA, Some((&pod_name, &pod_uid))).await;
         let client = server.client(&token).await.unwrap();
         fxs.push(NodeFx {
             name,
@@ -178,6 +231,7 @@ async fn populate(server: &ApiServerHandle, admin: &Client, nodes: usize) -> (Ve
             chassis,
             pod_name,
             pod_uid,
+            token,
             client,
         });
     }

@@ -13,6 +13,11 @@
 //! the real agent without strongSwan. [`Cluster::spawn_agent_with`] takes
 //! the runtime flags from the caller (real strongSwan and monitor in a
 //! simulated node's namespaces).
+//!
+//! [`Cluster::start_with_controller`] replaces the in-test signer with the
+//! real controller (built-in CA) on the controller tests' cluster: RBAC on,
+//! the kube-ovn-cni DaemonSet, its Pod, and the agent authenticating with
+//! that Pod's ServiceAccount token minted through `TokenRequest`.
 
 #![allow(dead_code)]
 
@@ -42,13 +47,39 @@ pub const NODE: &str = "node-a";
 /// Chassis (OVS system-id) used by the tests.
 pub const CHASSIS: &str = "chassis-a";
 
+/// The Pod the agent runs as (`--pod-name`, `--pod-uid`) on `--node-name`.
+#[derive(Clone, Debug)]
+pub struct AgentPod {
+    pub node: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// A node's Open_vSwitch database: system-id `chassis`, and one unrelated
+/// key the agent must keep.
+fn node_ovsdb(dir: &Path, chassis: &str) -> OvsdbServer {
+    let ovs = OvsdbServer::start_vswitch(dir).unwrap();
+    ovs.vsctl(&[
+        "set",
+        "Open_vSwitch",
+        ".",
+        &format!("external_ids:system-id={chassis}"),
+        "other_config:unrelated=keep-me",
+    ])
+    .unwrap();
+    ovs
+}
+
 /// Everything one agent needs, running.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub api: ApiServerHandle,
     pub ovs: OvsdbServer,
+    /// The agent's credentials: the admin's, or (with the real controller)
+    /// its Pod-bound ServiceAccount token.
     pub kubeconfig: PathBuf,
     pub node_uid: String,
+    pub pod: AgentPod,
     pub ca_pem: String,
     /// The agent's network namespace (its guards live there).
     pub netns: testbed::netns::Netns,
@@ -236,17 +267,103 @@ impl Cluster {
             .await
             .unwrap();
 
-        let ovs = OvsdbServer::start_vswitch(dir.path()).unwrap();
-        ovs.vsctl(&[
-            "set",
-            "Open_vSwitch",
-            ".",
-            &format!("external_ids:system-id={CHASSIS}"),
-            "other_config:unrelated=keep-me",
-        ])
-        .unwrap();
-
+        let ovs = node_ovsdb(dir.path(), CHASSIS);
         let signer = tokio::spawn(signer_loop(Api::all(client), ca, issue_lifetime));
+        let pod = AgentPod {
+            node: NODE.into(),
+            name: "kube-ovn-cni-abcde".into(),
+            uid: "0b0e6a3c-1111-4222-8333-444455556666".into(),
+        };
+        Self::assemble(dir, api, ovs, kubeconfig, node_uid, pod, ca_pem, signer)
+    }
+
+    /// The cluster with the real controller as the signer: the controller
+    /// tests' cluster (one Node `node-0`, chassis `chassis-0`, its CNI Pod
+    /// of the DaemonSet's current template, RBAC on), the controller run
+    /// in-process with its own ServiceAccount's token minted through
+    /// `TokenRequest`, and the agent's kubeconfig holding the CNI Pod's
+    /// Pod-bound token, minted the same way. No admin credential reaches
+    /// the agent or the controller.
+    pub async fn start_with_controller() -> Cluster {
+        use crate::support::controller_cluster as cc;
+        let dir = tempfile::tempdir().unwrap();
+        let api = ApiServer::builder().rbac(true).start().await.unwrap();
+        let admin = api.client(ADMIN_TOKEN).await.unwrap();
+        let (nodes, _) = cc::populate(&api, &admin, 1).await;
+        let node = nodes.into_iter().next().unwrap();
+
+        let controller_token = cc::mint_token(&admin, cc::CONTROLLER_SA, None).await;
+        let controller_client = api.client(&controller_token).await.unwrap();
+        let config = {
+            use clap::Parser;
+            #[derive(clap::Parser)]
+            struct P {
+                #[command(flatten)]
+                c: controller::config::Config,
+            }
+            P::parse_from([
+                "test",
+                "--namespace",
+                cc::NS,
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .c
+        };
+        let signer = tokio::spawn(async move {
+            let run = controller::run(
+                controller_client,
+                &config,
+                std::sync::Arc::new(controller::metrics::Metrics::new()),
+                std::sync::Arc::new(SystemClock),
+                std::future::pending::<()>(),
+            )
+            .await;
+            if let Err(e) = run {
+                eprintln!("the controller stopped: {e}");
+            }
+        });
+        // The controller generates its CA at start and publishes it.
+        let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), cc::NS);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let ca_pem = loop {
+            if let Some(pem) = maps
+                .get_opt(names::TRUST_CONFIGMAP)
+                .await
+                .unwrap()
+                .and_then(|cm| cm.data?.remove(names::TRUST_CONFIGMAP_KEY))
+            {
+                break pem;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the controller published no trust bundle in 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+
+        let kubeconfig = dir.path().join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig, &node.token).unwrap();
+        let ovs = node_ovsdb(dir.path(), &node.chassis);
+        let pod = AgentPod {
+            node: node.name.clone(),
+            name: node.pod_name.clone(),
+            uid: node.pod_uid.clone(),
+        };
+        Self::assemble(dir, api, ovs, kubeconfig, node.uid, pod, ca_pem, signer)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        dir: tempfile::TempDir,
+        api: ApiServerHandle,
+        ovs: OvsdbServer,
+        kubeconfig: PathBuf,
+        node_uid: String,
+        pod: AgentPod,
+        ca_pem: String,
+        signer: JoinHandle<()>,
+    ) -> Cluster {
         let standins = dir.path().join("standins");
         write_standins(&standins, &ca_pem);
         let netns = testbed::netns::Netns::create("koi-agent").unwrap();
@@ -256,6 +373,7 @@ impl Cluster {
             ovs,
             kubeconfig,
             node_uid,
+            pod,
             ca_pem,
             netns,
             standins,
@@ -337,16 +455,14 @@ impl Cluster {
         extra: &[&str],
     ) -> Child {
         Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
+            .args(["run", "--node-name", &self.pod.node])
             .args([
-                "run",
-                "--node-name",
-                NODE,
                 "--pod-name",
-                "kube-ovn-cni-abcde",
+                &self.pod.name,
                 "--pod-namespace",
                 "kube-system",
             ])
-            .args(["--pod-uid", "0b0e6a3c-1111-4222-8333-444455556666"])
+            .args(["--pod-uid", &self.pod.uid])
             .arg("--key-dir")
             .arg(key_dir)
             .args(["--ovsdb", &self.ovs.address()])
