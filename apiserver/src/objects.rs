@@ -1,7 +1,8 @@
 //! Object semantics shared by every resource: identity and metadata on create,
 //! optimistic concurrency and status separation on update, finalizers on
-//! delete, and the few per-kind rules (CSR identity stamping and approval,
-//! status on create) the project relies on. Pure functions: the handlers call
+//! delete, and the few per-kind rules (CSR and cert-manager
+//! CertificateRequest identity stamping, CSR approval, status on create) the
+//! project relies on. Pure functions: the handlers call
 //! them inside [`Store::write`](crate::store::Store::write).
 
 use base64::Engine as _;
@@ -137,7 +138,8 @@ fn random_suffix() -> String {
 }
 
 /// Builds the object to store for a create: metadata assigned by the server,
-/// status reset, CSR requester stamped from the caller's identity.
+/// status reset, CSR and CertificateRequest requester stamped from the
+/// caller's identity.
 pub fn prepare_create(
     def: &ResourceDef,
     path_namespace: &str,
@@ -219,6 +221,9 @@ pub fn prepare_create(
     if is_csr(def) {
         prepare_csr(def, &name, &mut body, id)?;
     }
+    if is_certificate_request(def) {
+        prepare_certificate_request(def, &name, &mut body, id)?;
+    }
     if def.kind == "Secret" {
         normalize_secret(&mut body);
     }
@@ -299,7 +304,14 @@ fn prepare_csr(
             "spec.expirationSeconds: Invalid value: may not specify a duration less than 600 seconds (10 minutes)",
         ));
     }
-    // The requester is who authenticated, never what the client wrote.
+    stamp_requester(spec, id);
+    Ok(())
+}
+
+/// The requester is who authenticated, never what the client wrote:
+/// `spec.username/uid/groups/extra` from the caller's identity (an empty
+/// `extra` is left out, as Go's `omitempty` does).
+fn stamp_requester(spec: &mut Map<String, Value>, id: &Identity) {
     spec.insert("username".into(), Value::String(id.username.clone()));
     spec.insert("uid".into(), Value::String(id.uid.clone()));
     spec.insert("groups".into(), json!(id.effective_groups()));
@@ -308,6 +320,40 @@ fn prepare_csr(
     } else {
         spec.insert("extra".into(), json!(id.extra));
     }
+}
+
+fn is_certificate_request(def: &ResourceDef) -> bool {
+    def.group == "cert-manager.io" && def.kind == "CertificateRequest"
+}
+
+/// What cert-manager's webhook (its `CertificateRequestIdentity` admission
+/// plugin) does to every CertificateRequest create: the requester fields
+/// are overwritten with the caller's identity, so a consumer such as the
+/// controller, which trusts only requests its own ServiceAccount made, can
+/// rely on them. Nothing else of the webhook is emulated: a request without
+/// `spec.request` or `issuerRef` is stored as written, and an update may
+/// change the identity fields (cert-manager refuses that).
+fn prepare_certificate_request(
+    def: &ResourceDef,
+    name: &str,
+    body: &mut Value,
+    id: &Identity,
+) -> Result<(), ApiError> {
+    let Some(map) = body.as_object_mut() else {
+        return Ok(());
+    };
+    let spec = map
+        .entry("spec")
+        .and_modify(|s| {
+            if s.is_null() {
+                *s = json!({});
+            }
+        })
+        .or_insert_with(|| json!({}));
+    let spec = spec
+        .as_object_mut()
+        .ok_or_else(|| ApiError::invalid(def, name, "spec: Invalid value: must be an object"))?;
+    stamp_requester(spec, id);
     Ok(())
 }
 

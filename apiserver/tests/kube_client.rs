@@ -756,3 +756,58 @@ async fn pod_bound_token_is_stamped_on_csr() {
         vec![node.metadata.uid.unwrap()]
     );
 }
+
+/// cert-manager's webhook stamps the requester on a CertificateRequest
+/// create; the embedded server does the same, so what a client writes into
+/// `spec.username/uid/groups/extra` never survives.
+#[tokio::test]
+async fn certificate_request_requester_is_stamped_from_the_caller() {
+    let mut ovn = Identity::service_account("kube-system", "ovn");
+    ovn.extra.insert(
+        apiserver::EXTRA_CREDENTIAL_ID.into(),
+        vec!["JTI=ovn".into()],
+    );
+    let s = server(false, &[("ovn", ovn.clone())]).await;
+    let gvk = kube::api::GroupVersionKind::gvk("cert-manager.io", "v1", "CertificateRequest");
+    let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, "certificaterequests");
+    let crs: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(s.client("ovn").await.unwrap(), "kube-system", &ar);
+    let forged: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cert-manager.io/v1", "kind": "CertificateRequest",
+        "metadata": {"name": "forged"},
+        "spec": {"request": common::csr_request("chassis-0"),
+                 "issuerRef": {"name": "kube-ovn", "kind": "ClusterIssuer", "group": "cert-manager.io"},
+                 "username": "system:admin", "uid": "forged-uid",
+                 "groups": ["system:masters"], "extra": {"k": ["v"]}}
+    }))
+    .unwrap();
+    let created = crs.create(&PostParams::default(), &forged).await.unwrap();
+    let stored = crs.get("forged").await.unwrap();
+    for (what, obj) in [("create answer", &created), ("stored", &stored)] {
+        let spec = &obj.data["spec"];
+        assert_eq!(
+            spec["username"], "system:serviceaccount:kube-system:ovn",
+            "{what}"
+        );
+        assert_eq!(spec["uid"], json!(ovn.uid), "{what}");
+        assert_eq!(spec["groups"], json!(ovn.effective_groups()), "{what}");
+        assert_eq!(spec["extra"], json!(ovn.extra), "{what}");
+        assert_eq!(
+            spec["issuerRef"]["name"], "kube-ovn",
+            "{what}: rest of spec"
+        );
+    }
+    // Without a spec at all the requester is still recorded; an identity
+    // without extras leaves none.
+    let admin: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(s.client(ADMIN_TOKEN).await.unwrap(), "kube-system", &ar);
+    let bare: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cert-manager.io/v1", "kind": "CertificateRequest",
+        "metadata": {"name": "bare"}
+    }))
+    .unwrap();
+    let created = admin.create(&PostParams::default(), &bare).await.unwrap();
+    assert_eq!(created.data["spec"]["username"], "kubernetes-admin");
+    assert!(created.data["spec"].get("extra").is_none());
+    s.shutdown().await;
+}
