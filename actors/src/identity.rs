@@ -81,6 +81,10 @@ pub struct IdentityConfig {
     pub retry: BackoffPolicy,
     /// How long a retired generation is kept before collection.
     pub gc_grace: Duration,
+    /// The window over which nodes renew onto a newly announced signing CA
+    /// (`Certificate::rotation_time`), so a CA rotation does not send every
+    /// node's CSR at once.
+    pub rotation_spread: Duration,
     /// The process's owner lock on `key_dir`, taken before anything else
     /// touched the node (the agent's start-up does). `None` makes the actor
     /// take the lock itself when it opens the directory (tests, tools).
@@ -107,6 +111,7 @@ impl IdentityConfig {
             request_timeout: Duration::from_secs(300),
             retry: BackoffPolicy::default(),
             gc_grace: Duration::from_secs(3600),
+            rotation_spread: Duration::from_secs(defaults::ROTATION_SPREAD_SECS),
             owner: None,
         }
     }
@@ -130,10 +135,31 @@ pub struct IdentityArgs {
     pub metrics: Arc<dyn Metrics>,
     /// Event ports.
     pub bus: Bus,
-    /// The `ca.crt` of ConfigMap `ovn-ipsec-trust` (PEM) as the runtime's
-    /// watcher last saw it. A watch rather than messages alone, so every
-    /// incarnation of this actor starts from the current bundle.
-    pub trust: tokio::sync::watch::Receiver<Option<Vec<u8>>>,
+    /// ConfigMap `ovn-ipsec-trust` as the runtime's watcher last saw it.
+    /// A watch rather than messages alone, so every incarnation of this
+    /// actor starts from the current bundle.
+    pub trust: tokio::sync::watch::Receiver<Option<TrustSource>>,
+}
+
+/// What the trust ConfigMap says: the bundle, and which of its CAs the
+/// controller signs with now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustSource {
+    /// `ca.crt` (PEM).
+    pub bundle_pem: Vec<u8>,
+    /// The signing CA's fingerprint (hex SHA-256 of its DER), from the
+    /// `kube-ovn.io/ipsec-signing-ca` annotation.
+    pub signing_ca: Option<String>,
+}
+
+impl From<Vec<u8>> for TrustSource {
+    /// A bundle without a signing-CA mark.
+    fn from(bundle_pem: Vec<u8>) -> Self {
+        TrustSource {
+            bundle_pem,
+            signing_ca: None,
+        }
+    }
 }
 
 /// What the identity actor is doing, for tests and diagnostics.
@@ -154,9 +180,9 @@ pub struct IdentitySnapshot {
 /// Messages of the identity actor.
 #[derive(Debug)]
 pub enum IdentityMsg {
-    /// A trust bundle (`ca.crt` PEM); sent by the forwarder of
+    /// The trust ConfigMap's content; sent by the forwarder of
     /// [`IdentityArgs::trust`] on every change, or directly.
-    TrustBundle(Vec<u8>),
+    TrustBundle(TrustSource),
     /// From the renewal timer.
     Renewal(RenewalEvent),
     /// From the OVSDB writer.

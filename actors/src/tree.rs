@@ -127,7 +127,7 @@ pub struct AgentTreeArgs {
     /// Event ports.
     pub bus: Bus,
     /// The trust bundle as the ConfigMap watcher last saw it.
-    pub trust: watch::Receiver<Option<Vec<u8>>>,
+    pub trust: watch::Receiver<Option<crate::identity::TrustSource>>,
     /// Restart tuning.
     pub supervisor: SupervisorConfig,
     /// Whether the guards are armed: what identity activation, the IKE

@@ -43,6 +43,12 @@ pub mod k8s {
     pub const TRUST_CONFIGMAP: &str = "ovn-ipsec-trust";
     /// Key of the PEM trust bundle in [`TRUST_CONFIGMAP`].
     pub const TRUST_CONFIGMAP_KEY: &str = "ca.crt";
+    /// Annotation on [`TRUST_CONFIGMAP`]: the hex SHA-256 of the DER of the
+    /// CA the controller signs with now, written once it does. A node whose
+    /// leaf came from another CA and predates this one renews onto it
+    /// within the agent's rotation spread (a CA rotation). Absent (e.g. an
+    /// operator-provided bundle in cert-manager mode): no early renewal.
+    pub const SIGNING_CA_ANNOTATION: &str = "kube-ovn.io/ipsec-signing-ca";
     /// Secret with the built-in signer's CA key and certificate.
     pub const CA_SECRET: &str = "ovn-ipsec-ca";
     /// ConfigMap holding the coordination record (only the controller writes).
@@ -130,6 +136,9 @@ pub mod defaults {
     pub const REQID_MAX: u32 = (1 << 31) - 1;
     /// Default requested leaf lifetime, CSR `expirationSeconds` (7 days).
     pub const CERTIFICATE_LIFETIME_SECS: u32 = 7 * 24 * 60 * 60;
+    /// Window over which nodes renew onto a newly announced signing CA
+    /// (5 minutes: a thousand nodes are ~3 CSRs per second).
+    pub const ROTATION_SPREAD_SECS: u64 = 5 * 60;
     /// Leaf `NotBefore` backdating (5 minutes) for clock skew.
     pub const NOT_BEFORE_BACKDATE_SECS: u32 = 5 * 60;
     /// Renewal window start, as a fraction of the leaf lifetime.

@@ -530,20 +530,57 @@ impl Certificate {
     /// first 8 bytes (big-endian) of
     /// `SHA-256("kube-ovn IPsec renewal v1\0" || be64(len uid) || uid || be64(len der) || der)`.
     pub fn renewal_time(&self, node_uid: &Uid) -> Timestamp {
-        let h = crate::csr::framed_digest(
+        let lifetime = u64::try_from(self.not_after.secs_since(self.not_before)).unwrap_or(0);
+        let start = self
+            .not_before
+            .plus_secs(i64::try_from(lifetime * 2 / 5).unwrap_or(0));
+        spread_point(
             b"kube-ovn IPsec renewal v1\0",
             &[node_uid.as_str().as_bytes(), &self.der],
-        );
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&h.as_bytes()[..8]);
-        let u = u128::from(u64::from_be_bytes(first));
-        let lifetime = u128::try_from(self.not_after.secs_since(self.not_before)).unwrap_or(0);
-        let start = lifetime * 2 / 5;
-        let spread = lifetime / 5;
-        let offset = start + ((u * spread) >> 64);
-        self.not_before
-            .plus_secs(i64::try_from(offset).unwrap_or(i64::MAX))
+            start,
+            lifetime / 5,
+        )
     }
+
+    /// When a node whose active leaf is this one should renew onto
+    /// `signing`, the CA the controller signs with now (a CA rotation):
+    /// `None` when `signing` issued this leaf, or when this leaf was issued
+    /// after `signing` existed (its `NotBefore` is not earlier: both are
+    /// backdated alike) — then the controller had not switched yet, and a
+    /// second early renewal would get the same answer, so the leaf waits
+    /// for its normal renewal point. Otherwise a point in
+    /// `[signing.NotBefore + backdate, + spread)` from a hash of (Node UID,
+    /// signing CA): stable across restarts, spread uniformly across nodes
+    /// so that a rotation does not send every node's CSR at once.
+    pub fn rotation_time(
+        &self,
+        signing: &Certificate,
+        node_uid: &Uid,
+        spread: Duration,
+    ) -> Option<Timestamp> {
+        if self.verify_issued_by(signing).is_ok() || self.not_before >= signing.not_before {
+            return None;
+        }
+        let backdate = i64::try_from(LEAF_BACKDATE.as_secs()).unwrap_or(0);
+        Some(spread_point(
+            b"kube-ovn IPsec CA rotation v1\0",
+            &[node_uid.as_str().as_bytes(), &signing.der],
+            signing.not_before.plus_secs(backdate),
+            spread.as_secs(),
+        ))
+    }
+}
+
+/// `start` plus a fraction of `window` seconds taken from the first 8 bytes
+/// (big-endian) of the framed digest of `parts` under `domain`: the same
+/// inputs always give the same point, different inputs spread uniformly.
+fn spread_point(domain: &[u8], parts: &[&[u8]], start: Timestamp, window: u64) -> Timestamp {
+    let h = crate::csr::framed_digest(domain, parts);
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&h.as_bytes()[..8]);
+    let u = u128::from(u64::from_be_bytes(first));
+    let offset = (u * u128::from(window)) >> 64;
+    start.plus_secs(i64::try_from(offset).unwrap_or(i64::MAX))
 }
 
 /// The trust bundle: one or more CA certificates (several during a CA

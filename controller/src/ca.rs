@@ -142,6 +142,39 @@ pub fn plan_retire(
     bundle.retain_only(active_der).map_err(bundle_error)
 }
 
+/// Marks `ca` as the CA this controller signs with, on the trust bundle
+/// ConfigMap ([`names::SIGNING_CA_ANNOTATION`]), once it does: nodes whose
+/// leaves predate it renew onto it (docs/controller.md, "CA rotation").
+/// Called after the signer is in place, never before, so a node renewing on
+/// the mark gets a leaf from this CA. No write when the mark is current.
+pub async fn announce_signing_ca(client: &Client, namespace: &str, ca: &Certificate) -> Result<()> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let fingerprint = ca.digest().to_hex();
+    // Bounded retry on write conflicts with another writer of the bundle.
+    for _ in 0..5 {
+        let mut cm = maps.get(names::TRUST_CONFIGMAP).await?;
+        let annotations = cm.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        if annotations.get(names::SIGNING_CA_ANNOTATION) == Some(&fingerprint) {
+            return Ok(());
+        }
+        annotations.insert(names::SIGNING_CA_ANNOTATION.into(), fingerprint.clone());
+        match maps
+            .replace(names::TRUST_CONFIGMAP, &PostParams::default(), &cm)
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(signing_ca = %fingerprint, "announced the signing CA to the nodes");
+                return Ok(());
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::TrustBundleInvalid(
+        "trust bundle kept changing under concurrent writes".into(),
+    ))
+}
+
 /// Reads the trust bundle ConfigMap (cert-manager mode: provided by the operator).
 pub async fn read_bundle(client: &Client, namespace: &str) -> Result<TrustBundle> {
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);

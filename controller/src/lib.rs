@@ -97,6 +97,7 @@ pub async fn run(
         )
     } else {
         let (ca, trust) = ca::ensure_ca(&client, &settings, clock.as_ref()).await?;
+        ca::announce_signing_ca(&client, &config.namespace, ca.certificate()).await?;
         (SignerMode::BuiltIn(RwLock::new(Arc::new(ca))), trust)
     };
     let (cache, feed) = if config.live_cache {
@@ -172,12 +173,22 @@ async fn reload_loop(
         };
         match result {
             Ok((ca, trust)) => {
-                if let (Some(ca), SignerMode::BuiltIn(lock)) = (ca, &shared.signer)
-                    && let Ok(mut current) = lock.write()
-                    && current.cert_der() != ca.cert_der()
-                {
-                    tracing::info!("picked up a new IPsec CA");
-                    *current = Arc::new(ca);
+                if let (Some(ca), SignerMode::BuiltIn(lock)) = (ca, &shared.signer) {
+                    let signing = ca.certificate().clone();
+                    if let Ok(mut current) = lock.write()
+                        && current.cert_der() != ca.cert_der()
+                    {
+                        tracing::info!("picked up a new IPsec CA");
+                        *current = Arc::new(ca);
+                    }
+                    // After the switch, and on every reload: a lost write
+                    // or an operator's edit of the mark is repaired.
+                    if let Err(e) =
+                        ca::announce_signing_ca(&shared.client, &settings.namespace, &signing).await
+                    {
+                        shared.metrics.error(&e);
+                        tracing::warn!(error = %e, "could not announce the signing CA");
+                    }
                 }
                 if let Ok(mut t) = shared.trust.write() {
                     *t = trust;

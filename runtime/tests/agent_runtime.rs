@@ -441,20 +441,7 @@ async fn real_ike_daemon_and_monitor_restart_with_guards_in_place() {
     .unwrap();
     // ovs-appctl for the monitor, the stand-in's marker for the
     // (not running here) patched ovn-controller.
-    let appctl = cluster.standins.join("ovs-appctl-real");
-    std::fs::write(
-        &appctl,
-        format!(
-            "#!/bin/sh\nif [ \"$3\" = version ] && [ \"$2\" = ovn-controller ]; then exec {} \"$@\"; fi\nexec ovs-appctl \"$@\"\n",
-            cluster.standins.join("ovs-appctl").display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &appctl,
-        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
-    )
-    .unwrap();
+    let appctl = support::cluster::write_capability_standins(&cluster.standins);
 
     let key_dir = cluster.dir.path().join("keys");
     let port = Cluster::free_port();

@@ -25,16 +25,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use actors::ports::{MonitorPort, OvsdbIdentityKeys, RunningMonitor};
-use ike_node::{Node, ike_config, setup, start_ike};
-use kube_ovn_ipsec_api::strongswan::{IkeSa, LoadedCert, parse_listcerts};
+use ike_node::{Node, Outcome, ike_config, initiate, setup, start_ike, tear_down};
+use kube_ovn_ipsec_api::strongswan::{LoadedCert, parse_listcerts};
 use kube_ovn_ipsec_runtime::agent::ports::MonitorAdapter;
 use kube_ovn_ipsec_runtime::ike::{self, CA_FILE_PREFIX, LEGACY_TRUST_FILE};
 use kube_ovn_ipsec_runtime::monitor::{self, ActiveIdentity, MonitorConfig, normalize_serial};
 use kube_ovn_ipsec_runtime::monitor_patch::{self, MonitorPatch};
 use testbed::ipsec::{CaFiles, DEBIAN_MONITOR_SCRIPT, Tunnel, write_trust_bundle};
 use testbed::netns::wait_for;
-
-const IKE_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn require_programs() {
     for p in [
@@ -199,87 +197,6 @@ fn connect(r: &Rotation) {
     }
 }
 
-/// What one initiation attempt from `from` to `to` came to.
-#[derive(Debug)]
-enum Outcome {
-    Established(IkeSa),
-    /// The initiator could not verify the responder, or was told
-    /// AUTHENTICATION_FAILED: the log line that says so.
-    AuthFailed(String),
-}
-
-/// Marked geneve-shaped traffic from `from` to `to` until an IKE_SA is
-/// ESTABLISHED at `from` or authentication fails.
-fn initiate(from: &Node, to: &Node) -> (Option<Outcome>, Duration) {
-    let conn = Tunnel::to(&to.node, 0).name;
-    let log_before = from.node.charon_log().len();
-    from.node.flush_xfrm_states().unwrap();
-    to.node.flush_xfrm_states().unwrap();
-    let t0 = Instant::now();
-    let mut attempt = 0u32;
-    let outcome = wait_for(IKE_TIMEOUT, Duration::from_millis(100), || {
-        attempt += 1;
-        // An ACQUIRE that raced a monitor refresh leaves a larval state that
-        // suppresses new ACQUIREs (TESTBED defect 3): now and then clear
-        // this namespace's states and initiate explicitly, without blocking.
-        if attempt.is_multiple_of(20) {
-            let _ = from.node.flush_xfrm_states();
-            for c in from.node.routed_conns().unwrap_or_default() {
-                if c.starts_with(&conn) && c.contains("-out-") {
-                    let _ = from.node.ipsec(&["stroke", "up-nb", &c]);
-                }
-            }
-        }
-        let _ = from
-            .node
-            .send_marked_udp(to.node.ip(), 6081, from.lease.mark);
-        let log = from.node.charon_log();
-        let new_log = log.get(log_before..).unwrap_or_default();
-        if let Some(l) = new_log.lines().find(|l| {
-            l.contains("no trusted RSA public key found")
-                || l.contains("received AUTHENTICATION_FAILED")
-        }) {
-            return Some(Outcome::AuthFailed(l.trim().to_string()));
-        }
-        from.node
-            .ike_sas()
-            .ok()?
-            .into_iter()
-            .find(|s| s.conn.starts_with(&conn) && s.state == "ESTABLISHED")
-            .map(Outcome::Established)
-    });
-    (outcome, t0.elapsed())
-}
-
-/// Deletes every IKE_SA of both nodes and waits until neither has one
-/// ESTABLISHED.
-fn tear_down(n: &Node, peer: &Node) {
-    for x in [n, peer] {
-        for sa in x.node.ike_sas().unwrap() {
-            let _ = x
-                .node
-                .ipsec(&["down", &format!("{}[{}]", sa.conn, sa.unique_id)]);
-        }
-    }
-    wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
-        let up = |x: &Node| {
-            x.node
-                .ike_sas()
-                .unwrap_or_default()
-                .iter()
-                .any(|s| s.state == "ESTABLISHED")
-        };
-        (!up(n) && !up(peer)).then_some(())
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "IKE_SAs not torn down:\n{}\n{}",
-            n.node.diagnostics(),
-            peer.node.diagnostics()
-        )
-    });
-}
-
 /// Acknowledges through the agent's port until applied (the monitor
 /// applies a changed `other_config` on its next refresh).
 async fn acknowledged(
@@ -349,7 +266,7 @@ async fn one_file_bundle_trusts_only_its_first_ca_and_the_second_cas_peer_fails(
     assert!(ack.mismatches.contains(&missing), "{ack:?}");
 
     for (from, to, who) in [(&r.a, &r.b, "A→B"), (&r.b, &r.a, "B→A")] {
-        let (outcome, waited) = initiate(from, to);
+        let (outcome, waited) = initiate(&from.node, from.lease.mark, &to.node);
         let Some(Outcome::AuthFailed(line)) = outcome else {
             panic!(
                 "{who}: expected an authentication failure, got {outcome:?}\n{}\n{}",
@@ -358,7 +275,7 @@ async fn one_file_bundle_trusts_only_its_first_ca_and_the_second_cas_peer_fails(
             )
         };
         println!("one-file bundle, {who}: authentication failed after {waited:?}: {line}");
-        tear_down(from, to);
+        tear_down(&from.node, &to.node);
     }
     // A (trusting only the old CA) is where B's leaf is rejected.
     let a_log = r.a.node.charon_log();
@@ -390,8 +307,8 @@ async fn one_file_bundle_trusts_only_its_first_ca_and_the_second_cas_peer_fails(
                 .contains(&LEGACY_TRUST_FILE.to_string())
         );
     }
-    tear_down(&r.a, &r.b);
-    let (outcome, waited) = initiate(&r.a, &r.b);
+    tear_down(&r.a.node, &r.b.node);
+    let (outcome, waited) = initiate(&r.a.node, r.a.lease.mark, &r.b.node);
     let Some(Outcome::Established(sa)) = outcome else {
         panic!(
             "after the agent's install: {outcome:?}\n{}\n{}",
@@ -480,7 +397,7 @@ async fn rotation_bundle_is_installed_per_ca_and_peers_of_both_cas_authenticate(
     assert_eq!(count_loaded(&loaded, &r.new), 1, "{loaded:?}");
 
     for (from, to, who) in [(&r.a, &r.b, "A→B"), (&r.b, &r.a, "B→A")] {
-        let (outcome, waited) = initiate(from, to);
+        let (outcome, waited) = initiate(&from.node, from.lease.mark, &to.node);
         let Some(Outcome::Established(sa)) = outcome else {
             panic!(
                 "{who}: {outcome:?}\n{}\n{}",
@@ -494,7 +411,7 @@ async fn rotation_bundle_is_installed_per_ca_and_peers_of_both_cas_authenticate(
             Tunnel::to(&to.node, 0).name
         ));
         assert!(initiated, "{who}: {} did not initiate", from.node.chassis());
-        tear_down(from, to);
+        tear_down(&from.node, &to.node);
     }
 
     // Retirement on A: bundle [new] only; the old CA's file goes, the

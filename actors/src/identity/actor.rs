@@ -87,6 +87,9 @@ impl IdentityState {
             Effect::CollectGarbageAfter(delay) => {
                 myself.send_after(delay, || internal(Input::CollectGarbage));
             }
+            Effect::RenewalDueAfter { generation, delay } => {
+                myself.send_after(delay, move || internal(Input::RenewalDue { generation }));
+            }
             Effect::SubmitCsr {
                 generation,
                 submission,

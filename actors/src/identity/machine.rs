@@ -20,9 +20,9 @@ use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_api::status::Reason;
 use kube_ovn_ipsec_api::time::Timestamp;
 
-use super::IdentityConfig;
 use super::mint::{self, MintPlan, Minted, RefreshPlan, StorePlan};
 use super::recovery::{self, Recovered};
+use super::{IdentityConfig, TrustSource};
 use crate::bus::ActiveIdentity;
 use crate::error::{Error, Result};
 use crate::keydir::{ActiveRecord, KeyDirState, MovedAside, PendingStage, RetiredRecord};
@@ -222,6 +222,14 @@ pub(crate) enum Effect {
     },
     /// Timer: deliver [`Input::CollectGarbage`] after the delay.
     CollectGarbageAfter(Duration),
+    /// Timer: deliver [`Input::RenewalDue`] for `generation` after `delay`
+    /// (a CA rotation's early renewal).
+    RenewalDueAfter {
+        /// The generation to renew.
+        generation: u64,
+        /// The delay.
+        delay: Duration,
+    },
     /// Task: create the CSR and wait for its outcome, replacing any running
     /// one; reports [`Input::Submitted`] and [`Input::Settled`].
     SubmitCsr {
@@ -241,8 +249,8 @@ pub(crate) enum Effect {
 pub(crate) enum Input {
     /// Open the key directory (at start).
     Open,
-    /// A trust bundle (`ca.crt` PEM).
-    Trust(Vec<u8>),
+    /// The trust ConfigMap's content.
+    Trust(TrustSource),
     /// The renewal point of `generation` has come.
     RenewalDue {
         /// The generation.
@@ -332,6 +340,11 @@ pub(crate) struct Machine {
     phase: Phase,
     kd: KeyDirState,
     trust: Option<TrustBundle>,
+    /// The signing CA's fingerprint as the trust ConfigMap last announced it.
+    signing_ca: Option<String>,
+    /// The rotation renewal last scheduled (generation, when), so a repeated
+    /// bundle does not arm the same timer again.
+    rotation: Option<(u64, Timestamp)>,
     active: Option<Active>,
     backoff: Backoff,
     retry_token: u64,
@@ -351,6 +364,8 @@ impl Machine {
             phase: Phase::Closed { wanted: false },
             kd: KeyDirState::default(),
             trust: None,
+            signing_ca: None,
+            rotation: None,
             active: None,
             backoff,
             retry_token: 0,
@@ -386,7 +401,7 @@ impl Machine {
         self.now = timestamp(now);
         match input {
             Input::Open => self.open(),
-            Input::Trust(pem) => self.on_trust(&pem),
+            Input::Trust(source) => self.on_trust(source),
             Input::RenewalDue { generation } => self.on_renewal_due(generation),
             Input::TimerStarted => self.publish_active(),
             Input::Activated { generation } => self.on_activated(generation),
@@ -921,8 +936,9 @@ impl Machine {
         self.publish_active();
         self.schedule_collection();
         // Renewal may have been wanted while this generation was in flight
-        // (an expired or untrusted identity).
+        // (an expired or untrusted identity, a CA rotation).
         self.check_trust_and_expiry();
+        self.plan_rotation();
         self.refresh_or_drive();
     }
 
@@ -963,8 +979,51 @@ impl Machine {
         }
     }
 
-    fn on_trust(&mut self, pem: &[u8]) {
-        let bundle = match TrustBundle::from_pem(pem) {
+    /// Schedules the early renewal of a CA rotation when the announced
+    /// signing CA is in the bundle and the active leaf predates it and came
+    /// from another CA (`Certificate::rotation_time`).
+    fn plan_rotation(&mut self) {
+        let (Some(a), Some(fingerprint), Some(trust)) =
+            (&self.active, &self.signing_ca, &self.trust)
+        else {
+            return;
+        };
+        let Some(signing) = trust
+            .certificates()
+            .iter()
+            .find(|c| c.digest().to_hex().eq_ignore_ascii_case(fingerprint))
+        else {
+            tracing::warn!(
+                signing_ca = %fingerprint,
+                "the announced signing CA is not in the trust bundle; no rotation renewal"
+            );
+            return;
+        };
+        let Some(at) = a.certificate.rotation_time(
+            signing,
+            &self.config.node_uid,
+            self.config.rotation_spread,
+        ) else {
+            return;
+        };
+        let generation = a.generation;
+        if self.rotation == Some((generation, at)) {
+            return;
+        }
+        self.rotation = Some((generation, at));
+        let delay = Duration::from_secs(u64::try_from(at.secs_since(self.now)).unwrap_or(0));
+        tracing::info!(
+            generation,
+            signing_ca = %fingerprint,
+            %at,
+            "CA rotation: renewing onto the signing CA"
+        );
+        self.emit(Effect::RenewalDueAfter { generation, delay });
+    }
+
+    fn on_trust(&mut self, source: TrustSource) {
+        self.signing_ca = source.signing_ca;
+        let bundle = match TrustBundle::from_pem(&source.bundle_pem) {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "trust bundle rejected; keeping the previous one");
@@ -980,6 +1039,7 @@ impl Machine {
             if self.shown == Some(Reason::TrustBundleInvalid) {
                 self.condition(None);
             }
+            self.plan_rotation();
             self.drive();
             return;
         }
@@ -987,6 +1047,7 @@ impl Machine {
         self.trust = Some(bundle);
         self.condition(None);
         self.check_trust_and_expiry();
+        self.plan_rotation();
         self.refresh_or_drive();
     }
 

@@ -30,7 +30,7 @@ struct Harness {
     ovsdb: FakeOvsdb,
     board: StatusBoard,
     bus: Bus,
-    trust: tokio::sync::watch::Sender<Option<Vec<u8>>>,
+    trust: tokio::sync::watch::Sender<Option<crate::identity::TrustSource>>,
     lifetime: u32,
     identity: Option<ActorRef<IdentityMsg>>,
     others: Vec<ractor::ActorCell>,
@@ -127,7 +127,7 @@ impl Harness {
         .await
         .unwrap();
         self.others = vec![w.get_cell(), t.get_cell()];
-        self.trust.send_replace(Some(self.ca.trust_pem()));
+        self.trust.send_replace(Some(self.ca.trust_pem().into()));
         self.start_identity().await
     }
 
@@ -484,7 +484,7 @@ async fn trust_changes_garbage_kept_untrusted_renews_compatible_refreshes() {
 
     // Garbage: old trust kept, reason shown, still ready.
     id.send_message(IdentityMsg::TrustBundle(
-        b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n".to_vec(),
+        (b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n".to_vec()).into(),
     ))
     .unwrap();
     h.until("invalid trust reason", Duration::from_secs(5), |h| {
@@ -499,7 +499,8 @@ async fn trust_changes_garbage_kept_untrusted_renews_compatible_refreshes() {
     let ca2 = Arc::new(TestCa::p256("kube-ovn ipsec test CA 2"));
     let mut both = h.ca.trust_pem();
     both.extend_from_slice(&ca2.trust_pem());
-    id.send_message(IdentityMsg::TrustBundle(both)).unwrap();
+    id.send_message(IdentityMsg::TrustBundle((both).into()))
+        .unwrap();
     h.until_generation(2, Duration::from_secs(10)).await;
     assert_eq!(h.csr.objects(), 1, "no CSR for a trust-only generation");
     let st = h.state();
@@ -512,7 +513,7 @@ async fn trust_changes_garbage_kept_untrusted_renews_compatible_refreshes() {
     // before the renewal point.
     h.csr.set_ca(ca2.clone());
     h.csr.then(CsrScript::Issue);
-    id.send_message(IdentityMsg::TrustBundle(ca2.trust_pem()))
+    id.send_message(IdentityMsg::TrustBundle((ca2.trust_pem()).into()))
         .unwrap();
     h.until_generation(3, Duration::from_secs(10)).await;
     assert_eq!(h.csr.objects(), 2);
@@ -562,7 +563,7 @@ async fn status_and_logs_never_contain_pem() {
         .then(CsrScript::Issue);
     let id = h.start_all().await;
     h.until_generation(3, Duration::from_secs(30)).await;
-    id.send_message(IdentityMsg::TrustBundle(b"garbage".to_vec()))
+    id.send_message(IdentityMsg::TrustBundle((b"garbage".to_vec()).into()))
         .unwrap();
     let sched = h.schedule().await.unwrap();
     let left = u64::try_from(sched.renew_at.secs_since(timestamp(h.clock.now()))).unwrap();
@@ -589,7 +590,7 @@ async fn trust_changed_while_down_is_activated_after_restart() {
     let ca2 = TestCa::p256("kube-ovn ipsec test CA 2");
     let mut both = h.ca.trust_pem();
     both.extend_from_slice(&ca2.trust_pem());
-    h.trust.send_replace(Some(both.clone()));
+    h.trust.send_replace(Some(both.clone().into()));
     h.start_identity().await;
     h.until_generation(2, Duration::from_secs(10)).await;
     assert_eq!(h.csr.objects(), 1, "trust-only: no CSR");

@@ -46,7 +46,7 @@ async fn supervised_tree_issues_rsa_identity_and_survives_child_kills() {
     let board = StatusBoard::new(clock.clone());
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Arc::new(PrometheusMetrics::register(&mut registry));
-    let (trust_tx, trust_rx) = watch::channel(Some(ca.trust_pem()));
+    let (trust_tx, trust_rx) = watch::channel(Some(ca.trust_pem().into()));
     let config = node_7(tmp.path());
     assert_eq!(config.key_type, crate::pki::KeyType::Rsa2048);
     let (sup, _) = start(AgentTreeArgs {
@@ -109,7 +109,7 @@ async fn supervised_tree_issues_rsa_identity_and_survives_child_kills() {
         .unwrap()
         .kill();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    trust_tx.send_replace(Some(ca.trust_pem()));
+    trust_tx.send_replace(Some(ca.trust_pem().into()));
     let cert_now = board.snapshot();
     assert_eq!(cert_now.phase, Phase::Active);
     // The renewal point is in [40%, 60%] of the 7-day lifetime and depends on

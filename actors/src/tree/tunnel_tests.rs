@@ -51,7 +51,7 @@ async fn harness_with(prepare: impl FnOnce(&FakeProtection)) -> Harness {
     let board = StatusBoard::new(clock.clone());
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Arc::new(PrometheusMetrics::register(&mut registry));
-    let (_trust_tx, trust_rx) = watch::channel(Some(ca.trust_pem()));
+    let (_trust_tx, trust_rx) = watch::channel(Some(ca.trust_pem().into()));
     std::mem::forget(_trust_tx);
     let mut config = super::tests::node_7(tmp.path());
     config.key_type = crate::pki::KeyType::EcdsaP256;

@@ -473,3 +473,70 @@ proptest! {
         prop_assert!(off >= life * 2 / 5 && off <= life * 3 / 5);
     }
 }
+
+// ---- CA rotation point ----
+
+#[test]
+fn rotation_time_moves_only_leaves_older_than_the_signing_ca() {
+    let t0 = Timestamp::from_unix(1_800_000_000).unwrap();
+    let day = 24 * 3600;
+    let old_ca = CaSpec::new("old CA")
+        .valid(t0, t0.plus_secs(3650 * day))
+        .self_signed();
+    let rotated_at = t0.plus_secs(10 * day);
+    let new_ca = CaSpec::new("new CA")
+        .valid(rotated_at, t0.plus_secs(3650 * day))
+        .self_signed();
+    let signing = Certificate::from_der(new_ca.cert_der()).unwrap();
+    let uid = Uid::new("node-uid-1").unwrap();
+    let spread = Duration::from_secs(600);
+
+    // An old-CA leaf from before the rotation: a point in the spread window
+    // after the new CA's backdate, the same on every call.
+    let before = old_ca.issue_with_validity(
+        "chassis-x",
+        TestKeyAlg::P256,
+        t0.plus_secs(day),
+        t0.plus_secs(90 * day),
+    );
+    let at = before
+        .certificate
+        .rotation_time(&signing, &uid, spread)
+        .expect("an old leaf moves");
+    let start = rotated_at.plus_secs(i64::try_from(LEAF_BACKDATE.as_secs()).unwrap());
+    let off = at.secs_since(start);
+    assert!((0..600).contains(&off), "{off}");
+    assert_eq!(
+        Some(at),
+        before.certificate.rotation_time(&signing, &uid, spread)
+    );
+    // Nodes spread: 20 Node UIDs do not all land on one second.
+    let points: std::collections::BTreeSet<_> = (0..20)
+        .map(|i| {
+            let u = Uid::new(format!("node-{i}")).unwrap();
+            before.certificate.rotation_time(&signing, &u, spread)
+        })
+        .collect();
+    assert!(points.len() > 10, "{points:?}");
+
+    // Issued by the signing CA: nothing to do.
+    let renewed = new_ca.issue_with_validity(
+        "chassis-x",
+        TestKeyAlg::P256,
+        rotated_at.plus_secs(60),
+        rotated_at.plus_secs(90 * day),
+    );
+    assert_eq!(
+        renewed.certificate.rotation_time(&signing, &uid, spread),
+        None
+    );
+    // An old-CA leaf issued after the new CA existed (the controller had
+    // not switched yet): waits for its normal renewal, no loop.
+    let late = old_ca.issue_with_validity(
+        "chassis-x",
+        TestKeyAlg::P256,
+        rotated_at,
+        rotated_at.plus_secs(90 * day),
+    );
+    assert_eq!(late.certificate.rotation_time(&signing, &uid, spread), None);
+}

@@ -301,7 +301,11 @@ impl Cluster {
             #[command(flatten)]
             c: controller::config::Config,
         }
-        let mut args = vec!["test", "--namespace", NS, "--ca-reload", "3600s"];
+        let mut args = vec!["test", "--namespace", NS];
+        // No reload unless a test asks for one.
+        if !flags.contains(&"--ca-reload") {
+            args.extend(["--ca-reload", "3600s"]);
+        }
         args.extend_from_slice(flags);
         P::parse_from(args).c
     }

@@ -84,6 +84,11 @@ pub struct RunArgs {
     /// in seconds.
     #[arg(long, env = "OVN_IPSEC_REQUEST_TIMEOUT", default_value_t = 300)]
     pub request_timeout: u64,
+    /// Window, in seconds, over which nodes renew onto a CA the controller
+    /// announces as its new signer (a CA rotation): each node's point in it
+    /// is derived from its Node UID, so the CSRs spread out.
+    #[arg(long, env = "OVN_IPSEC_ROTATION_SPREAD", default_value_t = defaults::ROTATION_SPREAD_SECS)]
+    pub rotation_spread: u64,
     /// Namespace of ConfigMap `ovn-ipsec-trust` (the controller's).
     #[arg(long, env = "OVN_IPSEC_TRUST_NAMESPACE", default_value = "kube-system")]
     pub trust_namespace: String,

@@ -371,6 +371,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     identity.key_type = args.key_algorithm.into();
     identity.expiration_seconds = args.certificate_lifetime;
     identity.request_timeout = args.request_timeout();
+    identity.rotation_spread = Duration::from_secs(args.rotation_spread);
     identity.owner = Some(owner);
     // The Event forwarder subscribes before the tree starts: the identity
     // actor reports a moved-aside state file while it opens the key

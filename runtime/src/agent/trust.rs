@@ -1,8 +1,9 @@
-//! Follows ConfigMap `ovn-ipsec-trust` (key `ca.crt`) into a watch channel
-//! the identity actor reads. A deleted ConfigMap or a missing key publishes
+//! Follows ConfigMap `ovn-ipsec-trust` (key `ca.crt`, and the signing-CA
+//! annotation of a rotation) into a watch channel the identity actor reads. A deleted ConfigMap or a missing key publishes
 //! nothing: the actor keeps the trust it has (a garbage bundle is the
 //! actor's to reject, with the reason in status).
 
+use actors::identity::TrustSource;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher::{self, Event};
@@ -16,7 +17,7 @@ pub async fn follow(
     client: Client,
     namespace: String,
     name: String,
-    tx: watch::Sender<Option<Vec<u8>>>,
+    tx: watch::Sender<Option<TrustSource>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
@@ -37,7 +38,7 @@ pub async fn follow(
     }
 }
 
-fn publish(tx: &watch::Sender<Option<Vec<u8>>>, cm: &ConfigMap) {
+fn publish(tx: &watch::Sender<Option<TrustSource>>, cm: &ConfigMap) {
     let Some(bundle) = cm
         .data
         .as_ref()
@@ -49,13 +50,21 @@ fn publish(tx: &watch::Sender<Option<Vec<u8>>>, cm: &ConfigMap) {
         );
         return;
     };
-    let bytes = bundle.as_bytes().to_vec();
+    let source = TrustSource {
+        bundle_pem: bundle.as_bytes().to_vec(),
+        signing_ca: cm
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k8s::SIGNING_CA_ANNOTATION))
+            .cloned(),
+    };
     // Only real changes wake the actor (a resync re-sends the same data).
     tx.send_if_modified(|cur| {
-        if cur.as_deref() == Some(&bytes[..]) {
+        if cur.as_ref() == Some(&source) {
             false
         } else {
-            *cur = Some(bytes);
+            *cur = Some(source);
             true
         }
     });

@@ -55,6 +55,116 @@ pub struct AgentPod {
     pub uid: String,
 }
 
+/// Runs the real controller (built-in CA) in-process against `api` as its
+/// own ServiceAccount, with a token minted through `TokenRequest`, and
+/// `flags` beyond the namespace; returns its task (aborting it stops the
+/// controller) and the trust bundle it published at start.
+pub async fn start_controller(
+    api: &ApiServerHandle,
+    admin: &kube::Client,
+    flags: &[&str],
+) -> (JoinHandle<()>, String) {
+    use crate::support::controller_cluster as cc;
+    let controller_token = cc::mint_token(admin, cc::CONTROLLER_SA, None).await;
+    let controller_client = api.client(&controller_token).await.unwrap();
+    let config = {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            c: controller::config::Config,
+        }
+        let mut args = vec![
+            "test",
+            "--namespace",
+            cc::NS,
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ];
+        args.extend_from_slice(flags);
+        P::parse_from(args).c
+    };
+    let task = tokio::spawn(async move {
+        let run = controller::run(
+            controller_client,
+            &config,
+            std::sync::Arc::new(controller::metrics::Metrics::new()),
+            std::sync::Arc::new(SystemClock),
+            std::future::pending::<()>(),
+        )
+        .await;
+        if let Err(e) = run {
+            eprintln!("the controller stopped: {e}");
+        }
+    });
+    // The controller generates its CA at start and publishes it.
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), cc::NS);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let ca_pem = loop {
+        if let Some(pem) = maps
+            .get_opt(names::TRUST_CONFIGMAP)
+            .await
+            .unwrap()
+            .and_then(|cm| cm.data?.remove(names::TRUST_CONFIGMAP_KEY))
+        {
+            break pem;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller published no trust bundle in 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    (task, ca_pem)
+}
+
+/// What one `kube-ovn-ipsec run` process gets.
+pub struct AgentProcess<'a> {
+    /// The Pod it runs as.
+    pub pod: &'a AgentPod,
+    /// `--ovsdb`.
+    pub ovsdb: &'a str,
+    /// `--kubeconfig` (its credentials).
+    pub kubeconfig: &'a Path,
+    /// `--key-dir`.
+    pub key_dir: &'a Path,
+    /// The loopback port of `--status-addr`.
+    pub status_port: u16,
+    /// `--certificate-lifetime`.
+    pub lifetime_secs: u32,
+    /// Where its stderr (JSON logs) is appended.
+    pub log: &'a Path,
+    /// Every other flag.
+    pub extra: &'a [&'a str],
+}
+
+/// Starts `kube-ovn-ipsec run` as described by `a`.
+pub fn spawn_agent_process(a: &AgentProcess<'_>) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
+        .args(["run", "--node-name", &a.pod.node])
+        .args(["--pod-name", &a.pod.name, "--pod-namespace", "kube-system"])
+        .args(["--pod-uid", &a.pod.uid])
+        .arg("--key-dir")
+        .arg(a.key_dir)
+        .args(["--ovsdb", a.ovsdb])
+        .args(["--status-addr", &format!("127.0.0.1:{}", a.status_port)])
+        .args(["--certificate-lifetime", &a.lifetime_secs.to_string()])
+        .arg("--kubeconfig")
+        .arg(a.kubeconfig)
+        .args(a.extra)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(a.log)
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap()
+}
+
 /// A node's Open_vSwitch database: system-id `chassis`, and one unrelated
 /// key the agent must keep.
 fn node_ovsdb(dir: &Path, chassis: &str) -> OvsdbServer {
@@ -107,13 +217,14 @@ fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     p
 }
 
-/// Writes the stand-in programs into `dir`.
-fn write_standins(dir: &Path, ca_pem: &str) {
+/// Writes the stand-ins for the patched ovn-controller into `dir`: the
+/// program (`ovn-controller --version`) and an `ovs-appctl` that answers
+/// its `version` with the output-protection marker and passes every other
+/// call to the real `ovs-appctl` (the monitor's control socket), which it
+/// returns.
+pub fn write_capability_standins(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let marker = kube_ovn_ipsec_runtime::capability::CAPABILITY_MARKER;
-    // Idle until the agent (our parent) is gone, so a SIGKILLed agent
-    // leaves nothing behind.
-    let idle = "parent=$PPID\nwhile kill -0 \"$parent\" 2>/dev/null; do sleep 0.2; done\n";
     script(
         dir,
         "ovn-controller",
@@ -121,6 +232,24 @@ fn write_standins(dir: &Path, ca_pem: &str) {
             "#!/bin/sh\n# Stand-in for the patched ovn-controller (tests).\nprintf 'ovn-controller 24.03.90 (stand-in)\\n{marker}\\n'\n"
         ),
     );
+    script(
+        dir,
+        "ovs-appctl-real",
+        &format!(
+            "#!/bin/sh\n# ovn-controller's version from the stand-in, the rest from ovs-appctl.\n\
+             if [ \"$3\" = version ] && [ \"$2\" = ovn-controller ]; then\n\
+             printf 'ovn-controller 24.03.90 (stand-in)\\n{marker}\\n'; exit 0; fi\nexec ovs-appctl \"$@\"\n"
+        ),
+    )
+}
+
+/// Writes the stand-in programs into `dir`.
+fn write_standins(dir: &Path, ca_pem: &str) {
+    write_capability_standins(dir);
+    let marker = kube_ovn_ipsec_runtime::capability::CAPABILITY_MARKER;
+    // Idle until the agent (our parent) is gone, so a SIGKILLed agent
+    // leaves nothing behind.
+    let idle = "parent=$PPID\nwhile kill -0 \"$parent\" 2>/dev/null; do sleep 0.2; done\n";
     script(
         dir,
         "ovs-appctl",
@@ -292,55 +421,7 @@ impl Cluster {
         let (nodes, _) = cc::populate(&api, &admin, 1).await;
         let node = nodes.into_iter().next().unwrap();
 
-        let controller_token = cc::mint_token(&admin, cc::CONTROLLER_SA, None).await;
-        let controller_client = api.client(&controller_token).await.unwrap();
-        let config = {
-            use clap::Parser;
-            #[derive(clap::Parser)]
-            struct P {
-                #[command(flatten)]
-                c: controller::config::Config,
-            }
-            P::parse_from([
-                "test",
-                "--namespace",
-                cc::NS,
-                "--metrics-addr",
-                "127.0.0.1:0",
-            ])
-            .c
-        };
-        let signer = tokio::spawn(async move {
-            let run = controller::run(
-                controller_client,
-                &config,
-                std::sync::Arc::new(controller::metrics::Metrics::new()),
-                std::sync::Arc::new(SystemClock),
-                std::future::pending::<()>(),
-            )
-            .await;
-            if let Err(e) = run {
-                eprintln!("the controller stopped: {e}");
-            }
-        });
-        // The controller generates its CA at start and publishes it.
-        let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), cc::NS);
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        let ca_pem = loop {
-            if let Some(pem) = maps
-                .get_opt(names::TRUST_CONFIGMAP)
-                .await
-                .unwrap()
-                .and_then(|cm| cm.data?.remove(names::TRUST_CONFIGMAP_KEY))
-            {
-                break pem;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the controller published no trust bundle in 20 s"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let (signer, ca_pem) = start_controller(&api, &admin, &[]).await;
 
         let kubeconfig = dir.path().join("kubeconfig");
         api.write_kubeconfig(&kubeconfig, &node.token).unwrap();
@@ -454,34 +535,16 @@ impl Cluster {
         lifetime_secs: u32,
         extra: &[&str],
     ) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
-            .args(["run", "--node-name", &self.pod.node])
-            .args([
-                "--pod-name",
-                &self.pod.name,
-                "--pod-namespace",
-                "kube-system",
-            ])
-            .args(["--pod-uid", &self.pod.uid])
-            .arg("--key-dir")
-            .arg(key_dir)
-            .args(["--ovsdb", &self.ovs.address()])
-            .args(["--status-addr", &format!("127.0.0.1:{status_port}")])
-            .args(["--certificate-lifetime", &lifetime_secs.to_string()])
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(self.agent_log())
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap()
+        spawn_agent_process(&AgentProcess {
+            pod: &self.pod,
+            ovsdb: &self.ovs.address(),
+            kubeconfig,
+            key_dir,
+            status_port,
+            lifetime_secs,
+            log: &self.agent_log(),
+            extra,
+        })
     }
 
     /// Waits (bounded) for a Kubernetes Event with `reason` in `default`

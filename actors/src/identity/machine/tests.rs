@@ -178,7 +178,7 @@ impl Fixture {
         let mut f = Fixture::new();
         f.open_empty();
         let pem = f.ca.trust_pem();
-        let e = f.step(Input::Trust(pem));
+        let e = f.step(Input::Trust((pem).into()));
         let g = f.mint_and_submit(&e);
         f.activate(g);
         f
@@ -247,7 +247,7 @@ fn cold_start_waits_for_trust_then_mints_and_requests() {
     assert!(matches!(f.m.phase(), Phase::Wanted));
 
     let pem = f.ca.trust_pem();
-    let e = f.step(Input::Trust(pem));
+    let e = f.step(Input::Trust((pem).into()));
     assert!(has(&e, |e| matches!(e, Effect::TrustHeld(_))));
     let Some(Job::Mint(plan)) = job(&e) else {
         panic!("{e:?}")
@@ -268,7 +268,7 @@ fn failed_mint_stays_wanted_and_retries() {
     let mut f = Fixture::new();
     f.open_empty();
     let pem = f.ca.trust_pem();
-    f.step(Input::Trust(pem));
+    f.step(Input::Trust((pem).into()));
     let e = f.step(Input::Minted(Err(io_error())));
     assert!(has(&e, |e| matches!(e, Effect::Renewal("key_dir_io"))));
     let (_, token) = retry(&e).unwrap();
@@ -283,7 +283,7 @@ fn issued_certificate_is_stored_published_until_activated_then_active() {
     let mut f = Fixture::new();
     f.open_empty();
     let pem = f.ca.trust_pem();
-    let e = f.step(Input::Trust(pem));
+    let e = f.step(Input::Trust((pem).into()));
     let g = f.mint_and_submit(&e);
     let e = f.step(Input::Submitted {
         generation: g,
@@ -348,7 +348,7 @@ fn rejected_certificate_abandons_the_generation() {
     let mut f = Fixture::new();
     f.open_empty();
     let pem = f.ca.trust_pem();
-    let e = f.step(Input::Trust(pem));
+    let e = f.step(Input::Trust((pem).into()));
     let g = f.mint_and_submit(&e);
     let outcome = f.issued(Tamper::WrongSan);
     let e = f.step(Input::Settled {
@@ -385,7 +385,7 @@ fn denial_abandons_but_timeout_and_storage_failure_keep_the_key() {
     let mut f = Fixture::new();
     f.open_empty();
     let pem = f.ca.trust_pem();
-    let e = f.step(Input::Trust(pem));
+    let e = f.step(Input::Trust((pem).into()));
     let g = f.mint_and_submit(&e);
 
     // Not issued within the wait: the same CSR again.
@@ -484,7 +484,7 @@ fn compatible_bundle_makes_a_trust_only_generation() {
     let ca2 = TestCa::p256("machine test CA 2");
     let mut both = f.ca.trust_pem();
     both.extend_from_slice(&ca2.trust_pem());
-    let e = f.step(Input::Trust(both));
+    let e = f.step(Input::Trust((both).into()));
     let Some(Job::RefreshTrust(plan)) = job(&e) else {
         panic!("{e:?}")
     };
@@ -524,7 +524,7 @@ fn compatible_bundle_makes_a_trust_only_generation() {
     // The same bundle again: nothing to refresh.
     let mut both = f.ca.trust_pem();
     both.extend_from_slice(&ca2.trust_pem());
-    let e = f.step(Input::Trust(both));
+    let e = f.step(Input::Trust((both).into()));
     assert!(job(&e).is_none(), "{e:?}");
 }
 
@@ -532,7 +532,7 @@ fn compatible_bundle_makes_a_trust_only_generation() {
 fn untrusting_bundle_renews_at_once() {
     let mut f = Fixture::active();
     let ca2 = TestCa::p256("machine test CA 2");
-    let e = f.step(Input::Trust(ca2.trust_pem()));
+    let e = f.step(Input::Trust((ca2.trust_pem()).into()));
     assert!(has(&e, |e| matches!(
         e,
         Effect::Warning(Some(Reason::IdentityUntrusted))
@@ -544,14 +544,14 @@ fn untrusting_bundle_renews_at_once() {
 fn invalid_bundle_keeps_the_trust_and_a_repeat_clears_the_warning() {
     let mut f = Fixture::active();
     let before = f.m.trust().unwrap().digest();
-    let e = f.step(Input::Trust(b"garbage".to_vec()));
+    let e = f.step(Input::Trust((b"garbage".to_vec()).into()));
     assert!(has(&e, |e| matches!(
         e,
         Effect::Warning(Some(Reason::TrustBundleInvalid))
     )));
     assert_eq!(f.m.trust().unwrap().digest(), before);
     let pem = f.ca.trust_pem();
-    let e = f.step(Input::Trust(pem));
+    let e = f.step(Input::Trust((pem).into()));
     assert!(has(&e, |e| matches!(e, Effect::Warning(None))), "{e:?}");
     assert!(job(&e).is_none());
 }
@@ -592,4 +592,90 @@ fn garbage_collection_waits_for_an_open_key_dir() {
         f.step(Input::OvsdbRead(Ok(Vec::new()))).is_empty(),
         "closed: nothing to collect"
     );
+}
+
+/// A rotation's CA: valid from `BASE + 60` (after the fixture's leaf).
+fn rotated_ca() -> TestCa {
+    use kube_ovn_ipsec_api::test_util::CaSpec;
+    let from = Timestamp::from_unix(i64::try_from(BASE).unwrap() + 60).unwrap();
+    CaSpec::new("machine test CA 2")
+        .valid(from, from.plus_secs(10 * 365 * 86400))
+        .self_signed()
+}
+
+#[test]
+fn an_announced_signing_ca_renews_an_older_leaf_within_the_spread() {
+    let mut f = Fixture::new();
+    f.open_empty();
+    let ca2 = rotated_ca();
+    let mut both = f.ca.trust_pem();
+    both.extend_from_slice(&ca2.trust_pem());
+    let e = f.step(Input::Trust(both.clone().into()));
+    let g = f.mint_and_submit(&e);
+    let e = f.activate(g);
+    assert!(
+        !has(&e, |e| matches!(e, Effect::RenewalDueAfter { .. })),
+        "no mark, no rotation: {e:?}"
+    );
+    // The mark names the leaf's own CA: nothing to do.
+    let own = TrustSource {
+        bundle_pem: both.clone(),
+        signing_ca: Some(
+            Certificate::from_der(f.ca.cert_der())
+                .unwrap()
+                .digest()
+                .to_hex(),
+        ),
+    };
+    let e = f.step(Input::Trust(own));
+    assert!(!has(&e, |e| matches!(e, Effect::RenewalDueAfter { .. })));
+
+    let marked = TrustSource {
+        bundle_pem: both,
+        signing_ca: Some(
+            Certificate::from_der(ca2.cert_der())
+                .unwrap()
+                .digest()
+                .to_hex(),
+        ),
+    };
+    let e = f.step(Input::Trust(marked.clone()));
+    let delay = e
+        .iter()
+        .find_map(|e| match e {
+            Effect::RenewalDueAfter { generation, delay } if *generation == g => Some(*delay),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("a rotation renewal: {e:?}"));
+    // CA NotBefore (now + 60 s) + the 5 min backdate + [0, 300 s) of spread.
+    assert!(
+        (360..660).contains(&delay.as_secs()),
+        "{delay:?} outside the spread"
+    );
+    // The same announcement again arms nothing new.
+    let e = f.step(Input::Trust(marked));
+    assert!(!has(&e, |e| matches!(e, Effect::RenewalDueAfter { .. })));
+    // When it fires: a new generation, as at a renewal point.
+    let e = f.step(Input::RenewalDue { generation: g });
+    assert!(
+        matches!(job(&e), Some(Job::Mint(p)) if p.generation == g + 1),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_signing_ca_outside_the_bundle_is_ignored() {
+    let mut f = Fixture::active();
+    let ca2 = rotated_ca();
+    let e = f.step(Input::Trust(TrustSource {
+        bundle_pem: f.ca.trust_pem(),
+        signing_ca: Some(
+            Certificate::from_der(ca2.cert_der())
+                .unwrap()
+                .digest()
+                .to_hex(),
+        ),
+    }));
+    assert!(!has(&e, |e| matches!(e, Effect::RenewalDueAfter { .. })));
+    assert!(job(&e).is_none(), "{e:?}");
 }
