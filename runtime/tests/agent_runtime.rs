@@ -417,9 +417,13 @@ async fn outage(
         "{what} killed: restarted after {restarted:?}, ready again after {back:?}; {dumps} XFRM dumps all held both guards; readyz false in {unready} polls"
     );
     assert!(unready > 0, "readyz must be false while the {what} is down");
-    // The first restart follows the 1 s backoff (plus the exit poll).
+    // The first restart follows the 1 s backoff (plus the exit poll), far
+    // from the 30 s cap. The pidfile is the program's own, written once it
+    // has started: the monitor's Python under the guest's TCG emulation
+    // takes seconds for that (measured up to 7.8 s), so the upper bound
+    // only tells the first backoff step from the cap.
     assert!(
-        restarted >= Duration::from_secs(1) && restarted < Duration::from_secs(6),
+        restarted >= Duration::from_secs(1) && restarted < Duration::from_secs(15),
         "{what} restarted after {restarted:?}"
     );
     (restarted, back)
