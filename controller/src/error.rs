@@ -41,6 +41,9 @@ pub enum Error {
     /// An object from the API server lacks a field the controller needs.
     #[error("object is missing {0}")]
     MissingField(&'static str),
+    /// A coordination record could not be built or encoded.
+    #[error("coordination record: {0}")]
+    Coordination(kube_ovn_ipsec_api::Error),
 }
 
 impl Error {
@@ -57,6 +60,7 @@ impl Error {
             Error::Config(_) => "config",
             Error::Metrics(_) => "metrics",
             Error::MissingField(_) => "missing_field",
+            Error::Coordination(_) => "coordination",
         }
     }
 }

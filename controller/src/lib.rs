@@ -22,6 +22,8 @@
 //! - [`certmanager`]: the checks on a cert-manager result ([`certmanager::check_issued`])
 //!   and the forwarding flow over a small [`certmanager::CertificateRequestApi`] trait.
 //! - [`ca::plan_retire`]: the CA retirement decision.
+//! - [`coordination`]: the enable/disable decision over the coordination
+//!   record and the judgement of a node's signed receipt.
 //!
 //! PEM, certificates, the trust bundle and its chain verification, the SPKI
 //! key-type parser and the clock trait are `kube_ovn_ipsec_api`'s (one
@@ -39,6 +41,7 @@
 pub mod ca;
 pub mod certmanager;
 pub mod config;
+pub mod coordination;
 pub mod denial;
 pub mod error;
 #[cfg(any(test, feature = "test-util"))]

@@ -1,0 +1,263 @@
+//! Every check of a receipt, with real keys: one that passes, then each
+//! way of failing, each with its own reason.
+
+use kube_ovn_ipsec_api::coordination::{CoordinationPhase, ReceiptStatus};
+use kube_ovn_ipsec_api::ident::Uid;
+use kube_ovn_ipsec_api::test_util::{CaSpec, TestCa, TestKeyAlg, TestLeaf};
+
+use super::*;
+
+const NOW: i64 = 1_900_000_000;
+
+fn ts(secs: i64) -> Timestamp {
+    Timestamp::from_unix(secs).unwrap()
+}
+
+fn uid(s: &str) -> Uid {
+    Uid::new(s).unwrap()
+}
+
+struct Fx {
+    ca: TestCa,
+    leaf: TestLeaf,
+    record: CoordinationRecord,
+    csr: CsrFacts,
+    pod: PodFacts,
+}
+
+impl Fx {
+    fn new() -> Self {
+        let ca = CaSpec::new("evidence CA")
+            .valid(ts(NOW - 86400), ts(NOW + 86400 * 365))
+            .self_signed();
+        let leaf = ca
+            .leaf("chassis-a")
+            .key(TestKeyAlg::P256)
+            .valid(ts(NOW - 3600), ts(NOW + 86400))
+            .issue();
+        let mut record = CoordinationRecord::initial();
+        record.generation = 1;
+        record.epoch = 2;
+        record.phase = CoordinationPhase::Arm;
+        record.daemon_set_uid = Some(uid("ds-uid"));
+        record.template_hash = Some("h1".into());
+        record.trust_hash = Some(ca.trust_bundle().digest());
+        record.targets.insert("node-a".into(), uid("node-a-uid"));
+        let csr = CsrFacts {
+            uid: "csr-uid".into(),
+            certificate_pem: Some(leaf.cert_pem().into_bytes()),
+            requester_pod_uid: Some("pod-uid".into()),
+            node_annotation: Some("node-a".into()),
+        };
+        let pod = PodFacts {
+            uid: "pod-uid".into(),
+            node_name: "node-a".into(),
+            owner_uid: Some("ds-uid".into()),
+            template_hash: Some("h1".into()),
+            live: true,
+        };
+        Fx {
+            ca,
+            leaf,
+            record,
+            csr,
+            pod,
+        }
+    }
+
+    fn receipt(&self) -> Receipt {
+        Receipt {
+            generation: self.record.generation,
+            epoch: self.record.epoch,
+            phase: self.record.phase,
+            node_name: "node-a".into(),
+            node_uid: uid("node-a-uid"),
+            pod_uid: uid("pod-uid"),
+            csr_name: "ovn-ipsec-node-a".into(),
+            csr_uid: uid("csr-uid"),
+            template_hash: "h1".into(),
+            trust_hash: self.record.trust_hash.unwrap(),
+            observed: ts(NOW - 10),
+            status: ReceiptStatus {
+                identity_ready: true,
+                capability_verified: true,
+                protection_armed: true,
+                configuration_applied: true,
+                runtime_healthy: true,
+                certificate_digest: self.leaf.certificate.digest(),
+            },
+        }
+    }
+
+    fn signed(&self, r: &Receipt) -> String {
+        signed::sign(r, &self.leaf.signing_key()).unwrap()
+    }
+
+    fn judge_with(&self, annotation: &str, chassis: Option<&str>) -> Verdict {
+        let unverified = match peek(Some(annotation)) {
+            Ok(u) => u,
+            Err(v) => return v,
+        };
+        judge(
+            &self.record,
+            &self.ca.trust_bundle(),
+            NodeFacts {
+                name: "node-a",
+                chassis,
+            },
+            unverified,
+            Some(&self.csr),
+            Some(&self.pod),
+            ts(NOW),
+        )
+    }
+
+    fn judge(&self, annotation: &str) -> Verdict {
+        self.judge_with(annotation, Some("chassis-a"))
+    }
+}
+
+fn check_of(v: &Verdict) -> &'static str {
+    match v {
+        Verdict::Refused { check, .. } => check,
+        Verdict::Satisfied => "Satisfied",
+        Verdict::Missing => "Missing",
+    }
+}
+
+#[test]
+fn a_good_receipt_satisfies_the_barrier() {
+    let f = Fx::new();
+    assert_eq!(f.judge(&f.signed(&f.receipt())), Verdict::Satisfied);
+}
+
+#[test]
+fn no_annotation_is_missing_and_garbage_is_malformed() {
+    assert_eq!(peek(None).unwrap_err(), Verdict::Missing);
+    let f = Fx::new();
+    assert_eq!(check_of(&f.judge("not-a-receipt")), "ReceiptMalformed");
+    let huge = "a".repeat(64 * 1024);
+    assert_eq!(check_of(&f.judge(&huge)), "ReceiptMalformed");
+}
+
+#[test]
+fn another_nodes_key_or_a_tampered_payload_fails_the_signature() {
+    let f = Fx::new();
+    let other = f.ca.leaf("chassis-a").key(TestKeyAlg::P256).issue();
+    let forged = signed::sign(&f.receipt(), &other.signing_key()).unwrap();
+    assert_eq!(check_of(&f.judge(&forged)), "ReceiptSignatureInvalid");
+}
+
+#[test]
+fn a_certificate_outside_the_trust_or_for_another_chassis_is_refused() {
+    let mut f = Fx::new();
+    let good = f.signed(&f.receipt());
+    assert_eq!(
+        check_of(&f.judge_with(&good, Some("chassis-b"))),
+        "ReceiptChassisMismatch"
+    );
+    assert_eq!(
+        check_of(&f.judge_with(&good, None)),
+        "ReceiptChassisMismatch"
+    );
+    let stranger = CaSpec::new("someone else").self_signed();
+    let leaf = stranger.leaf("chassis-a").key(TestKeyAlg::P256).issue();
+    f.csr.certificate_pem = Some(leaf.cert_pem().into_bytes());
+    assert_eq!(check_of(&f.judge(&good)), "ReceiptCertificateUntrusted");
+}
+
+#[test]
+fn a_receipt_naming_another_certificate_is_refused() {
+    let f = Fx::new();
+    let mut r = f.receipt();
+    r.status.certificate_digest = f.ca.leaf("chassis-a").issue().certificate.digest();
+    assert_eq!(
+        check_of(&f.judge(&f.signed(&r))),
+        "ReceiptCertificateMismatch"
+    );
+}
+
+#[test]
+fn the_csr_must_exist_with_its_uid_and_be_issued() {
+    let mut f = Fx::new();
+    let good = f.signed(&f.receipt());
+    let unverified = peek(Some(&good)).unwrap();
+    let v = judge(
+        &f.record,
+        &f.ca.trust_bundle(),
+        NodeFacts {
+            name: "node-a",
+            chassis: Some("chassis-a"),
+        },
+        unverified,
+        None,
+        Some(&f.pod),
+        ts(NOW),
+    );
+    assert_eq!(check_of(&v), "ReceiptCsrMissing");
+    f.csr.uid = "another-csr".into();
+    assert_eq!(check_of(&f.judge(&good)), "ReceiptCsrMismatch");
+    let mut f = Fx::new();
+    f.csr.certificate_pem = None;
+    assert_eq!(check_of(&f.judge(&good)), "ReceiptCsrNotIssued");
+}
+
+/// The check a good receipt fails once `tweak` changed the live facts.
+fn after(tweak: fn(&mut Fx)) -> &'static str {
+    let mut f = Fx::new();
+    let good = f.signed(&f.receipt());
+    tweak(&mut f);
+    check_of(&f.judge(&good))
+}
+
+#[test]
+fn another_pod_a_dead_pod_or_another_template_is_refused() {
+    assert_eq!(
+        after(|f| f.csr.requester_pod_uid = Some("other-pod".into())),
+        "ReceiptPodMismatch"
+    );
+    assert_eq!(
+        after(|f| f.pod.owner_uid = Some("someone-else".into())),
+        "ReceiptPodMismatch"
+    );
+    assert_eq!(after(|f| f.pod.live = false), "ReceiptPodNotLive");
+    assert_eq!(
+        after(|f| f.pod.uid = "recreated".into()),
+        "ReceiptPodNotLive"
+    );
+    assert_eq!(
+        after(|f| f.pod.node_name = "node-b".into()),
+        "ReceiptPodNotLive"
+    );
+    assert_eq!(
+        after(|f| f.pod.template_hash = Some("h0".into())),
+        "ReceiptTemplateMismatch"
+    );
+    assert_eq!(
+        after(|f| f.csr.node_annotation = Some("node-b".into())),
+        "ReceiptCsrMismatch"
+    );
+}
+
+#[test]
+fn a_stale_future_other_epoch_or_unready_receipt_is_refused() {
+    let f = Fx::new();
+    let mut r = f.receipt();
+    r.observed = ts(NOW - 121);
+    assert_eq!(check_of(&f.judge(&f.signed(&r))), "ReceiptStale");
+    let mut r = f.receipt();
+    r.observed = ts(NOW + 30);
+    assert_eq!(check_of(&f.judge(&f.signed(&r))), "ReceiptStale");
+    let mut r = f.receipt();
+    r.epoch = 1;
+    assert_eq!(check_of(&f.judge(&f.signed(&r))), "ReceiptEpochMismatch");
+    let mut r = f.receipt();
+    r.phase = CoordinationPhase::Prepare;
+    assert_eq!(check_of(&f.judge(&f.signed(&r))), "ReceiptEpochMismatch");
+    let mut r = f.receipt();
+    r.status.protection_armed = false;
+    assert_eq!(check_of(&f.judge(&f.signed(&r))), "ReceiptNotReady");
+    let mut r = f.receipt();
+    r.node_name = "node-b".into();
+    assert_eq!(check_of(&f.judge(&f.signed(&r))), "ReceiptNodeMismatch");
+}
