@@ -108,6 +108,24 @@ pub struct Config {
     /// This replica's name in events.
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
+    /// Whether IPsec is wanted across the cluster: the coordinator drives
+    /// the record towards `Enabled` (true) or `Disabled` (false).
+    #[arg(long, env = "ENABLE_IPSEC", default_value_t = false, action = clap::ArgAction::Set)]
+    pub enable_ipsec: bool,
+    /// OVN northbound database (e.g. `tcp:10.0.0.1:6641`). Without it the
+    /// coordinator does not run (CSR signing only).
+    #[arg(long, env = "OVN_NB_ADDR")]
+    pub ovn_nb: Option<String>,
+    /// OVN southbound database (e.g. `tcp:10.0.0.1:6642`).
+    #[arg(long, env = "OVN_SB_ADDR")]
+    pub ovn_sb: Option<String>,
+    /// How often the coordinator observes and acts.
+    #[arg(long, env = "OVN_IPSEC_COORDINATION_PERIOD", default_value = "2s", value_parser = parse_period)]
+    pub coordination_period: Duration,
+    /// The coordination Lease's duration: a replica takes over once the
+    /// leader has not renewed for this long.
+    #[arg(long, env = "OVN_IPSEC_LEASE_DURATION", default_value = "15s", value_parser = parse_period)]
+    pub lease_duration: Duration,
 }
 
 impl Config {

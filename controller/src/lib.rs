@@ -44,6 +44,7 @@ pub mod config;
 pub mod coordination;
 pub mod denial;
 pub mod error;
+pub mod events;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fixtures;
 pub mod live;
@@ -106,7 +107,7 @@ pub async fn run(
     let (cache, feed) = if config.live_cache {
         let (cache, feed) =
             live::LiveCache::start(&client, &policy.cni_namespace, config.resync_period);
-        (Some(cache), Some(tokio::spawn(feed)))
+        (Some(cache), Some(Background(tokio::spawn(feed))))
     } else {
         (None, None)
     };
@@ -136,19 +137,72 @@ pub async fn run(
         concurrency: config.concurrency,
         resync_period: config.resync_period,
     });
-    let reload = tokio::spawn(reload_loop(
+    let _reload = Background(tokio::spawn(reload_loop(
         shared.clone(),
         settings,
         config.cert_manager,
         config.ca_reload,
         clock,
-    ));
+    )));
+    let _coordinator = match coordinator_config(config)? {
+        Some(cc) => {
+            let (client, clock) = (client.clone(), shared.clock.clone());
+            Some(Background(tokio::spawn(coordination::run::run(
+                client,
+                cc,
+                clock,
+                std::future::pending::<()>(),
+            ))))
+        }
+        None => {
+            tracing::info!("no --ovn-nb: enable/disable coordination is off (CSR signing only)");
+            None
+        }
+    };
     reconcile::run_controller(shared, shutdown).await;
-    reload.abort();
-    if let Some(feed) = feed {
-        feed.abort();
-    }
+    // The background tasks stop with `run` (their guards drop here, or
+    // wherever `run`'s future is dropped).
+    drop(feed);
     Ok(())
+}
+
+/// A task that lives exactly as long as this guard: [`run`]'s helpers stop
+/// when `run` returns *or* when its future is dropped (an embedding that
+/// aborts it), never outliving the controller.
+struct Background(tokio::task::JoinHandle<()>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The coordinator's settings, when `--ovn-nb` is given.
+fn coordinator_config(config: &Config) -> Result<Option<coordination::run::CoordinatorConfig>> {
+    let Some(nb) = &config.ovn_nb else {
+        return Ok(None);
+    };
+    let sb = config.ovn_sb.clone().ok_or_else(|| {
+        Error::Config("--ovn-nb needs --ovn-sb (the SB read confirms the switch)".into())
+    })?;
+    // The Pod name is what the Lease names as holder; outside a Pod, the
+    // host name with the process ID stays unique per replica.
+    let identity = config.pod_name.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    Ok(Some(coordination::run::CoordinatorConfig {
+        namespace: config.namespace.clone(),
+        cni_namespace: config.cni_namespace.clone(),
+        daemon_set: config.cni_daemonset.clone(),
+        want_enabled: config.enable_ipsec,
+        ovn_nb: nb.clone(),
+        ovn_sb: sb,
+        period: config.coordination_period,
+        lease_duration: config.lease_duration,
+        identity,
+        component: "kube-ovn-ipsec-controller".into(),
+    }))
 }
 
 /// How long start-up waits for the live-state cache's initial lists.

@@ -25,6 +25,9 @@ enum Command {
         #[command(subcommand)]
         op: CaOp,
     },
+    /// Prints the enable/disable cohort (read only): phase, epoch, and per
+    /// node whether its receipt is in or why it is waiting.
+    Status,
 }
 
 #[derive(Subcommand)]
@@ -72,6 +75,12 @@ async fn main() -> anyhow::Result<()> {
             let bundle =
                 ca::retire_old_cas(&client, &config.namespace, &acknowledged_digest).await?;
             println!("new trust digest: {}", bundle.digest());
+        }
+        Some(Command::Status) => {
+            print!(
+                "{}",
+                controller::coordination::run::describe(&client, &config.namespace).await?
+            );
         }
         None => {
             let metrics = Arc::new(Metrics::new());

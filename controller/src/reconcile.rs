@@ -290,39 +290,15 @@ async fn write_condition(
     Ok(())
 }
 
-/// Publishes a core/v1 Warning event on the CSR (in `default`, where
-/// events of cluster-scoped objects go). Best effort: an event that cannot be
-/// written must not change the outcome.
+/// Publishes a Warning event on the CSR. Best effort: an event that cannot
+/// be written must not change the outcome.
 async fn publish(shared: &Shared, csr: &CertificateSigningRequest, reason: &str, message: &str) {
     let name = csr.name_any();
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let event = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": { "generateName": format!("{name}."), "namespace": "default" },
-        "involvedObject": {
-            "apiVersion": "certificates.k8s.io/v1",
-            "kind": "CertificateSigningRequest",
-            "name": name,
-            "uid": csr.metadata.uid,
-        },
-        "type": "Warning",
-        "reason": reason,
-        "message": message.chars().take(1000).collect::<String>(),
-        "source": { "component": shared.component },
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    });
-    let Ok(event) = serde_json::from_value::<k8s_openapi::api::core::v1::Event>(event) else {
-        return;
+    let on = crate::events::Involved {
+        api_version: "certificates.k8s.io/v1",
+        kind: "CertificateSigningRequest",
+        name: &name,
+        uid: csr.metadata.uid.as_deref(),
     };
-    let events: Api<k8s_openapi::api::core::v1::Event> =
-        Api::namespaced(shared.client.clone(), "default");
-    if let Err(e) = events
-        .create(&kube::api::PostParams::default(), &event)
-        .await
-    {
-        tracing::debug!(error = %e, "could not publish CSR event");
-    }
+    crate::events::warning(&shared.client, &shared.component, on, reason, message).await;
 }

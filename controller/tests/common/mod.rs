@@ -25,6 +25,7 @@ pub const HASH: &str = "6d8f9c7b5";
 /// The CNI Pods' ServiceAccount: the agent's identity.
 pub const CNI_SA: &str = "kube-ovn-cni";
 
+#[derive(Clone)]
 pub struct NodeFx {
     pub name: String,
     pub uid: String,
@@ -100,6 +101,7 @@ fn rbac() -> Vec<Value> {
             {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["apps"], "resources": ["controllerrevisions"], "verbs": ["list", "watch"]},
             {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get", "create", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
             {"apiGroups": ["cert-manager.io"], "resources": ["certificaterequests"], "verbs": ["get", "create", "delete"]},
             {"apiGroups": ["cert-manager.io"], "resources": ["certificaterequests/status"], "verbs": ["patch", "update"]}
         ]}),
@@ -111,13 +113,14 @@ fn rbac() -> Vec<Value> {
             "metadata": {"name": CONTROLLER_SA, "namespace": NS}}),
         json!({"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": CNI_SA, "namespace": NS}}),
-        // The agent: its CSRs, its Node (the UID it binds), Events on its
-        // Node (namespace `default`), the trust ConfigMap.
+        // The agent: its CSRs, its Node (the UID it binds; its receipt
+        // annotation), Events on its Node (namespace `default`), the trust
+        // ConfigMap.
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": "kube-ovn-cni-ipsec"},
         "rules": [
             {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
         ]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
@@ -334,6 +337,15 @@ impl Cluster {
             .unwrap();
         }));
         self.stop = Some(tx);
+    }
+
+    /// Aborts the in-process controller without its clean stop: from the
+    /// API's side what a SIGKILL looks like (no further request).
+    pub fn kill_controller(&mut self) {
+        self.stop = None;
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
     }
 
     pub async fn stop(mut self) {

@@ -1,0 +1,604 @@
+//! The leader's loop: every period, one election round; the leader
+//! observes the cluster, asks [`decide`] for one step and performs it.
+//!
+//! Reads are direct (no cache) so a pass never acts on a lagging view of
+//! the record or of the evidence. The record is written with the read's
+//! resourceVersion as precondition; a conflict drops the pass (someone else
+//! wrote: observe again). A record that does not decode is never
+//! overwritten: the pass holds and says why. The cohort's status (phase,
+//! epoch, why it waits, per node) goes into the same ConfigMap under key
+//! `status`, written only when it changes; each node's refusal is also an
+//! Event on its Node, once per change of reason.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::{Api, Client, ResourceExt};
+use kube_ovn_ipsec_api::clock::{Clock, timestamp};
+use kube_ovn_ipsec_api::coordination::{Challenge, CoordinationPhase, CoordinationRecord};
+use kube_ovn_ipsec_api::ident::Uid;
+use kube_ovn_ipsec_api::names::k8s;
+use kube_ovn_ipsec_api::pki::TrustBundle;
+use serde::Serialize;
+
+use super::evidence::{self, CsrFacts, NodeFacts, PodFacts};
+use super::leader::{Elector, Role};
+use super::machine::{Decision, LiveDaemonSet, Observation, Verdict, decide};
+use crate::error::{Error, Result};
+use crate::{ca, live, names};
+
+/// ConfigMap holding the record (key [`STATE_KEY`]) and the status.
+pub const CONFIGMAP: &str = "ovn-ipsec-coordination";
+/// Key of the record.
+pub const STATE_KEY: &str = "state";
+/// Key of the cohort's status (JSON, [`CohortStatus`]).
+pub const STATUS_KEY: &str = "status";
+/// Node annotation carrying the node's receipt.
+pub const RECEIPT_ANNOTATION: &str = "kube-ovn.io/ipsec-receipt";
+
+/// How the coordinator runs.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// The controller's namespace (record, Lease, trust).
+    pub namespace: String,
+    /// The CNI namespace.
+    pub cni_namespace: String,
+    /// The kube-ovn-cni DaemonSet's name.
+    pub daemon_set: String,
+    /// `--enable-ipsec`.
+    pub want_enabled: bool,
+    /// OVN northbound database (`tcp:…`, `unix:…`).
+    pub ovn_nb: String,
+    /// OVN southbound database.
+    pub ovn_sb: String,
+    /// Pass period.
+    pub period: Duration,
+    /// Lease duration.
+    pub lease_duration: Duration,
+    /// This replica's identity (its Pod name).
+    pub identity: String,
+    /// `source.component` of its Events.
+    pub component: String,
+}
+
+/// What the coordinator reports, under [`STATUS_KEY`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CohortStatus {
+    /// The leader that wrote it.
+    pub leader: String,
+    /// The record's phase.
+    pub phase: CoordinationPhase,
+    /// The record's generation.
+    pub generation: u64,
+    /// The record's epoch.
+    pub epoch: u64,
+    /// What the last pass decided, in words.
+    pub reason: String,
+    /// Per target: `ok`, or why it holds the barrier.
+    pub nodes: BTreeMap<String, String>,
+}
+
+/// The stored record and the ConfigMap it came from.
+struct Stored {
+    record: CoordinationRecord,
+    map: Option<ConfigMap>,
+}
+
+/// The loop's state between passes.
+struct Coordinator {
+    client: Client,
+    config: CoordinatorConfig,
+    clock: Arc<dyn Clock>,
+    nb: Option<ovsdb::Client>,
+    sb: Option<ovsdb::Client>,
+    /// Per node, the refusal last reported as an Event.
+    reported: HashMap<String, &'static str>,
+}
+
+/// A fresh challenge from the system's CSPRNG (a failure to read it is a
+/// refusal to start a disable this pass, never a predictable challenge).
+fn random_challenge() -> Result<Challenge> {
+    let mut bytes = [0u8; 32];
+    aws_lc_rs::rand::fill(&mut bytes)
+        .map_err(|_| Error::Config("the system random source failed".into()))?;
+    Ok(Challenge::from_bytes(bytes))
+}
+
+/// Runs the coordinator until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    config: CoordinatorConfig,
+    clock: Arc<dyn Clock>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let elector = Elector::new(
+        client.clone(),
+        &config.namespace,
+        config.identity.clone(),
+        config.lease_duration,
+        clock.clone(),
+    );
+    let mut c = Coordinator {
+        client,
+        config,
+        clock,
+        nb: None,
+        sb: None,
+        reported: HashMap::new(),
+    };
+    tokio::pin!(shutdown);
+    loop {
+        match elector.round().await {
+            Ok(Role::Leader) => {
+                if let Err(e) = c.pass().await {
+                    tracing::warn!(error = %e, "coordination pass failed; retrying next period");
+                }
+            }
+            Ok(Role::Follower(holder)) => {
+                tracing::debug!(?holder, "following the coordination leader");
+            }
+            Err(e) => tracing::warn!(error = %e, "coordination lease round failed"),
+        }
+        tokio::select! {
+            () = &mut shutdown => return,
+            () = tokio::time::sleep(c.config.period) => {}
+        }
+    }
+}
+
+impl Coordinator {
+    async fn read_record(&self) -> Result<Stored> {
+        let maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.config.namespace);
+        let Some(map) = maps.get_opt(CONFIGMAP).await? else {
+            return Ok(Stored {
+                record: CoordinationRecord::initial(),
+                map: None,
+            });
+        };
+        let state = map
+            .data
+            .as_ref()
+            .and_then(|d| d.get(STATE_KEY))
+            .ok_or(Error::MissingField(
+                "the coordination ConfigMap's state key",
+            ))?;
+        let record = CoordinationRecord::decode(state.as_bytes()).map_err(Error::Coordination)?;
+        Ok(Stored {
+            record,
+            map: Some(map),
+        })
+    }
+
+    async fn ovn(&mut self, south: bool) -> Option<&ovsdb::Client> {
+        let (slot, addr) = if south {
+            (&mut self.sb, &self.config.ovn_sb)
+        } else {
+            (&mut self.nb, &self.config.ovn_nb)
+        };
+        if slot.is_none() {
+            match ovsdb::Client::connect_str(addr).await {
+                Ok(c) => *slot = Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, database = %addr, "cannot reach the OVN database");
+                    return None;
+                }
+            }
+        }
+        slot.as_ref()
+    }
+
+    /// A synchronous read of `NB_Global.ipsec` (or SB's); a failed read
+    /// drops the connection so the next pass reconnects.
+    async fn read_switch(&mut self, south: bool) -> Option<bool> {
+        let client = self.ovn(south).await?;
+        let read = if south {
+            client.read_sb_ipsec().await
+        } else {
+            client.read_nb_ipsec().await
+        };
+        match read {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!(error = %e, south, "reading the OVN ipsec switch failed");
+                if south {
+                    self.sb = None;
+                } else {
+                    self.nb = None;
+                }
+                None
+            }
+        }
+    }
+
+    async fn pass(&mut self) -> Result<()> {
+        let stored = match self.read_record().await {
+            Ok(s) => s,
+            Err(e @ (Error::Coordination(_) | Error::MissingField(_))) => {
+                // Never overwrite what cannot be read: it may be a newer
+                // controller's record, or an operator's edit to look at.
+                tracing::error!(error = %e, "the coordination record does not decode; holding");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let record = &stored.record;
+        let now = timestamp(self.clock.now()).map_err(Error::Coordination)?;
+
+        let (daemon_set, pods) = self.daemon_set().await?;
+        let trust = ca::read_bundle(&self.client, &self.config.namespace)
+            .await
+            .ok();
+        let scheduled = self.scheduled(&pods).await?;
+        let mut receipts = BTreeMap::new();
+        if matches!(
+            record.phase,
+            CoordinationPhase::Prepare | CoordinationPhase::Arm
+        ) && let Some(trust) = &trust
+        {
+            for name in record.targets.keys() {
+                let v = self.verdict(record, trust, name, &pods, now).await?;
+                receipts.insert(name.clone(), v);
+            }
+        }
+        let (nb_ipsec, sb_ipsec) = if matches!(
+            record.phase,
+            CoordinationPhase::Arm | CoordinationPhase::Enabled
+        ) {
+            (self.read_switch(false).await, self.read_switch(true).await)
+        } else {
+            (None, None)
+        };
+        let observation = Observation {
+            want_enabled: self.config.want_enabled,
+            daemon_set,
+            trust: trust.as_ref().map(TrustBundle::digest),
+            scheduled,
+            receipts,
+            nb_ipsec,
+            sb_ipsec,
+            fresh_challenge: random_challenge()?,
+        };
+        self.report_refusals(&observation).await;
+        let decision = decide(record, &observation)?;
+        // Per target of `next`: its verdict when it was judged against
+        // `next` itself (a hold), "no receipt yet" in a barrier it has not
+        // answered (a new epoch was just written), "ok" outside barriers.
+        let status = |reason: String, next: &CoordinationRecord| {
+            let barrier = matches!(
+                next.phase,
+                CoordinationPhase::Prepare | CoordinationPhase::Arm
+            );
+            let judged = next.epoch == record.epoch;
+            CohortStatus {
+                leader: self.config.identity.clone(),
+                phase: next.phase,
+                generation: next.generation,
+                epoch: next.epoch,
+                reason,
+                nodes: next
+                    .targets
+                    .keys()
+                    .map(|n| {
+                        let s = match (
+                            barrier,
+                            judged.then(|| observation.receipts.get(n)).flatten(),
+                        ) {
+                            (false, _) => "ok".into(),
+                            (true, None) => Verdict::Missing.waiting_reason().unwrap_or_default(),
+                            (true, Some(v)) => v.waiting_reason().unwrap_or_else(|| "ok".into()),
+                        };
+                        (n.clone(), s)
+                    })
+                    .collect(),
+            }
+        };
+        match decision {
+            Decision::Write { record: next, why } => {
+                tracing::info!(from = %record.phase, to = %next.phase, epoch = next.epoch, %why, "coordination");
+                let st = status(why, &next);
+                self.store(&stored, Some(&next), &st).await
+            }
+            Decision::SetNb(value) => {
+                tracing::info!(value, "setting NB_Global.ipsec");
+                let Some(nb) = self.ovn(false).await else {
+                    return Ok(());
+                };
+                if let Err(e) = nb.set_nb_ipsec(value).await {
+                    self.nb = None;
+                    tracing::warn!(error = %e, "setting NB_Global.ipsec failed");
+                }
+                Ok(())
+            }
+            Decision::Hold { reason, .. } => {
+                tracing::debug!(%reason, "coordination holds");
+                let st = status(reason, record);
+                self.store(&stored, None, &st).await
+            }
+            Decision::Idle => {
+                let st = status("nothing to do".into(), record);
+                self.store(&stored, None, &st).await
+            }
+        }
+    }
+
+    /// Writes the record (when `next`) and the status, if either changed,
+    /// with the read's resourceVersion as precondition.
+    async fn store(
+        &self,
+        stored: &Stored,
+        next: Option<&CoordinationRecord>,
+        status: &CohortStatus,
+    ) -> Result<()> {
+        let status_json =
+            serde_json::to_string(status).map_err(|e| Error::Config(e.to_string()))?;
+        let maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.config.namespace);
+        let Some(map) = &stored.map else {
+            // No ConfigMap yet: only a record write creates it.
+            let Some(next) = next else { return Ok(()) };
+            let state = next.encode().map_err(Error::Coordination)?;
+            let cm = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(CONFIGMAP.into()),
+                    namespace: Some(self.config.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                data: Some(BTreeMap::from([
+                    (STATE_KEY.to_owned(), state),
+                    (STATUS_KEY.to_owned(), status_json),
+                ])),
+                ..ConfigMap::default()
+            };
+            return match maps.create(&PostParams::default(), &cm).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        };
+        let mut map = map.clone();
+        let data = map.data.get_or_insert_with(BTreeMap::new);
+        let mut changed = false;
+        if let Some(next) = next {
+            data.insert(
+                STATE_KEY.into(),
+                next.encode().map_err(Error::Coordination)?,
+            );
+            changed = true;
+        }
+        if data.get(STATUS_KEY) != Some(&status_json) {
+            data.insert(STATUS_KEY.into(), status_json);
+            changed = true;
+        }
+        if !changed {
+            return Ok(());
+        }
+        match maps.replace(CONFIGMAP, &PostParams::default(), &map).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::info!("the coordination record changed under this pass; observing again");
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The DaemonSet (with its current template hash) and its Pods.
+    async fn daemon_set(&self) -> Result<(Option<LiveDaemonSet>, Vec<Pod>)> {
+        let ns = &self.config.cni_namespace;
+        let sets: Api<DaemonSet> = Api::namespaced(self.client.clone(), ns);
+        let Some(ds) = sets.get_opt(&self.config.daemon_set).await? else {
+            return Ok((None, Vec::new()));
+        };
+        let Some(uid) = ds.metadata.uid.clone() else {
+            return Ok((None, Vec::new()));
+        };
+        let mut lp = ListParams::default();
+        if let Some(labels) = ds
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.match_labels.as_ref())
+        {
+            let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            lp = lp.labels(&selector.join(","));
+        }
+        let revisions = Api::<ControllerRevision>::namespaced(self.client.clone(), ns)
+            .list(&lp)
+            .await?;
+        let pods = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .list(&lp)
+            .await?;
+        let owned: Vec<Pod> = pods
+            .items
+            .into_iter()
+            .filter(|p| live::pod_view(p).owner_daemon_set_uid.as_deref() == Some(uid.as_str()))
+            .collect();
+        let live = live::current_template_hash(&ds, &revisions.items).and_then(|hash| {
+            Some(LiveDaemonSet {
+                uid: Uid::new(uid).ok()?,
+                template_hash: hash,
+            })
+        });
+        Ok((live, owned))
+    }
+
+    /// The nodes the DaemonSet schedules to: its Pods' nodes, with their
+    /// UIDs.
+    async fn scheduled(&self, pods: &[Pod]) -> Result<BTreeMap<String, Uid>> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let mut out = BTreeMap::new();
+        for pod in pods {
+            let name = live::pod_view(pod).node_name;
+            if name.is_empty() || out.contains_key(&name) {
+                continue;
+            }
+            if let Some(node) = nodes.get_opt(&name).await?
+                && let Some(uid) = node.metadata.uid.and_then(|u| Uid::new(u).ok())
+            {
+                out.insert(name, uid);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads node `name`'s receipt and judges it against `record`.
+    async fn verdict(
+        &self,
+        record: &CoordinationRecord,
+        trust: &TrustBundle,
+        name: &str,
+        pods: &[Pod],
+        now: kube_ovn_ipsec_api::time::Timestamp,
+    ) -> Result<Verdict> {
+        let Some(node) = Api::<Node>::all(self.client.clone()).get_opt(name).await? else {
+            return Ok(Verdict::Missing);
+        };
+        let annotations = node.annotations();
+        let unverified =
+            match evidence::peek(annotations.get(RECEIPT_ANNOTATION).map(String::as_str)) {
+                Ok(u) => u,
+                Err(v) => return Ok(v),
+            };
+        let claimed = unverified.peek().clone();
+        let csr = Api::<CertificateSigningRequest>::all(self.client.clone())
+            .get_opt(&claimed.csr_name)
+            .await?
+            .map(|c| csr_facts(&c));
+        let pod = pods
+            .iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(claimed.pod_uid.as_str()))
+            .map(pod_facts);
+        let chassis = annotations
+            .get(names::NODE_CHASSIS_ANNOTATION)
+            .map(String::as_str);
+        Ok(evidence::judge(
+            record,
+            trust,
+            NodeFacts { name, chassis },
+            unverified,
+            csr.as_ref(),
+            pod.as_ref(),
+            now,
+        ))
+    }
+
+    /// One Event per node per change of refusal reason.
+    async fn report_refusals(&mut self, o: &Observation) {
+        for (node, verdict) in &o.receipts {
+            match verdict {
+                Verdict::Refused { check, message } => {
+                    if self.reported.get(node) == Some(check) {
+                        continue;
+                    }
+                    self.reported.insert(node.clone(), check);
+                    let on = crate::events::Involved {
+                        api_version: "v1",
+                        kind: "Node",
+                        name: node,
+                        uid: o.scheduled.get(node).map(Uid::as_str),
+                    };
+                    crate::events::warning(
+                        &self.client,
+                        &self.config.component,
+                        on,
+                        check,
+                        message,
+                    )
+                    .await;
+                }
+                _ => {
+                    self.reported.remove(node);
+                }
+            }
+        }
+    }
+}
+
+fn csr_facts(csr: &CertificateSigningRequest) -> CsrFacts {
+    let extra = csr.spec.extra.as_ref();
+    CsrFacts {
+        uid: csr.metadata.uid.clone().unwrap_or_default(),
+        certificate_pem: csr
+            .status
+            .as_ref()
+            .and_then(|s| s.certificate.as_ref())
+            .map(|c| c.0.clone())
+            .filter(|c| !c.is_empty()),
+        requester_pod_uid: extra.and_then(|e| e.get(k8s::EXTRA_POD_UID)).and_then(|v| {
+            match v.as_slice() {
+                [one] => Some(one.clone()),
+                _ => None,
+            }
+        }),
+        node_annotation: csr.annotations().get(k8s::ANNOTATION_NODE).cloned(),
+    }
+}
+
+fn pod_facts(pod: &Pod) -> PodFacts {
+    let v = live::pod_view(pod);
+    PodFacts {
+        uid: v.uid,
+        node_name: v.node_name,
+        owner_uid: v.owner_daemon_set_uid,
+        template_hash: v.template_hash,
+        live: !v.terminating && !v.finished,
+    }
+}
+
+/// The cohort as `kube-ovn-ipsec-controller status` prints it: the record's
+/// phase, generation and epoch, the last pass's reason and leader, and one
+/// line per target.
+pub async fn describe(client: &Client, namespace: &str) -> Result<String> {
+    use std::fmt::Write as _;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let Some(map) = maps.get_opt(CONFIGMAP).await? else {
+        return Ok(format!(
+            "no {namespace}/{CONFIGMAP}: IPsec was never enabled (phase Disabled)\n"
+        ));
+    };
+    let data = map.data.unwrap_or_default();
+    let mut out = String::new();
+    match data
+        .get(STATE_KEY)
+        .map(|s| CoordinationRecord::decode(s.as_bytes()))
+    {
+        Some(Ok(r)) => {
+            let _ = writeln!(
+                out,
+                "phase {}  generation {}  epoch {}  targets {}",
+                r.phase,
+                r.generation,
+                r.epoch,
+                r.targets.len()
+            );
+        }
+        Some(Err(e)) => {
+            let _ = writeln!(out, "the record does not decode: {e}");
+        }
+        None => {
+            let _ = writeln!(out, "the ConfigMap has no {STATE_KEY} key");
+        }
+    }
+    let status: Option<serde_json::Value> = data
+        .get(STATUS_KEY)
+        .and_then(|s| serde_json::from_str(s).ok());
+    if let Some(st) = status {
+        let text = |k: &str| st[k].as_str().unwrap_or("").to_owned();
+        let _ = writeln!(
+            out,
+            "leader {}  last pass: {}",
+            text("leader"),
+            text("reason")
+        );
+        if let Some(nodes) = st["nodes"].as_object() {
+            for (name, why) in nodes {
+                let _ = writeln!(out, "  {name}: {}", why.as_str().unwrap_or(""));
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,422 @@
+//! Cluster enable with the controller's coordinator against the embedded
+//! API server (RBAC on) and real OVN NB/SB with ovn-northd. The nodes are
+//! in-test responders standing in for agents (the agent's coordinator is
+//! built separately): each holds a key whose certificate the controller
+//! issued through its Pod-bound token, follows the record and publishes a
+//! real signed receipt on its Node with that token.
+//!
+//! - Prepare → Arm → NB → Enabled, NB never true before the record is `Arm`
+//!   with every receipt in, SB read true before `Enabled`;
+//! - a receipt signed with another node's key holds `Prepare` with the
+//!   check's name, in the status and as an Event on the Node, and NB stays
+//!   false.
+
+// Helpers outside #[test] functions panic too: a panic is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines are wall-clock.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use kube_ovn_ipsec_api::clock::{Clock, SystemClock, timestamp};
+use kube_ovn_ipsec_api::coordination::{
+    CoordinationPhase, CoordinationRecord, Receipt, ReceiptStatus,
+};
+use kube_ovn_ipsec_api::ident::Uid;
+use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
+use kube_ovn_ipsec_api::signed::{self, SigningKey};
+use rcgen::{KeyPair, PKCS_ECDSA_P256_SHA256};
+use testbed::ovs::OvnCentral;
+
+/// A node's identity as its agent would hold it.
+#[derive(Clone)]
+struct Identity {
+    key: Arc<SigningKey>,
+    certificate: Certificate,
+    csr_name: String,
+    csr_uid: String,
+}
+
+/// Has the controller issue node `n` a certificate through its own token.
+async fn identity(c: &Cluster, n: usize) -> Identity {
+    let node = &c.nodes[n];
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let name = format!("ovn-ipsec-{}", node.name);
+    let created = Api::<CertificateSigningRequest>::all(node.client.clone())
+        .create(
+            &PostParams::default(),
+            &csr_object(&name, node, &request_pem(&key, &node.chassis), 86400),
+        )
+        .await
+        .unwrap();
+    let Outcome::Issued(pem) = wait_outcome(&c.admin, &name).await else {
+        panic!("{name} not issued")
+    };
+    Identity {
+        key: Arc::new(SigningKey::from_pkcs8_der(&key.serialize_der()).unwrap()),
+        certificate: Certificate::from_pem(&pem).unwrap(),
+        csr_name: name,
+        csr_uid: created.uid().unwrap(),
+    }
+}
+
+async fn record(admin: &Client) -> Option<CoordinationRecord> {
+    let cm = Api::<ConfigMap>::namespaced(admin.clone(), NS)
+        .get_opt("ovn-ipsec-coordination")
+        .await
+        .unwrap()?;
+    CoordinationRecord::decode(cm.data?.get("state")?.as_bytes()).ok()
+}
+
+async fn status(admin: &Client) -> serde_json::Value {
+    let cm = Api::<ConfigMap>::namespaced(admin.clone(), NS)
+        .get_opt("ovn-ipsec-coordination")
+        .await
+        .unwrap();
+    cm.and_then(|c| c.data?.get("status").cloned())
+        .map(|s| serde_json::from_str(&s).unwrap())
+        .unwrap_or_default()
+}
+
+/// Follows the record as an agent would and publishes a signed receipt for
+/// every new (generation, epoch) of `Prepare`/`Arm`, with `signer`'s key
+/// (the node's own, or — to fake — another's).
+async fn respond(c_admin: Client, node: NodeFx, id: Identity, signer: Arc<SigningKey>) {
+    let nodes: Api<Node> = Api::all(node.client.clone());
+    let mut last = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let Some(r) = record(&c_admin).await else {
+            continue;
+        };
+        if !matches!(r.phase, CoordinationPhase::Prepare | CoordinationPhase::Arm) {
+            continue;
+        }
+        let trust = Api::<ConfigMap>::namespaced(node.client.clone(), NS)
+            .get("ovn-ipsec-trust")
+            .await
+            .unwrap();
+        let trust = TrustBundle::from_pem(trust.data.unwrap()["ca.crt"].as_bytes()).unwrap();
+        let key = (r.generation, r.epoch);
+        if last == Some(key) {
+            continue;
+        }
+        let receipt = Receipt {
+            generation: r.generation,
+            epoch: r.epoch,
+            phase: r.phase,
+            node_name: node.name.clone(),
+            node_uid: Uid::new(node.uid.clone()).unwrap(),
+            pod_uid: Uid::new(node.pod_uid.clone()).unwrap(),
+            csr_name: id.csr_name.clone(),
+            csr_uid: Uid::new(id.csr_uid.clone()).unwrap(),
+            template_hash: HASH.into(),
+            trust_hash: trust.digest(),
+            observed: timestamp(SystemClock.now()).unwrap(),
+            status: ReceiptStatus {
+                identity_ready: true,
+                capability_verified: true,
+                protection_armed: true,
+                configuration_applied: true,
+                runtime_healthy: true,
+                certificate_digest: id.certificate.digest(),
+            },
+        };
+        let annotation = signed::sign(&receipt, &signer).unwrap();
+        let patch = serde_json::json!({"metadata": {"annotations": {"kube-ovn.io/ipsec-receipt": annotation}}});
+        if nodes
+            .patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .is_ok()
+        {
+            last = Some(key);
+        }
+    }
+}
+
+struct Setup {
+    c: Cluster,
+    central: OvnCentral,
+    _dir: tempfile::TempDir,
+    responders: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// The controller's flags for the coordinator against `central`.
+fn flags<'a>(central: &'a OvnCentral, nb: &'a str, sb: &'a str, pod: &'a str) -> Vec<&'a str> {
+    let _ = central;
+    vec![
+        "--enable-ipsec",
+        "true",
+        "--ovn-nb",
+        nb,
+        "--ovn-sb",
+        sb,
+        "--coordination-period",
+        "1s",
+        "--lease-duration",
+        "3s",
+        "--pod-name",
+        pod,
+    ]
+}
+
+/// The cluster, OVN, the controller with the coordinator on and enable
+/// wanted, and a responder per node except `held` (node `forged`'s signs
+/// with node 0's key).
+async fn setup(nodes: usize, forged: Option<usize>, held: Option<usize>) -> (Setup, Vec<Identity>) {
+    let dir = tempfile::tempdir().unwrap();
+    let central = OvnCentral::start(dir.path()).unwrap();
+    let mut c = Cluster::start(nodes).await;
+    let (nb, sb) = (central.nb.address(), central.sb.address());
+    let config = c.config_with(&flags(&central, &nb, &sb, "controller-0"));
+    c.start_controller(config).await;
+    let mut ids = Vec::new();
+    for n in 0..nodes {
+        ids.push(identity(&c, n).await);
+    }
+    let responders = (0..nodes)
+        .filter(|n| Some(*n) != held)
+        .map(|n| {
+            let signer = match forged {
+                Some(f) if f == n => ids[0].key.clone(),
+                _ => ids[n].key.clone(),
+            };
+            tokio::spawn(respond(
+                c.admin.clone(),
+                c.nodes[n].clone(),
+                ids[n].clone(),
+                signer,
+            ))
+        })
+        .collect();
+    (
+        Setup {
+            c,
+            central,
+            _dir: dir,
+            responders,
+        },
+        ids,
+    )
+}
+
+/// Polls until the record is `Enabled`, returning the phases seen in order
+/// and the phase the record had when NB first read true.
+async fn until_enabled(
+    s: &Setup,
+    limit: Duration,
+) -> (Vec<CoordinationPhase>, Option<CoordinationPhase>) {
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    let mut nb_first_true_in = None;
+    let deadline = Instant::now() + limit;
+    loop {
+        let r = record(&s.c.admin).await;
+        let (nb, sb) = nb_sb(&s.central).await;
+        if let Some(r) = &r {
+            if seen.last() != Some(&r.phase) {
+                println!("{:?} epoch {} after {:?}", r.phase, r.epoch, t0.elapsed());
+                seen.push(r.phase);
+            }
+            if nb && nb_first_true_in.is_none() {
+                nb_first_true_in = Some(r.phase);
+            }
+            if r.phase == CoordinationPhase::Enabled {
+                assert!(nb && sb, "Enabled with NB {nb} SB {sb}");
+                return (seen, nb_first_true_in);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not Enabled in {limit:?}: {r:?}\nstatus: {}",
+            status(&s.c.admin).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn nb_sb(central: &OvnCentral) -> (bool, bool) {
+    let nb = ovsdb::Client::connect_str(&central.nb.address())
+        .await
+        .unwrap();
+    let sb = ovsdb::Client::connect_str(&central.sb.address())
+        .await
+        .unwrap();
+    let v = (
+        nb.read_nb_ipsec().await.unwrap(),
+        sb.read_sb_ipsec().await.unwrap_or(false),
+    );
+    nb.close();
+    sb.close();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_walks_prepare_arm_nb_enabled_on_signed_receipts() {
+    let (s, _) = setup(3, None, None).await;
+    let t0 = Instant::now();
+    let (seen, nb_first_true_in) = until_enabled(&s, Duration::from_secs(60)).await;
+    use CoordinationPhase::*;
+    assert_eq!(
+        seen,
+        vec![Prepare, Arm, Enabled],
+        "phases in order, none skipped"
+    );
+    assert!(
+        matches!(nb_first_true_in, Some(Arm) | Some(Enabled)),
+        "NB turned true while the record was {nb_first_true_in:?}"
+    );
+    let r = record(&s.c.admin).await.unwrap();
+    assert_eq!(r.targets.len(), 3);
+    assert_eq!((r.generation, r.epoch), (1, 3));
+    println!("Enabled after {:?}", t0.elapsed());
+    let st = status(&s.c.admin).await;
+    assert_eq!(st["leader"], "controller-0", "{st}");
+
+    // The operator's read-only view, from the binary.
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("admin.kubeconfig");
+    s.c.server
+        .write_kubeconfig(&kubeconfig, apiserver::ADMIN_TOKEN)
+        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec-controller"))
+        .args(["--namespace", NS, "status"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("phase Enabled  generation 1  epoch 3  targets 3"),
+        "{text}"
+    );
+    assert!(text.contains("leader controller-0"), "{text}");
+    for h in s.responders {
+        h.abort();
+    }
+    s.c.stop().await;
+}
+
+/// The leader killed mid-barrier (no clean stop): a second replica waits
+/// for the Lease to expire, takes over and resumes the same barrier — the
+/// epochs go on from the stored record, no phase is skipped, NB is set once
+/// the last receipt is in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_takes_over_a_killed_leader_mid_barrier_and_resumes() {
+    let (mut s, ids) = setup(3, None, Some(2)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = status(&s.c.admin).await;
+        if st["nodes"]["node-0"] == "ok" && st["nodes"]["node-1"] == "ok" {
+            assert_eq!(st["nodes"]["node-2"], "no receipt yet", "{st}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prepare barrier not half done: {st}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = record(&s.c.admin).await.unwrap();
+    assert_eq!(before.phase, CoordinationPhase::Prepare);
+    s.c.kill_controller();
+    let (nb, sb) = (s.central.nb.address(), s.central.sb.address());
+    let config =
+        s.c.config_with(&flags(&s.central, &nb, &sb, "controller-1"));
+    s.c.start_controller(config).await;
+    let killed = Instant::now();
+    // The last node reports only now.
+    s.responders.push(tokio::spawn(respond(
+        s.c.admin.clone(),
+        s.c.nodes[2].clone(),
+        ids[2].clone(),
+        ids[2].key.clone(),
+    )));
+    let (seen, nb_first_true_in) = until_enabled(&s, Duration::from_secs(60)).await;
+    println!("Enabled {:?} after the kill", killed.elapsed());
+    use CoordinationPhase::*;
+    assert_eq!(seen, vec![Prepare, Arm, Enabled]);
+    assert!(matches!(nb_first_true_in, Some(Arm) | Some(Enabled)));
+    let after = record(&s.c.admin).await.unwrap();
+    assert_eq!(
+        (after.generation, after.epoch),
+        (1, before.epoch + 2),
+        "resumed, not restarted"
+    );
+    let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(s.c.admin.clone(), NS)
+        .get("ovn-ipsec-controller")
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(lease.holder_identity.as_deref(), Some("controller-1"));
+    assert_eq!(lease.lease_transitions, Some(1));
+    assert_eq!(status(&s.c.admin).await["leader"], "controller-1");
+    for h in s.responders {
+        h.abort();
+    }
+    s.c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_signed_with_another_nodes_key_holds_prepare_with_the_reason() {
+    let (s, _) = setup(3, Some(2), None).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = status(&s.c.admin).await;
+        let r = record(&s.c.admin).await;
+        let held = st["nodes"]["node-2"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("ReceiptSignatureInvalid"));
+        if held {
+            assert_eq!(
+                r.as_ref().map(|r| r.phase),
+                Some(CoordinationPhase::Prepare)
+            );
+            assert_eq!(st["nodes"]["node-0"], "ok", "{st}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no refusal in 30 s: {st} {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Held, not moving, and the switch stays off.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        record(&s.c.admin).await.map(|r| r.phase),
+        Some(CoordinationPhase::Prepare)
+    );
+    assert_eq!(nb_sb(&s.central).await, (false, false));
+    eventually("an Event on node-2 names the check", || async {
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(s.c.admin.clone(), "default");
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("ReceiptSignatureInvalid")
+                    && e.involved_object.name.as_deref() == Some("node-2")
+            })
+    })
+    .await;
+    for h in s.responders {
+        h.abort();
+    }
+    s.c.stop().await;
+}
