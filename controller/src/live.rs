@@ -98,6 +98,21 @@ pub fn current_template_hash<'a>(
         .and_then(|r| r.labels().get(names::TEMPLATE_HASH_LABEL).cloned())
 }
 
+/// A list of what `ds`'s `matchLabels` select (its Pods and
+/// ControllerRevisions); everything when it has none.
+pub fn selected_by(ds: &DaemonSet) -> ListParams {
+    let mut lp = ListParams::default();
+    if let Some(labels) = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.as_ref())
+    {
+        let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        lp = lp.labels(&selector.join(","));
+    }
+    lp
+}
+
 /// The token-bound Pod and Node names, when the requester is the CNI
 /// ServiceAccount and the binding is complete. `None` means validation denies
 /// before it looks at live state, so nothing needs to be read.
@@ -139,16 +154,7 @@ pub async fn fetch_live(
     if let Some(ds) = ds {
         let revisions: Api<ControllerRevision> =
             Api::namespaced(client.clone(), &policy.cni_namespace);
-        let mut lp = ListParams::default();
-        if let Some(labels) = ds
-            .spec
-            .as_ref()
-            .and_then(|s| s.selector.match_labels.as_ref())
-        {
-            let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            lp = lp.labels(&selector.join(","));
-        }
-        let list = revisions.list(&lp).await?;
+        let list = revisions.list(&selected_by(&ds)).await?;
         ctx.daemon_set = Some(DaemonSetView {
             uid: ds.metadata.uid.clone().unwrap_or_default(),
             current_template_hash: current_template_hash(&ds, &list.items),

@@ -449,45 +449,13 @@ async fn real_ike_daemon_and_monitor_restart_with_guards_in_place() {
 
     let key_dir = cluster.dir.path().join("keys");
     let port = Cluster::free_port();
-    let s = |p: &Path| p.display().to_string();
-    let flags: Vec<String> = vec![
-        "--ovn-controller".into(),
-        s(&cluster.standins.join("ovn-controller")),
-        "--ovs-appctl".into(),
-        s(&appctl),
-        "--ovn-controller-ctl".into(),
-        "ovn-controller".into(),
-        "--ipsec".into(),
-        "ipsec".into(),
-        "--ike-rundir".into(),
-        s(&node.run_path("")),
-        "--ipsec-cacerts-dir".into(),
-        s(&node.etc_path("ipsec.d/cacerts")),
-        "--ike-log-file".into(),
-        s(&node.dir().join("starter.out")),
-        "--monitor-script".into(),
-        DEBIAN_MONITOR_SCRIPT.into(),
-        "--monitor-python".into(),
-        "/usr/bin/python3".into(),
-        "--monitor-rundir".into(),
-        "/run/openvswitch".into(),
-        "--monitor-log-file".into(),
-        "/run/ovs-monitor-ipsec.log".into(),
-        "--monitor-output-file".into(),
-        s(&node.dir().join("ovs-monitor-ipsec.out")),
-        "--xfrm-netns".into(),
-        node.netns().name().into(),
-        "--node-netns-pid".into(),
-        node.netns().holder_pid().to_string(),
-        "--probe-period".into(),
-        "1".into(),
-        "--stop-grace".into(),
-        "3".into(),
-        "--guard-readback-ms".into(),
-        "200".into(),
-        "--sa-observe-period".into(),
-        "1".into(),
-    ];
+    let mut flags = support::cluster::real_runtime_flags(
+        &node,
+        &cluster.standins,
+        &appctl,
+        Path::new(DEBIAN_MONITOR_SCRIPT),
+    );
+    flags.extend(["--guard-readback-ms", "200", "--sa-observe-period", "1"].map(String::from));
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut agent = cluster.spawn_agent_with(&key_dir, port, 600, &flags);
 

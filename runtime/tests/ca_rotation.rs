@@ -185,45 +185,12 @@ fn start_node(
     api.write_kubeconfig(&kubeconfig, &fx.token).unwrap();
     let standins = own.join("standins");
     let appctl = support::cluster::write_capability_standins(&standins);
-    let s = |p: &Path| p.display().to_string();
     // RSA node keys (the default): ovs-monitor-ipsec writes the key into
     // ipsec.secrets as `: RSA`, which charon cannot load for an ECDSA key.
-    let flags: Vec<String> = vec![
-        "--rotation-spread".into(),
-        "4".into(),
-        "--ovn-controller".into(),
-        s(&standins.join("ovn-controller")),
-        "--ovs-appctl".into(),
-        s(&appctl),
-        "--ovn-controller-ctl".into(),
-        "ovn-controller".into(),
-        "--ipsec".into(),
-        "ipsec".into(),
-        "--ike-rundir".into(),
-        s(&node.run_path("")),
-        "--ipsec-cacerts-dir".into(),
-        s(&node.etc_path("ipsec.d/cacerts")),
-        "--ike-log-file".into(),
-        s(&node.dir().join("starter.out")),
-        "--monitor-script".into(),
-        s(script),
-        "--monitor-python".into(),
-        testbed::ipsec::SYSTEM_PYTHON.into(),
-        "--monitor-rundir".into(),
-        "/run/openvswitch".into(),
-        "--monitor-log-file".into(),
-        "/run/ovs-monitor-ipsec.log".into(),
-        "--monitor-output-file".into(),
-        s(&node.dir().join("ovs-monitor-ipsec.out")),
-        "--xfrm-netns".into(),
-        node.netns().name().into(),
-        "--node-netns-pid".into(),
-        node.netns().holder_pid().to_string(),
-        "--probe-period".into(),
-        "1".into(),
-        "--stop-grace".into(),
-        "3".into(),
-    ];
+    let mut flags = vec!["--rotation-spread".to_owned(), "4".to_owned()];
+    flags.extend(support::cluster::real_runtime_flags(
+        &node, &standins, &appctl, script,
+    ));
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let key_dir = own.join("keys");
     let port = support::cluster::Cluster::free_port();

@@ -17,7 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use kube_ovn_ipsec_api::clock::{Clock, timestamp};
 use kube_ovn_ipsec_api::coordination::{Challenge, CoordinationPhase, CoordinationRecord};
@@ -397,15 +397,7 @@ impl Coordinator {
         let Some(uid) = ds.metadata.uid.clone() else {
             return Ok((None, Vec::new()));
         };
-        let mut lp = ListParams::default();
-        if let Some(labels) = ds
-            .spec
-            .as_ref()
-            .and_then(|s| s.selector.match_labels.as_ref())
-        {
-            let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            lp = lp.labels(&selector.join(","));
-        }
+        let lp = live::selected_by(&ds);
         let revisions = Api::<ControllerRevision>::namespaced(self.client.clone(), ns)
             .list(&lp)
             .await?;

@@ -118,6 +118,53 @@ pub async fn start_controller(
     (task, ca_pem)
 }
 
+/// The runtime flags of an agent that runs real strongSwan and the
+/// monitor `script` inside `node`'s namespaces, with the capability
+/// stand-ins in `standins` (from [`write_capability_standins`], whose
+/// `ovs-appctl` wrapper is `appctl`).
+pub fn real_runtime_flags(
+    node: &testbed::ipsec::IpsecNode,
+    standins: &Path,
+    appctl: &Path,
+    script: &Path,
+) -> Vec<String> {
+    let s = |p: &Path| p.display().to_string();
+    vec![
+        "--ovn-controller".into(),
+        s(&standins.join("ovn-controller")),
+        "--ovs-appctl".into(),
+        s(appctl),
+        "--ovn-controller-ctl".into(),
+        "ovn-controller".into(),
+        "--ipsec".into(),
+        "ipsec".into(),
+        "--ike-rundir".into(),
+        s(&node.run_path("")),
+        "--ipsec-cacerts-dir".into(),
+        s(&node.etc_path("ipsec.d/cacerts")),
+        "--ike-log-file".into(),
+        s(&node.dir().join("starter.out")),
+        "--monitor-script".into(),
+        s(script),
+        "--monitor-python".into(),
+        testbed::ipsec::SYSTEM_PYTHON.into(),
+        "--monitor-rundir".into(),
+        "/run/openvswitch".into(),
+        "--monitor-log-file".into(),
+        "/run/ovs-monitor-ipsec.log".into(),
+        "--monitor-output-file".into(),
+        s(&node.dir().join("ovs-monitor-ipsec.out")),
+        "--xfrm-netns".into(),
+        node.netns().name().into(),
+        "--node-netns-pid".into(),
+        node.netns().holder_pid().to_string(),
+        "--probe-period".into(),
+        "1".into(),
+        "--stop-grace".into(),
+        "3".into(),
+    ]
+}
+
 /// What one `kube-ovn-ipsec run` process gets.
 pub struct AgentProcess<'a> {
     /// The Pod it runs as.
