@@ -640,3 +640,18 @@ shared!(
     /// A second P-256 leaf (`chassis-p256-b`, distinct key), by [`p256_ca`].
     p256_leaf_b: TestLeaf = p256_ca().issue("chassis-p256-b", TestKeyAlg::P256)
 );
+
+/// A receipt status with every flag up (it satisfies both barriers), naming
+/// the certificate whose digest is `certificate_digest`.
+pub fn ready_status(
+    certificate_digest: crate::digest::Sha256Digest,
+) -> crate::coordination::ReceiptStatus {
+    crate::coordination::ReceiptStatus {
+        identity_ready: true,
+        capability_verified: true,
+        protection_armed: true,
+        configuration_applied: true,
+        runtime_healthy: true,
+        certificate_digest,
+    }
+}

@@ -27,9 +27,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_ovn_ipsec_api::clock::{Clock, SystemClock, timestamp};
-use kube_ovn_ipsec_api::coordination::{
-    CoordinationPhase, CoordinationRecord, Receipt, ReceiptStatus,
-};
+use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord, Receipt};
 use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_api::signed::{self, SigningKey};
@@ -121,14 +119,7 @@ async fn respond(c_admin: Client, node: NodeFx, id: Identity, signer: Arc<Signin
             template_hash: HASH.into(),
             trust_hash: trust.digest(),
             observed: timestamp(SystemClock.now()).unwrap(),
-            status: ReceiptStatus {
-                identity_ready: true,
-                capability_verified: true,
-                protection_armed: true,
-                configuration_applied: true,
-                runtime_healthy: true,
-                certificate_digest: id.certificate.digest(),
-            },
+            status: kube_ovn_ipsec_api::test_util::ready_status(id.certificate.digest()),
         };
         let annotation = signed::sign(&receipt, &signer).unwrap();
         let patch = serde_json::json!({"metadata": {"annotations": {"kube-ovn.io/ipsec-receipt": annotation}}});
@@ -149,9 +140,8 @@ struct Setup {
     responders: Vec<tokio::task::JoinHandle<()>>,
 }
 
-/// The controller's flags for the coordinator against `central`.
-fn flags<'a>(central: &'a OvnCentral, nb: &'a str, sb: &'a str, pod: &'a str) -> Vec<&'a str> {
-    let _ = central;
+/// The controller's flags for the coordinator against NB `nb`, SB `sb`.
+fn flags<'a>(nb: &'a str, sb: &'a str, pod: &'a str) -> Vec<&'a str> {
     vec![
         "--enable-ipsec",
         "true",
@@ -176,7 +166,7 @@ async fn setup(nodes: usize, forged: Option<usize>, held: Option<usize>) -> (Set
     let central = OvnCentral::start(dir.path()).unwrap();
     let mut c = Cluster::start(nodes).await;
     let (nb, sb) = (central.nb.address(), central.sb.address());
-    let config = c.config_with(&flags(&central, &nb, &sb, "controller-0"));
+    let config = c.config_with(&flags(&nb, &sb, "controller-0"));
     c.start_controller(config).await;
     let mut ids = Vec::new();
     for n in 0..nodes {
@@ -335,8 +325,7 @@ async fn a_replica_takes_over_a_killed_leader_mid_barrier_and_resumes() {
     assert_eq!(before.phase, CoordinationPhase::Prepare);
     s.c.kill_controller();
     let (nb, sb) = (s.central.nb.address(), s.central.sb.address());
-    let config =
-        s.c.config_with(&flags(&s.central, &nb, &sb, "controller-1"));
+    let config = s.c.config_with(&flags(&nb, &sb, "controller-1"));
     s.c.start_controller(config).await;
     let killed = Instant::now();
     // The last node reports only now.

@@ -37,14 +37,7 @@ fn receipt_for(record: &CoordinationRecord, observed: Timestamp) -> Receipt {
         template_hash: record.template_hash.clone().unwrap(),
         trust_hash: record.trust_hash.unwrap(),
         observed,
-        status: ReceiptStatus {
-            identity_ready: true,
-            capability_verified: true,
-            protection_armed: true,
-            configuration_applied: true,
-            runtime_healthy: true,
-            certificate_digest: rsa_leaf().certificate.digest(),
-        },
+        status: test_util::ready_status(rsa_leaf().certificate.digest()),
     }
 }
 

@@ -234,7 +234,16 @@ impl Coordinator {
         let trust = ca::read_bundle(&self.client, &self.config.namespace)
             .await
             .ok();
-        let scheduled = self.scheduled(&pods).await?;
+        // One list of the Nodes per pass serves the cohort and every
+        // receipt (their annotations and chassis).
+        let nodes: BTreeMap<String, Node> = Api::<Node>::all(self.client.clone())
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|n| (n.name_any(), n))
+            .collect();
+        let scheduled = scheduled(&pods, &nodes);
         let mut receipts = BTreeMap::new();
         if matches!(
             record.phase,
@@ -242,7 +251,9 @@ impl Coordinator {
         ) && let Some(trust) = &trust
         {
             for name in record.targets.keys() {
-                let v = self.verdict(record, trust, name, &pods, now).await?;
+                let v = self
+                    .verdict(record, trust, nodes.get(name), &pods, now)
+                    .await?;
                 receipts.insert(name.clone(), v);
             }
         }
@@ -418,37 +429,21 @@ impl Coordinator {
         Ok((live, owned))
     }
 
-    /// The nodes the DaemonSet schedules to: its Pods' nodes, with their
-    /// UIDs.
-    async fn scheduled(&self, pods: &[Pod]) -> Result<BTreeMap<String, Uid>> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let mut out = BTreeMap::new();
-        for pod in pods {
-            let name = live::pod_view(pod).node_name;
-            if name.is_empty() || out.contains_key(&name) {
-                continue;
-            }
-            if let Some(node) = nodes.get_opt(&name).await?
-                && let Some(uid) = node.metadata.uid.and_then(|u| Uid::new(u).ok())
-            {
-                out.insert(name, uid);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Reads node `name`'s receipt and judges it against `record`.
+    /// Judges `node`'s receipt against `record` (a Node that is gone has
+    /// none).
     async fn verdict(
         &self,
         record: &CoordinationRecord,
         trust: &TrustBundle,
-        name: &str,
+        node: Option<&Node>,
         pods: &[Pod],
         now: kube_ovn_ipsec_api::time::Timestamp,
     ) -> Result<Verdict> {
-        let Some(node) = Api::<Node>::all(self.client.clone()).get_opt(name).await? else {
+        let Some(node) = node else {
             return Ok(Verdict::Missing);
         };
+        let name = node.name_any();
+        let name = name.as_str();
         let annotations = node.annotations();
         let unverified =
             match evidence::peek(annotations.get(RECEIPT_ANNOTATION).map(String::as_str)) {
@@ -508,6 +503,18 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// The nodes the DaemonSet schedules to: its Pods' nodes that exist, with
+/// their UIDs.
+fn scheduled(pods: &[Pod], nodes: &BTreeMap<String, Node>) -> BTreeMap<String, Uid> {
+    pods.iter()
+        .filter_map(|pod| {
+            let name = live::pod_view(pod).node_name;
+            let uid = nodes.get(&name)?.metadata.uid.clone()?;
+            Some((name, Uid::new(uid).ok()?))
+        })
+        .collect()
 }
 
 fn csr_facts(csr: &CertificateSigningRequest) -> CsrFacts {

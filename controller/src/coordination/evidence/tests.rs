@@ -1,7 +1,7 @@
 //! Every check of a receipt, with real keys: one that passes, then each
 //! way of failing, each with its own reason.
 
-use kube_ovn_ipsec_api::coordination::{CoordinationPhase, ReceiptStatus};
+use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::test_util::{CaSpec, TestCa, TestKeyAlg, TestLeaf};
 
@@ -78,14 +78,7 @@ impl Fx {
             template_hash: "h1".into(),
             trust_hash: self.record.trust_hash.unwrap(),
             observed: ts(NOW - 10),
-            status: ReceiptStatus {
-                identity_ready: true,
-                capability_verified: true,
-                protection_armed: true,
-                configuration_applied: true,
-                runtime_healthy: true,
-                certificate_digest: self.leaf.certificate.digest(),
-            },
+            status: kube_ovn_ipsec_api::test_util::ready_status(self.leaf.certificate.digest()),
         }
     }
 
