@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use kube_ovn_ipsec_api::pki::Certificate;
 use ractor::{ActorRef, Message, OutputPort};
 
-use crate::keydir::IdentityPaths;
+use crate::keydir::{CsrBinding, IdentityPaths};
 
 /// A verified generation that should be written to OVSDB.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +31,11 @@ pub struct ActivationRequest {
     pub generation: u64,
     /// Its three files.
     pub paths: IdentityPaths,
+    /// Its leaf certificate (public; boxed: a parsed certificate is large).
+    pub certificate: Box<Certificate>,
+    /// The CSR its certificate was issued for (`None` when the key
+    /// directory does not know it).
+    pub csr: Option<CsrBinding>,
 }
 
 /// The identity that OVSDB now points at.
@@ -40,6 +45,9 @@ pub struct ActiveIdentity {
     pub generation: u64,
     /// Its leaf certificate (public).
     pub certificate: Certificate,
+    /// The CSR that certificate was issued for (`None` when the key
+    /// directory does not know it).
+    pub csr: Option<CsrBinding>,
 }
 
 /// Published by the identity actor.
@@ -225,6 +233,7 @@ mod tests {
         IdentityEvent::Active(Box::new(ActiveIdentity {
             generation,
             certificate: certificate.clone(),
+            csr: None,
         }))
     }
 

@@ -128,6 +128,9 @@ pub enum Error {
         /// What failed (no keys).
         detail: String,
     },
+    /// A coordination receipt could not be signed or published.
+    #[error("coordination receipt: {0}")]
+    Receipt(String),
     /// A runtime process (IKE daemon, monitor) exited, failed its probe or
     /// could not be started.
     #[error("{process}: {reason}")]
@@ -163,6 +166,7 @@ impl Error {
             Error::Messaging(_) => "messaging",
             Error::Protection { .. } => "protection",
             Error::Process { .. } => "process",
+            Error::Receipt(_) => "receipt",
         }
     }
 
@@ -185,6 +189,7 @@ impl Error {
             Error::Ovsdb(_) | Error::ActivationConflict => Reason::ActivationFailed,
             Error::KeyDirIo { .. } => Reason::KeyDirReadOnly,
             Error::Spawn { .. } | Error::Messaging(_) | Error::BlockingTask(_) => Reason::Unknown,
+            Error::Receipt(_) => Reason::WaitingForCoordination,
             Error::Protection { reason, .. } => *reason,
             Error::Process { process, .. } => match *process {
                 "ike" => Reason::IkeDaemonUnhealthy,

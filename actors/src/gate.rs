@@ -99,6 +99,53 @@ impl ProtectionGate {
     }
 }
 
+/// Whether this node may arm its output protection (SPEC §7): the
+/// cluster's coordination says `Arm` (or `Enabled`) for it, or the agent
+/// runs without coordination. Withheld, the protection actor allocates no
+/// lease and arms nothing — unless the node already holds a lease, which it
+/// keeps protecting whatever the coordination says.
+///
+/// Once granted it stays granted for the life of the process: guards cost
+/// nothing while tunnels carry no mark (SPEC §4 "Marks follow IPsec
+/// intent"), and only cleanup ever removes them.
+#[derive(Debug, Clone)]
+pub struct ArmPermit {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl ArmPermit {
+    /// Granted from the start: the agent runs without coordination.
+    pub fn granted() -> Self {
+        ArmPermit {
+            tx: Arc::new(watch::Sender::new(true)),
+        }
+    }
+
+    /// Withheld until the node coordinator grants it.
+    pub fn withheld() -> Self {
+        ArmPermit {
+            tx: Arc::new(watch::Sender::new(false)),
+        }
+    }
+
+    /// Grants arming (idempotent).
+    pub fn grant(&self) {
+        self.tx.send_if_modified(|g| !std::mem::replace(g, true));
+    }
+
+    /// Whether arming is granted.
+    pub fn is_granted(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Resolves once arming is granted (at once when it is).
+    pub async fn wait(&self) {
+        let mut rx = self.tx.subscribe();
+        // The sender lives in `self`: the channel cannot close meanwhile.
+        let _ = rx.wait_for(|g| *g).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +174,21 @@ mod tests {
         assert!(g.is_open());
         g.set_armed(false);
         assert!(!g.is_open());
+    }
+
+    #[tokio::test]
+    async fn a_withheld_permit_is_granted_once_and_stays() {
+        let p = ArmPermit::withheld();
+        assert!(!p.is_granted());
+        let waiter = {
+            let p = p.clone();
+            tokio::spawn(async move { p.wait().await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        p.grant();
+        waiter.await.unwrap();
+        p.grant();
+        assert!(p.is_granted() && ArmPermit::granted().is_granted());
     }
 }

@@ -65,8 +65,9 @@ impl Actor for IkeActor {
         myself: ActorRef<IkeMsg>,
         args: IkeArgs,
     ) -> Result<IkeState, ActorProcessingErr> {
-        // Not before the guards (SPEC §4 "Order"): refused, the supervisor
-        // retries on its backoff.
+        // Not before the guards (SPEC §4 "Order"). The supervisor starts
+        // this actor only once the gate is open; a gate that closed again
+        // in between is a failure it retries on its backoff.
         args.gate.check("the IKE daemon")?;
         let watch = WatchArgs {
             name: "ike",

@@ -94,6 +94,21 @@ pub struct ActiveRecord {
     pub generation: u64,
     /// SHA-256 (hex) of its certificate's DER.
     pub certificate_digest: String,
+    /// The CSR its certificate was issued for (absent in a state file
+    /// written before it was recorded): a coordination receipt names it,
+    /// so the controller can tie the signing key to the requesting Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csr: Option<CsrBinding>,
+}
+
+/// The CSR object a generation's certificate came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CsrBinding {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
 }
 
 /// A generation that is no longer active, kept for a grace period.
@@ -308,6 +323,18 @@ fn is_read_only(e: &std::io::Error) -> bool {
         || e.raw_os_error() == Some(nix::libc::EPERM)
 }
 
+/// The three OVSDB paths of `generation` in the key directory `dir` (the
+/// one layout: [`KeyDir::identity_paths`] and readers that hold no
+/// [`KeyDir`], such as the receipt signer, use it).
+pub fn identity_paths_in(dir: &Path, generation: u64) -> IdentityPaths {
+    let g = dir.join(generation_dir_name(generation));
+    IdentityPaths {
+        private_key: g.join(files::PRIVATE_KEY),
+        certificate: g.join(files::CERTIFICATE),
+        ca_cert: g.join(files::CA),
+    }
+}
+
 /// The folder name of a generation.
 pub fn generation_dir_name(generation: u64) -> String {
     format!("gen-{generation:06}")
@@ -382,12 +409,7 @@ impl KeyDir {
 
     /// The three OVSDB paths of a generation.
     pub fn identity_paths(&self, generation: u64) -> IdentityPaths {
-        let g = self.generation_dir(generation);
-        IdentityPaths {
-            private_key: g.join(files::PRIVATE_KEY),
-            certificate: g.join(files::CERTIFICATE),
-            ca_cert: g.join(files::CA),
-        }
+        identity_paths_in(&self.dir, generation)
     }
 
     /// Generation folders present on disk.

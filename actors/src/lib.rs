@@ -34,6 +34,10 @@
 //! - [`monitor`] — [`monitor::MonitorActor`]: ovs-monitor-ipsec as a
 //!   foreground child, and the acknowledgement of each activation (it
 //!   listens to the identity's `Active` event).
+//! - [`coordinator`] — [`coordinator::NodeCoordinator`]: follows the
+//!   cluster's coordination record (what to do for it is the pure
+//!   [`coordinator::plan`]), grants the arm permit ([`gate::ArmPermit`])
+//!   and publishes the node's signed receipts.
 //!
 //! Wiring: [`tree`] builds the child specs of these actors
 //! ([`tree::identity_child_specs`], [`tree::tunnel_child_specs`]) and
@@ -46,6 +50,7 @@
 
 pub mod bus;
 pub mod clock;
+pub mod coordinator;
 mod error;
 pub mod gate;
 pub mod identity;

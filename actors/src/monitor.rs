@@ -138,8 +138,9 @@ impl Actor for MonitorActor {
         myself: ActorRef<MonitorMsg>,
         args: MonitorArgs,
     ) -> Result<MonitorState, ActorProcessingErr> {
-        // Not before the guards (SPEC §4 "Order"): refused, the supervisor
-        // retries on its backoff.
+        // Not before the guards (SPEC §4 "Order"). The supervisor starts
+        // this actor only once the gate is open; a gate that closed again
+        // in between is a failure it retries on its backoff.
         args.gate.check("the monitor")?;
         // From the identity active now: a restarted monitor acknowledges
         // it again.

@@ -2,6 +2,11 @@
 //! guards and reads them back, publishes the lease in OVSDB, and keeps
 //! reading the guards back every `readback_period` (and on demand).
 //!
+//! Nothing is allocated or armed before the arm permit
+//! ([`crate::gate::ArmPermit`]): the cluster's coordination asks the node
+//! to arm at `Arm` (SPEC §7). A node that already holds a lease (a restart
+//! of an armed node) arms it at once, whatever the permit says.
+//!
 //! Order: lease → guards armed and read back → publication. The patched
 //! ovn-controller marks tunnel traffic only once the lease is published, so
 //! by then every marked packet already meets a guard. `protectionArmed` is
@@ -26,7 +31,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::bus::{Bus, ProtectionEvent};
 use crate::error::Error;
-use crate::gate::ProtectionGate;
+use crate::gate::{ArmPermit, ProtectionGate};
 use crate::metrics::Metrics;
 use crate::ports::{GuardChange, GuardReadback, LeaseSummary, ProtectionPort};
 use crate::status::StatusBoard;
@@ -56,6 +61,9 @@ impl Default for ProtectionConfig {
 /// Start-up arguments (cloned for every incarnation).
 #[derive(Debug, Clone)]
 pub struct ProtectionArgs {
+    /// Whether a lease may be allocated and armed now (coordination `Arm`,
+    /// or no coordination). A persisted lease is armed regardless.
+    pub permit: ArmPermit,
     /// Opened after each evaluation that found the guards armed and the
     /// lease published; closed otherwise.
     pub gate: ProtectionGate,
@@ -80,13 +88,16 @@ pub enum ProtectionMsg {
     Readback(RpcReplyPort<bool>),
     /// Attribute and record the kernel's SAs now (the periodic tick).
     Observe,
+    /// Internal: the arm permit was granted; allocate and arm now.
+    Arm,
 }
 
 /// The protection actor's state.
 #[derive(Debug)]
 pub struct ProtectionState {
     args: ProtectionArgs,
-    lease: LeaseSummary,
+    /// `None` while the node waits for the arm permit and holds no lease.
+    lease: Option<LeaseSummary>,
     published: bool,
     /// The last read-back found a conflict (published once per conflict).
     in_conflict: bool,
@@ -146,6 +157,10 @@ fn report(
 }
 
 async fn evaluate(state: &mut ProtectionState) -> Result<bool, ActorProcessingErr> {
+    let Some(lease) = state.lease.clone() else {
+        // Waiting for the permit: nothing to read back, nothing armed.
+        return Ok(false);
+    };
     let readback: GuardReadback = match state.args.port.evaluate_guards().await {
         Ok(r) => r,
         Err(e) => {
@@ -184,7 +199,7 @@ async fn evaluate(state: &mut ProtectionState) -> Result<bool, ActorProcessingEr
         };
         if !state.published {
             state.published = true;
-            tracing::info!(lease_id = %state.lease.lease_id, mark = state.lease.mark, reqid = state.lease.reqid, "lease published in OVSDB external_ids");
+            tracing::info!(lease_id = %lease.lease_id, mark = lease.mark, reqid = lease.reqid, "lease published in OVSDB external_ids");
         } else if !drifted.is_empty() {
             tracing::warn!(keys = ?drifted, advice = Reason::OvsdbDrift.message(), "the published lease had drifted in OVSDB external_ids; restored");
             state.args.metrics.ovsdb_drift("lease");
@@ -204,6 +219,9 @@ async fn evaluate(state: &mut ProtectionState) -> Result<bool, ActorProcessingEr
 
 /// One SA observation pass; failures are logged, never fatal.
 async fn observe(state: &ProtectionState) {
+    if state.lease.is_none() {
+        return;
+    }
     match state.args.port.observe_sas().await {
         Ok(s) if s.recorded => tracing::info!(
             tunnels = s.tunnels,
@@ -221,6 +239,50 @@ async fn observe(state: &ProtectionState) {
     }
 }
 
+/// The node's lease (allocated only when `allocate`); a refusal is shown
+/// with its reason and fails the incarnation (the supervisor retries).
+async fn obtain(
+    args: &ProtectionArgs,
+    allocate: bool,
+) -> Result<Option<LeaseSummary>, ActorProcessingErr> {
+    match args.port.obtain_lease(allocate).await {
+        Ok(l) => Ok(l),
+        Err(e) => {
+            let reason = match &e {
+                Error::Protection { reason, .. } => *reason,
+                _ => Reason::GuardMissing,
+            };
+            args.board.set_protection(false, Some(reason));
+            args.gate.set_armed(false);
+            tracing::error!(error = %e, "no output-protection lease; identity activation, the IKE daemon and the monitor wait");
+            Err(Box::new(e))
+        }
+    }
+}
+
+/// Arms `lease`'s guards, reads them back, publishes the lease and starts
+/// the periodic read-back and SA observation.
+async fn arm(
+    myself: &ActorRef<ProtectionMsg>,
+    state: &mut ProtectionState,
+    lease: LeaseSummary,
+) -> Result<(), ActorProcessingErr> {
+    tracing::info!(lease_id = %lease.lease_id, mark = lease.mark, reqid = lease.reqid, allocated = lease.allocated, "output-protection lease");
+    state.lease = Some(lease);
+    let armed = evaluate(state).await?;
+    if !armed {
+        tracing::warn!("guards not armed after arming; retrying every read-back period");
+    }
+    let config = state.args.config;
+    state.tickers.extend([
+        myself.send_interval(config.readback_period, || ProtectionMsg::Evaluate),
+        myself.send_interval(config.observe_period, || ProtectionMsg::Observe),
+    ]);
+    // The first observation right after arming, not a period later.
+    myself.send_message(ProtectionMsg::Observe)?;
+    Ok(())
+}
+
 impl Actor for ProtectionActor {
     type Msg = ProtectionMsg;
     type State = ProtectionState;
@@ -231,38 +293,35 @@ impl Actor for ProtectionActor {
         myself: ActorRef<ProtectionMsg>,
         args: ProtectionArgs,
     ) -> Result<ProtectionState, ActorProcessingErr> {
-        let lease = match args.port.obtain_lease().await {
-            Ok(l) => l,
-            Err(e) => {
-                let reason = match &e {
-                    Error::Protection { reason, .. } => *reason,
-                    _ => Reason::GuardMissing,
-                };
-                args.board.set_protection(false, Some(reason));
-                args.gate.set_armed(false);
-                tracing::error!(error = %e, "no output-protection lease; identity activation, the IKE daemon and the monitor wait");
-                return Err(Box::new(e));
-            }
-        };
-        tracing::info!(lease_id = %lease.lease_id, mark = lease.mark, reqid = lease.reqid, allocated = lease.allocated, "output-protection lease");
+        let allocate = args.permit.is_granted();
+        let lease = obtain(&args, allocate).await?;
         let mut state = ProtectionState {
             args,
-            lease,
+            lease: None,
             published: false,
             in_conflict: false,
             tickers: Vec::new(),
         };
-        let armed = evaluate(&mut state).await?;
-        if !armed {
-            tracing::warn!("guards not armed after arming; retrying every read-back period");
+        match lease {
+            Some(lease) => arm(&myself, &mut state, lease).await?,
+            None => {
+                // No lease of this node yet and the cluster has not asked
+                // it to arm (SPEC §7 `Prepare`): nothing is allocated,
+                // published or armed until the permit comes.
+                tracing::info!("output protection waits for the coordination to arm this node");
+                state
+                    .args
+                    .board
+                    .set_protection(false, Some(Reason::WaitingForCoordination));
+                state.args.gate.set_armed(false);
+                let permit = state.args.permit.clone();
+                let me = myself.clone();
+                state.tickers.push(tokio::spawn(async move {
+                    permit.wait().await;
+                    let _ = me.cast(ProtectionMsg::Arm);
+                }));
+            }
         }
-        let config = state.args.config;
-        state.tickers = vec![
-            myself.send_interval(config.readback_period, || ProtectionMsg::Evaluate),
-            myself.send_interval(config.observe_period, || ProtectionMsg::Observe),
-        ];
-        // The first observation right after arming, not a period later.
-        myself.send_message(ProtectionMsg::Observe)?;
         Ok(state)
     }
 
@@ -280,7 +339,7 @@ impl Actor for ProtectionActor {
 
     async fn handle(
         &self,
-        _: ActorRef<ProtectionMsg>,
+        myself: ActorRef<ProtectionMsg>,
         msg: ProtectionMsg,
         state: &mut ProtectionState,
     ) -> Result<(), ActorProcessingErr> {
@@ -293,6 +352,13 @@ impl Actor for ProtectionActor {
                 let _ = reply.send(armed);
             }
             ProtectionMsg::Observe => observe(state).await,
+            ProtectionMsg::Arm => {
+                if state.lease.is_none()
+                    && let Some(lease) = obtain(&state.args, true).await?
+                {
+                    arm(&myself, state, lease).await?;
+                }
+            }
         }
         Ok(())
     }

@@ -75,8 +75,10 @@ struct Board {
     /// The generation the monitor's read-back matched, with the trust
     /// digest it acknowledged.
     acknowledged: Option<(u64, Sha256Digest)>,
-    /// Coordination says `Prepare` (hook for the coordination actor).
-    prepare: bool,
+    /// Coordination says `Prepare` for this node, with the issued (not yet
+    /// activated) identity: generation, certificate digest, expiry. Set by
+    /// the node coordinator.
+    prepare: Option<(u64, Sha256Digest, Timestamp)>,
     /// The capability gate failed.
     capability_missing: bool,
 }
@@ -128,7 +130,7 @@ impl StatusBoard {
                 runtime: BTreeMap::new(),
                 protection_problem: None,
                 acknowledged: None,
-                prepare: false,
+                prepare: None,
                 capability_missing: false,
             })),
             tx: Arc::new(tx),
@@ -172,23 +174,25 @@ impl StatusBoard {
     /// The `/readyz` rule (SPEC §5): 200 only when the active certificate
     /// is unexpired and either
     ///
-    /// - coordination says `Prepare` and the identity is ready (activation
-    ///   confirmed) — the hook [`StatusBoard::set_coordination_prepare`]
-    ///   for the coordination actor (SPEC §7), which does not exist yet:
-    ///   nothing sets it, or
+    /// - coordination says `Prepare` and an unexpired identity is issued
+    ///   (activation waits for `Arm`): [`StatusBoard::set_coordination_prepare`],
+    ///   set by the node coordinator, or
     /// - the IKE daemon and the monitor are healthy, the guards were read
     ///   back from the kernel, and the monitor acknowledged the active
     ///   generation with the current trust digest.
     ///
     /// The error names the first condition that does not hold.
     pub fn readyz(&self) -> Result<(), Reason> {
+        let now = timestamp(self.clock.now());
+        if let Some((_, _, expires)) = self.lock().prepare
+            && now < expires
+        {
+            return Ok(());
+        }
         self.identity_ready()?;
         let b = self.lock();
         if b.ovsdb_drift {
             return Err(Reason::OvsdbDrift);
-        }
-        if b.prepare {
-            return Ok(());
         }
         for c in RuntimeComponent::ALL {
             if b.runtime.get(&c) != Some(&true) {
@@ -286,10 +290,24 @@ impl StatusBoard {
         });
     }
 
-    /// Coordination hook: the node is in `Prepare` (identity ready is then
-    /// enough for `readyz`). Driven by the coordination actor (SPEC §7).
-    pub fn set_coordination_prepare(&self, prepare: bool) {
-        self.update(|b| b.prepare = prepare);
+    /// Coordination says `Prepare` for this node with this issued identity
+    /// (generation, certificate digest, expiry), or not (`None`). While it
+    /// does, an unexpired issued identity is enough for `readyz` and the
+    /// phase is `Prepare` (SPEC §5, §7).
+    pub fn set_coordination_prepare(&self, prepared: Option<(u64, Sha256Digest, Timestamp)>) {
+        if self.lock().prepare == prepared {
+            return;
+        }
+        self.update(|b| {
+            b.prepare = prepared;
+            if b.activated.is_none()
+                && let Some((generation, digest, expires)) = prepared
+            {
+                b.status.generation = Some(generation);
+                b.status.certificate_digest = Some(digest);
+                b.status.expires = Some(expires);
+            }
+        });
     }
 
     /// The capability gate failed: phase `CapabilityMissing`.
@@ -391,6 +409,8 @@ fn derive_phase(b: &mut Board, now: Timestamp) {
             .then_some(b.protection_problem)
             .flatten();
         (Phase::Degraded, Some(held.unwrap_or(*r)))
+    } else if !active && b.prepare.is_some() {
+        (Phase::Prepare, Some(Reason::WaitingForCoordination))
     } else if active {
         let working = match b.identity {
             IdentityCondition::Working(r) => r,
@@ -483,11 +503,33 @@ mod tests {
         b.set_runtime_health(RuntimeComponent::Monitor, false);
         assert!(!b.snapshot().runtime_healthy);
         assert_eq!(b.readyz(), Err(Reason::MonitorUnhealthy));
-        // The Prepare hook: identity ready is enough.
-        b.set_coordination_prepare(true);
+        // The Prepare hook: an issued identity is enough.
+        b.set_coordination_prepare(Some((2, Sha256Digest::of(b"c2"), expires)));
         assert_eq!(b.readyz(), Ok(()));
         tokio::time::advance(Duration::from_secs(3600)).await;
         assert_eq!(b.readyz(), Err(Reason::Expired));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn prepare_is_ready_on_an_issued_identity_before_any_activation() {
+        let b = board();
+        let expires = Timestamp::from_unix(1_800_000_000 + 60).unwrap();
+        assert!(b.readyz().is_err());
+        b.set_coordination_prepare(Some((1, Sha256Digest::of(b"c1"), expires)));
+        let s = b.snapshot();
+        assert_eq!(b.readyz(), Ok(()));
+        assert_eq!(s.phase, Phase::Prepare);
+        assert_eq!(s.reason, Some(Reason::WaitingForCoordination));
+        assert_eq!(s.generation, Some(1));
+        // Out of Prepare (Arm): the activation, guards and runtime count.
+        b.set_coordination_prepare(None);
+        assert_eq!(b.readyz(), Err(Reason::ActivationFailed));
+        b.set_coordination_prepare(Some((1, Sha256Digest::of(b"c1"), expires)));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(
+            b.readyz().is_err(),
+            "an expired issued identity is not ready"
+        );
     }
 
     #[tokio::test(start_paused = true)]

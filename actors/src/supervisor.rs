@@ -21,6 +21,7 @@ use ractor::{
 };
 use tokio::time::Instant;
 
+use crate::gate::ProtectionGate;
 use crate::metrics::Metrics;
 use crate::status::StatusBoard;
 use kube_ovn_ipsec_api::backoff::{Backoff, BackoffPolicy};
@@ -43,6 +44,11 @@ pub struct ChildSpec {
     /// The status reason shown while this child keeps failing.
     pub reason: Reason,
     factory: Factory,
+    /// Started (and restarted) only while this gate is open: while it is
+    /// closed the child waits for it without counting failures, so a
+    /// long wait (a cluster still in `Prepare`) neither degrades the node
+    /// nor leaves the child at the end of its backoff when the gate opens.
+    gate: Option<ProtectionGate>,
 }
 
 impl fmt::Debug for ChildSpec {
@@ -66,7 +72,15 @@ impl ChildSpec {
             name: name.into(),
             reason,
             factory: Arc::new(factory),
+            gate: None,
         }
+    }
+
+    /// This child starts only once `gate` is open (and waits again,
+    /// without a failure, whenever it finds it closed on a restart).
+    pub fn after_gate(mut self, gate: ProtectionGate) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     /// A child of actor type `A`, built afresh by `make` for each
@@ -143,6 +157,11 @@ pub enum SupervisorMsg {
         /// The child.
         child: String,
     },
+    /// Internal: the gate a waiting child starts after has opened.
+    GateOpened {
+        /// The child.
+        child: String,
+    },
     /// Internal: the child's incarnation has run for `reset_after`.
     Healthy {
         /// The child.
@@ -165,6 +184,8 @@ struct Child {
     restarts: u64,
     last_error: Option<String>,
     failing: bool,
+    /// A task waits for the child's gate to open.
+    waiting: bool,
 }
 
 /// The supervisor's state.
@@ -193,6 +214,21 @@ impl SupervisorState {
 pub struct NodeSupervisor;
 
 async fn spawn_child(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState, i: usize) {
+    let c = &mut state.children[i];
+    if let Some(gate) = c.spec.gate.clone()
+        && !gate.is_open()
+    {
+        if !c.waiting {
+            c.waiting = true;
+            let (me, child) = (myself.clone(), c.spec.name.clone());
+            tracing::info!(child, "supervised actor waits for the protection gate");
+            tokio::spawn(async move {
+                gate.opened().await;
+                let _ = me.cast(SupervisorMsg::GateOpened { child });
+            });
+        }
+        return;
+    }
     let factory = state.children[i].spec.factory.clone();
     let result = factory(myself.get_cell()).await;
     let policy = state.config.policy;
@@ -269,6 +305,7 @@ impl Actor for NodeSupervisor {
                     restarts: 0,
                     last_error: None,
                     failing: false,
+                    waiting: false,
                 })
                 .collect(),
             board: args.board,
@@ -315,6 +352,14 @@ impl Actor for NodeSupervisor {
                     state.children[i].restarts += 1;
                     state.metrics.actor_restart(&child);
                     spawn_child(&myself, state, i).await;
+                }
+            }
+            SupervisorMsg::GateOpened { child } => {
+                if let Some(i) = state.index_of_name(&child) {
+                    state.children[i].waiting = false;
+                    if state.children[i].cell.is_none() {
+                        spawn_child(&myself, state, i).await;
+                    }
                 }
             }
             SupervisorMsg::Healthy { child, incarnation } => {

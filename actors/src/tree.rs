@@ -47,6 +47,41 @@ pub mod names {
     pub const IKE: &str = "ike";
     /// The monitor actor.
     pub const MONITOR: &str = "monitor";
+    /// The node coordinator.
+    pub const COORDINATOR: &str = "coordinator";
+}
+
+/// What the node coordinator needs beyond the tree's own arguments.
+#[derive(Debug, Clone)]
+pub struct CoordinationPorts {
+    /// Who this node is.
+    pub me: crate::coordinator::NodeSelf,
+    /// The record as the runtime's follower sees it.
+    pub record: watch::Receiver<crate::coordinator::plan::RecordView>,
+    /// Signs and publishes receipts.
+    pub receipts: Arc<dyn crate::coordinator::ReceiptPort>,
+    /// Republish an owed receipt this often.
+    pub refresh: std::time::Duration,
+}
+
+/// The node coordinator's child spec (started after the tunnel actors):
+/// it grants [`AgentTreeArgs::permit`] when the record asks this node to
+/// arm and publishes its receipts.
+pub fn coordinator_child_spec(a: &AgentTreeArgs, ports: CoordinationPorts) -> ChildSpec {
+    let args = crate::coordinator::NodeCoordinatorArgs {
+        me: ports.me,
+        record: ports.record,
+        permit: a.permit.clone(),
+        port: ports.receipts,
+        board: a.board.clone(),
+        bus: a.bus.clone(),
+        clock: a.clock.clone(),
+        key_dir: a.identity.key_dir.clone(),
+        refresh: ports.refresh,
+    };
+    ChildSpec::actor(names::COORDINATOR, Reason::CoordinationInvalid, move || {
+        (crate::coordinator::NodeCoordinator, args.clone())
+    })
 }
 
 /// The adapters of the tunnel actors (protection, IKE, monitor), and their
@@ -72,6 +107,7 @@ pub struct TunnelPorts {
 pub fn tunnel_child_specs(a: &AgentTreeArgs, ports: TunnelPorts) -> Vec<ChildSpec> {
     a.gate.require();
     let protection = ProtectionArgs {
+        permit: a.permit.clone(),
         gate: a.gate.clone(),
         port: ports.protection,
         board: a.board.clone(),
@@ -102,10 +138,12 @@ pub fn tunnel_child_specs(a: &AgentTreeArgs, ports: TunnelPorts) -> Vec<ChildSpe
         }),
         ChildSpec::actor(names::IKE, Reason::IkeDaemonUnhealthy, move || {
             (IkeActor, ike.clone())
-        }),
+        })
+        .after_gate(a.gate.clone()),
         ChildSpec::actor(names::MONITOR, Reason::MonitorUnhealthy, move || {
             (MonitorActor, monitor.clone())
-        }),
+        })
+        .after_gate(a.gate.clone()),
     ]
 }
 
@@ -134,6 +172,10 @@ pub struct AgentTreeArgs {
     /// daemon and the monitor wait for. [`tunnel_child_specs`] makes it
     /// required; without the tunnel actors nothing waits.
     pub gate: ProtectionGate,
+    /// Whether the protection actor may allocate and arm a lease now:
+    /// granted from the start without coordination, otherwise by the node
+    /// coordinator.
+    pub permit: crate::gate::ArmPermit,
     /// Further children, started after the identity actors: the tunnel
     /// actors ([`tunnel_child_specs`]).
     pub extra_children: Vec<ChildSpec>,

@@ -65,7 +65,11 @@ impl IdentityState {
                 board.set_warning(None);
                 self.args.bus.identity.send(IdentityEvent::Active(a));
             }
-            Effect::PublishReady { generation } => {
+            Effect::PublishReady {
+                generation,
+                certificate,
+                csr,
+            } => {
                 if let Some(store) = &self.store {
                     self.args
                         .bus
@@ -73,6 +77,8 @@ impl IdentityState {
                         .send(IdentityEvent::Ready(ActivationRequest {
                             generation,
                             paths: store.identity_paths(generation),
+                            certificate,
+                            csr,
                         }));
                 }
             }

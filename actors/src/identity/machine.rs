@@ -25,7 +25,9 @@ use super::recovery::{self, Recovered};
 use super::{IdentityConfig, TrustSource};
 use crate::bus::ActiveIdentity;
 use crate::error::{Error, Result};
-use crate::keydir::{ActiveRecord, KeyDirState, MovedAside, PendingStage, RetiredRecord};
+use crate::keydir::{
+    ActiveRecord, CsrBinding, KeyDirState, MovedAside, PendingStage, RetiredRecord,
+};
 use crate::pki::{PrivateKey, verify_issued};
 use crate::ports::{CsrOutcome, CsrRef, CsrSubmission};
 use crate::status::{IdentityCondition, timestamp};
@@ -43,6 +45,8 @@ pub(crate) struct Active {
     /// Digest of its `ca.pem` (`None` when unreadable): a trust bundle that
     /// differs gets a trust-only generation.
     pub ca_digest: Option<Sha256Digest>,
+    /// The CSR its certificate was issued for, when recorded.
+    pub csr: Option<CsrBinding>,
 }
 
 /// A pending generation: its key and CSR.
@@ -208,6 +212,10 @@ pub(crate) enum Effect {
     PublishReady {
         /// The generation.
         generation: u64,
+        /// Its leaf.
+        certificate: Box<Certificate>,
+        /// The CSR it was issued for, when known.
+        csr: Option<CsrBinding>,
     },
     /// Bus: the state file was moved aside.
     MovedAside(MovedAside),
@@ -591,12 +599,34 @@ impl Machine {
         self.drive();
     }
 
+    /// The CSR the pending generation's certificate was issued for: its
+    /// own, or — for a trust-only generation, which reuses the active
+    /// certificate — the active one's.
+    fn pending_csr(&self) -> Option<CsrBinding> {
+        let p = self.kd.pending.as_ref()?;
+        if p.trust_refresh {
+            return self.active.as_ref().and_then(|a| a.csr.clone());
+        }
+        Some(CsrBinding {
+            name: p.csr_name.clone(),
+            uid: p.csr_uid.clone()?,
+        })
+    }
+
     /// Takes the next step the phase calls for. Idempotent.
     fn drive(&mut self) {
         match &self.phase {
-            Phase::AwaitingActivation { pending, .. } => {
+            Phase::AwaitingActivation {
+                pending,
+                certificate,
+            } => {
                 let generation = pending.generation;
-                self.emit(Effect::PublishReady { generation });
+                let effect = Effect::PublishReady {
+                    generation,
+                    certificate: Box::new(certificate.clone()),
+                    csr: self.pending_csr(),
+                };
+                self.emit(effect);
                 // Watchdog: republish until the writer confirms.
                 self.schedule_retry();
             }
@@ -605,8 +635,12 @@ impl Machine {
                 if let Some(a) = &self.active
                     && !a.confirmed
                 {
-                    let generation = a.generation;
-                    self.emit(Effect::PublishReady { generation });
+                    let effect = Effect::PublishReady {
+                        generation: a.generation,
+                        certificate: Box::new(a.certificate.clone()),
+                        csr: a.csr.clone(),
+                    };
+                    self.emit(effect);
                     self.schedule_retry();
                 }
                 if matches!(self.phase, Phase::Wanted) {
@@ -897,10 +931,12 @@ impl Machine {
             else {
                 return;
             };
+            let csr = self.pending_csr();
             let old = self.kd.active.take();
             self.kd.active = Some(ActiveRecord {
                 generation,
                 certificate_digest: certificate.digest().to_hex(),
+                csr: csr.clone(),
             });
             self.kd.pending = None;
             if let Some(old) = old {
@@ -920,6 +956,7 @@ impl Machine {
                 certificate,
                 confirmed: true,
                 ca_digest: pending.ca_digest,
+                csr,
             });
             self.emit(Effect::Renewal("success"));
             tracing::info!(generation, "identity generation active");
@@ -950,6 +987,7 @@ impl Machine {
         let identity = ActiveIdentity {
             generation: a.generation,
             certificate: a.certificate.clone(),
+            csr: a.csr.clone(),
         };
         // The board clears the warning and the condition with it.
         self.shown = None;

@@ -160,6 +160,7 @@ pub(crate) fn reconcile(rec: Recovered, now: Timestamp) -> Reconciled {
                 ca_digest: trust.as_ref().map(TrustBundle::digest),
                 certificate: loaded.certificate,
                 confirmed: false,
+                csr: record.csr.clone(),
             });
         }
         (Some(record), Some(Err(e))) => {
@@ -244,6 +245,7 @@ mod tests {
         state.active = Some(ActiveRecord {
             generation: 1,
             certificate_digest: cert1.digest().to_hex(),
+            csr: None,
         });
         let k2 = PrivateKey::generate(KeyType::EcdsaP256).unwrap();
         let req2 = k2.csr_pem(&chassis).unwrap();

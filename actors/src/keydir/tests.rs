@@ -125,6 +125,7 @@ fn gc_respects_grace_active_and_ovsdb_references() {
         active: Some(ActiveRecord {
             generation: 4,
             certificate_digest: "x".into(),
+            csr: None,
         }),
         pending: None,
         retired: vec![

@@ -108,11 +108,12 @@ pub struct SaSummary {
 /// agent's.
 #[async_trait]
 pub trait ProtectionPort: Send + Sync + Debug + 'static {
-    /// This node's lease: the persisted one, or a fresh allocation.
-    /// Errors carry the status reason (`BypassPolicyPresent`,
-    /// `LeaseAllocationFailed`, `NodeUidMismatch`) in
-    /// [`crate::Error::Protection`].
-    async fn obtain_lease(&self) -> Result<LeaseSummary>;
+    /// This node's lease: the persisted one, or — when `allocate` — a
+    /// fresh allocation (`None`: no lease of this node is persisted and
+    /// `allocate` is false). Errors carry the status reason
+    /// (`BypassPolicyPresent`, `LeaseAllocationFailed`, `NodeUidMismatch`)
+    /// in [`crate::Error::Protection`].
+    async fn obtain_lease(&self, allocate: bool) -> Result<Option<LeaseSummary>>;
     /// Arms the lease's guards if needed and reads each back by index,
     /// persisting the lease when its recorded indexes changed.
     async fn evaluate_guards(&self) -> Result<GuardReadback>;

@@ -130,6 +130,7 @@ async fn fires_due_at_the_renewal_point_once_and_survives_restart() {
         .send_message(RenewalTimerMsg::Identity(Box::new(ActiveIdentity {
             generation: 1,
             certificate: leaf.clone(),
+            csr: None,
         })))
         .unwrap();
     tokio::time::sleep(Duration::from_secs(3700)).await;

@@ -30,6 +30,10 @@ struct ProtectionInner {
     observe_fails: bool,
     /// A publication happened while the guards were not armed.
     published_before_armed: bool,
+    /// A lease of this node is persisted (allocated before).
+    persisted: bool,
+    /// Lease requests with and without allocation so far.
+    obtained: u32,
 }
 
 /// A fake [`ProtectionPort`].
@@ -49,6 +53,20 @@ impl FakeProtection {
     /// Someone removed the published lease from OVSDB.
     pub fn remove_publication(&self) {
         self.lock().publication_present = false;
+    }
+
+    /// A lease of this node is persisted already (a restart of an armed
+    /// node), or not.
+    pub fn set_persisted(&self, persisted: bool) {
+        self.lock().persisted = persisted;
+    }
+    /// Whether a lease is persisted (allocated at some point).
+    pub fn persisted(&self) -> bool {
+        self.lock().persisted
+    }
+    /// Lease requests so far (with or without allocation).
+    pub fn lease_requests(&self) -> u32 {
+        self.lock().obtained
     }
 
     /// Lease allocation refuses with `reason` (a bypass, exhaustion).
@@ -96,19 +114,26 @@ impl FakeProtection {
 
 #[async_trait]
 impl ProtectionPort for FakeProtection {
-    async fn obtain_lease(&self) -> Result<LeaseSummary> {
-        if let Some(reason) = self.lock().refuse {
+    async fn obtain_lease(&self, allocate: bool) -> Result<Option<LeaseSummary>> {
+        let mut i = self.lock();
+        if let Some(reason) = i.refuse {
             return Err(Error::Protection {
                 reason,
                 detail: "refused by the fake".into(),
             });
         }
-        Ok(LeaseSummary {
+        i.obtained += 1;
+        if !allocate && !i.persisted {
+            return Ok(None);
+        }
+        let allocated = !i.persisted;
+        i.persisted = true;
+        Ok(Some(LeaseSummary {
             lease_id: "00000000-0000-4000-8000-000000000001".into(),
             mark: 0x1234_0001,
             reqid: 4242,
-            allocated: false,
-        })
+            allocated,
+        }))
     }
 
     async fn evaluate_guards(&self) -> Result<GuardReadback> {

@@ -60,6 +60,7 @@ async fn supervised_tree_issues_rsa_identity_and_survives_child_kills() {
         trust: trust_rx,
         supervisor: SupervisorConfig::default(),
         gate: crate::gate::ProtectionGate::default(),
+        permit: crate::gate::ArmPermit::granted(),
         extra_children: vec![],
     })
     .await

@@ -9,6 +9,7 @@ use crate::metrics::PrometheusMetrics;
 use crate::ports::GuardChange;
 use crate::testing::tunnel::{FakeProcess, FakeProtection};
 use crate::testing::{CsrScript, FakeCsrApi, FakeOvsdb, TestCa};
+use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::pki::TrustBundle;
 use std::time::{Duration, UNIX_EPOCH};
 use tokio::time::Instant;
@@ -40,6 +41,16 @@ async fn harness() -> Harness {
 /// The harness, with `prepare` applied to the protection fake before the
 /// tree starts.
 async fn harness_with(prepare: impl FnOnce(&FakeProtection)) -> Harness {
+    harness_full(prepare, crate::gate::ArmPermit::granted(), None).await
+}
+
+/// The harness with the given arm permit and, when `coordination` is
+/// given, a node coordinator over it.
+async fn harness_full(
+    prepare: impl FnOnce(&FakeProtection),
+    permit: crate::gate::ArmPermit,
+    coordination: Option<CoordinationPorts>,
+) -> Harness {
     let tmp = tempfile::tempdir().unwrap();
     let clock = Arc::new(TokioClock::starting_at(
         UNIX_EPOCH + Duration::from_secs(1_800_000_000),
@@ -74,6 +85,7 @@ async fn harness_with(prepare: impl FnOnce(&FakeProtection)) -> Harness {
         trust: trust_rx,
         supervisor: SupervisorConfig::default(),
         gate: crate::gate::ProtectionGate::default(),
+        permit,
         extra_children: vec![],
     };
     args.extra_children = tunnel_child_specs(
@@ -87,6 +99,10 @@ async fn harness_with(prepare: impl FnOnce(&FakeProtection)) -> Harness {
             ack_retry: Duration::from_secs(1),
         },
     );
+    if let Some(c) = coordination {
+        let spec = coordinator_child_spec(&args, c);
+        args.extra_children.push(spec);
+    }
     let (sup, _) = start(args).await.unwrap();
     Harness {
         _tmp: tmp,
@@ -476,4 +492,155 @@ async fn drifted_publications_are_restored_reported_and_block_readiness_meanwhil
             "{text}"
         );
     }
+}
+
+/// A receipt port that signs with the key file it is given and keeps what
+/// it published, verified against the certificate.
+#[derive(Debug, Default)]
+struct RecordingReceipts {
+    published: std::sync::Mutex<Vec<kube_ovn_ipsec_api::coordination::Receipt>>,
+}
+
+#[async_trait::async_trait]
+impl crate::coordinator::ReceiptPort for RecordingReceipts {
+    async fn publish(
+        &self,
+        receipt: &kube_ovn_ipsec_api::coordination::Receipt,
+        key: &std::path::Path,
+        certificate: &kube_ovn_ipsec_api::pki::Certificate,
+    ) -> crate::error::Result<()> {
+        use kube_ovn_ipsec_api::signed;
+        let pem = std::fs::read(key).unwrap();
+        let key = signed::SigningKey::from_pkcs8_pem(&pem).unwrap();
+        let annotation = signed::sign(receipt, &key).unwrap();
+        let verified: kube_ovn_ipsec_api::coordination::Receipt =
+            signed::verify(&annotation, certificate).unwrap();
+        self.published.lock().unwrap().push(verified);
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_node_arms_only_when_the_record_says_arm_and_signs_each_barrier() {
+    use crate::coordinator::NodeSelf;
+    use crate::coordinator::plan::RecordView;
+    use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
+    use kube_ovn_ipsec_api::status::Phase;
+
+    let node_uid = Uid::new("11111111-2222-4333-8444-555555555555").unwrap();
+    let (record_tx, record_rx) = watch::channel(RecordView::Unknown);
+    let receipts = Arc::new(RecordingReceipts::default());
+    let permit = crate::gate::ArmPermit::withheld();
+    let h = harness_full(
+        |_| {},
+        permit.clone(),
+        Some(CoordinationPorts {
+            me: NodeSelf {
+                node_name: "node-7".into(),
+                node_uid: node_uid.clone(),
+                pod_uid: Uid::new("66666666-7777-4888-8999-000000000000").unwrap(),
+                template_hash: Some("tmpl-1".into()),
+            },
+            record: record_rx,
+            receipts: receipts.clone(),
+            refresh: Duration::from_secs(60),
+        }),
+    )
+    .await;
+    let published = || receipts.published.lock().unwrap().clone();
+
+    // No record: an identity is issued, nothing is allocated, armed,
+    // activated or started, and nothing is published.
+    record_tx.send_replace(RecordView::Absent);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(h.protection.lease_requests() >= 1);
+    assert!(!h.protection.persisted() && !h.protection.guards_present());
+    assert!(h.ike.starts().is_empty() && h.monitor.starts().is_empty());
+    assert_eq!(h.ovsdb.transactions(), 0, "an identity was activated");
+    assert!(published().is_empty());
+    assert!(!permit.is_granted());
+    assert_ne!(h.board.snapshot().phase, Phase::Degraded);
+
+    // Prepare: a receipt signed with the issued key, ready on it alone.
+    let mut record = CoordinationRecord::initial();
+    record.generation = 1;
+    record.epoch = 1;
+    record.phase = CoordinationPhase::Prepare;
+    record.template_hash = Some("tmpl-1".into());
+    record.targets = [("node-7".to_owned(), node_uid.clone())].into();
+    record_tx.send_replace(RecordView::Present(Box::new(record.clone())));
+    until("a Prepare receipt", Duration::from_secs(10), || {
+        !published().is_empty()
+    })
+    .await;
+    let r = published()[0].clone();
+    assert_eq!(
+        (r.generation, r.epoch, r.phase),
+        (1, 1, CoordinationPhase::Prepare)
+    );
+    assert!(r.status.satisfies(CoordinationPhase::Prepare));
+    assert!(!r.status.protection_armed);
+    assert_eq!(r.template_hash, "tmpl-1");
+    assert!(r.csr_name.starts_with("ovn-ipsec-") && r.csr_uid.as_str().starts_with("csr-uid"));
+    assert_eq!(h.board.readyz(), Ok(()));
+    assert_eq!(h.board.snapshot().phase, Phase::Prepare);
+    assert!(!h.protection.persisted() && h.ike.starts().is_empty());
+    assert_eq!(h.ovsdb.transactions(), 0);
+
+    // Arm: lease, guards, activation, IKE, monitor, acknowledgement, and
+    // an Arm receipt with every flag.
+    record.epoch = 2;
+    record.phase = CoordinationPhase::Arm;
+    record_tx.send_replace(RecordView::Present(Box::new(record.clone())));
+    until(
+        "an Arm receipt with every flag",
+        Duration::from_secs(30),
+        || {
+            published().iter().any(|r| {
+                r.phase == CoordinationPhase::Arm && r.status.satisfies(CoordinationPhase::Arm)
+            })
+        },
+    )
+    .await;
+    assert!(permit.is_granted() && h.protection.guards_present());
+    assert_eq!(h.ike.starts().len(), 1, "the IKE daemon started once");
+    assert_eq!(h.monitor.starts().len(), 1);
+    assert!(!h.protection.published_before_armed());
+    let arm = published()
+        .into_iter()
+        .find(|r| r.status.satisfies(CoordinationPhase::Arm))
+        .unwrap();
+    assert_eq!(arm.epoch, 2);
+    assert_eq!(arm.csr_uid, r.csr_uid, "the same identity, activated");
+    assert_eq!(h.board.snapshot().phase, Phase::Active);
+
+    // Enabled: no receipt owed; a record going back to Prepare (a
+    // re-freeze) never disarms.
+    let n = published().len();
+    record.epoch = 3;
+    record.phase = CoordinationPhase::Enabled;
+    record_tx.send_replace(RecordView::Present(Box::new(record.clone())));
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(published().len(), n, "a receipt while Enabled");
+    record.epoch = 4;
+    record.phase = CoordinationPhase::Prepare;
+    record_tx.send_replace(RecordView::Present(Box::new(record)));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(h.protection.guards_present() && h.board.readyz().is_ok());
+    assert_eq!(h.ike.starts().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_that_holds_a_lease_keeps_protecting_without_a_permit() {
+    let h = harness_full(
+        |p| p.set_persisted(true),
+        crate::gate::ArmPermit::withheld(),
+        None,
+    )
+    .await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    assert!(h.protection.guards_present());
 }

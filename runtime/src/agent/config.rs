@@ -40,6 +40,19 @@ pub enum IkeDaemonKind {
     Libreswan,
 }
 
+/// Whether the agent follows the cluster's coordination record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CoordinationMode {
+    /// Follow ConfigMap `ovn-ipsec-coordination` (SPEC §7): arm only when
+    /// the record asks this node to, publish signed receipts. The default.
+    Cluster,
+    /// Arm at start and publish nothing: a single node driven by hand or
+    /// by a test, where no controller coordinates. Never what a cluster
+    /// deployment wants: nothing then stops `NB_Global.ipsec` from being
+    /// set before every node is armed.
+    Off,
+}
+
 /// `kube-ovn-ipsec run` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
@@ -95,6 +108,23 @@ pub struct RunArgs {
     /// Name of the trust ConfigMap.
     #[arg(long, default_value = k8s::TRUST_CONFIGMAP)]
     pub trust_configmap: String,
+    /// Follow the cluster's coordination (`cluster`) or arm at start
+    /// (`off`).
+    #[arg(long, env = "OVN_IPSEC_COORDINATION", value_enum, default_value_t = CoordinationMode::Cluster)]
+    pub coordination: CoordinationMode,
+    /// Namespace of ConfigMap `ovn-ipsec-coordination` (the controller's;
+    /// default: the trust namespace).
+    #[arg(long, env = "OVN_IPSEC_COORDINATION_NAMESPACE")]
+    pub coordination_namespace: Option<String>,
+    /// This Pod's template hash (downward API
+    /// `metadata.labels['controller-revision-hash']`): a receipt names it
+    /// and the controller checks it against the frozen template.
+    #[arg(long, env = "POD_TEMPLATE_HASH")]
+    pub pod_template_hash: Option<String>,
+    /// Republish an owed coordination receipt this often (seconds); the
+    /// controller accepts receipts observed within the last 120 s.
+    #[arg(long, default_value_t = 45, value_parser = clap::value_parser!(u64).range(5..=100))]
+    pub receipt_refresh: u64,
     /// A kubeconfig to use instead of the in-cluster ServiceAccount (the lab
     /// and tests).
     #[arg(long, env = "KUBECONFIG")]

@@ -19,6 +19,7 @@
 //! - [`run`]: start-up order and shutdown.
 
 pub mod config;
+pub mod coordination;
 pub mod events;
 pub mod http;
 pub mod kube_csr;

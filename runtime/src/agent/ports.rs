@@ -124,7 +124,19 @@ impl ProtectedNode {
             })
     }
 
-    fn obtain_lease(&self) -> actors::Result<LeaseSummary> {
+    fn obtain_lease(&self, allocate: bool) -> actors::Result<Option<LeaseSummary>> {
+        if !allocate {
+            // Only this node's persisted lease; a foreign one is retired
+            // when allocation is allowed, not before.
+            return match self
+                .store
+                .load_for(&self.node_uid)
+                .map_err(protection_err)?
+            {
+                crate::lease::Loaded::Mine(lease) => Ok(Some(self.keep(lease, false))),
+                _ => Ok(None),
+            };
+        }
         // The identity actor may not have created the key directory yet.
         create_key_dir(self.store.path().parent()).map_err(protection_err)?;
         let (lease, allocated) = {
@@ -138,6 +150,11 @@ impl ProtectedNode {
                 )
                 .map_err(protection_err)?
         };
+        Ok(Some(self.keep(lease, allocated)))
+    }
+
+    /// Makes `lease` the current one; its summary.
+    fn keep(&self, lease: Lease, allocated: bool) -> LeaseSummary {
         let summary = LeaseSummary {
             lease_id: lease.lease_id.clone(),
             mark: lease.mark,
@@ -145,7 +162,7 @@ impl ProtectedNode {
             allocated,
         };
         *lock(&self.lease) = Some(lease);
-        Ok(summary)
+        summary
     }
 
     fn evaluate_guards(&self) -> actors::Result<GuardReadback> {
@@ -236,9 +253,9 @@ fn change_of(e: &GuardEvent) -> GuardChange {
 
 #[async_trait]
 impl ProtectionPort for ProtectionAdapter {
-    async fn obtain_lease(&self) -> actors::Result<LeaseSummary> {
+    async fn obtain_lease(&self, allocate: bool) -> actors::Result<Option<LeaseSummary>> {
         let node = Arc::clone(&self.node);
-        blocking(move || node.obtain_lease()).await
+        blocking(move || node.obtain_lease(allocate)).await
     }
 
     async fn evaluate_guards(&self) -> actors::Result<GuardReadback> {

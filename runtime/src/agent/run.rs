@@ -37,7 +37,13 @@ use actors::process_watch::ProcessConfig;
 use actors::protection::ProtectionConfig;
 use actors::tree::TunnelPorts;
 
-use super::config::{IkeDaemonKind, RunArgs};
+use actors::coordinator::NodeSelf;
+use actors::coordinator::plan::RecordView;
+use actors::tree::CoordinationPorts;
+use kube_ovn_ipsec_api::names::k8s;
+
+use super::config::{CoordinationMode, IkeDaemonKind, RunArgs};
+use super::coordination::{self, KubeReceipts};
 use super::events::{EventForwarder, ForwarderArgs, NodeEvents};
 use super::http;
 use super::kube_csr::KubeCsrApi;
@@ -392,9 +398,10 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
             reason: e.to_string(),
         })
     })?;
+    let coordinated = args.coordination == CoordinationMode::Cluster;
     let mut tree_args = AgentTreeArgs {
         identity,
-        csr_api: Arc::new(KubeCsrApi::new(client)),
+        csr_api: Arc::new(KubeCsrApi::new(client.clone())),
         ovsdb: Arc::new(OvsdbIdentityAdapter::new(ovs)),
         clock,
         metrics,
@@ -403,9 +410,47 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         trust: trust_rx,
         supervisor: SupervisorConfig::default(),
         gate: actors::gate::ProtectionGate::default(),
+        permit: if coordinated {
+            actors::gate::ArmPermit::withheld()
+        } else {
+            actors::gate::ArmPermit::granted()
+        },
         extra_children: Vec::new(),
     };
     tree_args.extra_children = tree::tunnel_child_specs(&tree_args, tunnel_ports);
+    let mut record_follower = None;
+    if coordinated {
+        let (record_tx, record_rx) = watch::channel(RecordView::Unknown);
+        let namespace = args
+            .coordination_namespace
+            .clone()
+            .unwrap_or_else(|| args.trust_namespace.clone());
+        tracing::info!(%namespace, configmap = k8s::COORDINATION_CONFIGMAP, "following the cluster's coordination: this node arms when it asks");
+        record_follower = Some(tokio::spawn(coordination::follow(
+            client.clone(),
+            namespace,
+            k8s::COORDINATION_CONFIGMAP.to_owned(),
+            record_tx,
+            shutdown.clone(),
+        )));
+        let spec = tree::coordinator_child_spec(
+            &tree_args,
+            CoordinationPorts {
+                me: NodeSelf {
+                    node_name: args.node_name.clone(),
+                    node_uid: tree_args.identity.node_uid.clone(),
+                    pod_uid: tree_args.identity.pod_uid.clone(),
+                    template_hash: args.pod_template_hash.clone(),
+                },
+                record: record_rx,
+                receipts: Arc::new(KubeReceipts::new(client.clone(), &args.node_name)),
+                refresh: Duration::from_secs(args.receipt_refresh),
+            },
+        );
+        tree_args.extra_children.push(spec);
+    } else {
+        tracing::warn!("--coordination=off: arming at start without the cluster's coordination");
+    }
     let (supervisor, join) = tree::start(tree_args).await?;
 
     while !*shutdown.borrow() {
@@ -419,6 +464,9 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     forwarder.stop(None);
     let _ = forwarder_join.await;
     follower.abort();
+    if let Some(f) = record_follower {
+        f.abort();
+    }
     let _ = server.await;
     Ok(())
 }

@@ -185,11 +185,16 @@ pub struct AgentProcess<'a> {
     pub extra: &'a [&'a str],
 }
 
-/// Starts `kube-ovn-ipsec run` as described by `a`.
+/// Starts `kube-ovn-ipsec run` as described by `a`: with
+/// `--coordination off` (armed at start, as these single-node tests need)
+/// unless `extra` names `--coordination` itself.
 pub fn spawn_agent_process(a: &AgentProcess<'_>) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
-        .args(["run", "--node-name", &a.pod.node])
-        .args(["--pod-name", &a.pod.name, "--pod-namespace", "kube-system"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"));
+    cmd.args(["run", "--node-name", &a.pod.node]);
+    if !a.extra.contains(&"--coordination") {
+        cmd.args(["--coordination", "off"]);
+    }
+    cmd.args(["--pod-name", &a.pod.name, "--pod-namespace", "kube-system"])
         .args(["--pod-uid", &a.pod.uid])
         .arg("--key-dir")
         .arg(a.key_dir)

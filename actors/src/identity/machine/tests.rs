@@ -49,7 +49,7 @@ fn retry(effects: &[Effect]) -> Option<(Duration, u64)> {
 
 fn ready(effects: &[Effect]) -> Option<u64> {
     effects.iter().find_map(|e| match e {
-        Effect::PublishReady { generation } => Some(*generation),
+        Effect::PublishReady { generation, .. } => Some(*generation),
         _ => None,
     })
 }
