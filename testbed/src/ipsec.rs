@@ -250,6 +250,15 @@ struct Daemons {
     monitor: Child,
 }
 
+/// Nodes on one underlay segment ([`IpsecNode::mesh`]).
+#[derive(Debug)]
+pub struct Mesh {
+    /// The nodes, in the order their chassis were given.
+    pub nodes: Vec<IpsecNode>,
+    // After the nodes (field order): the segment outlives their links.
+    _switch: Netns,
+}
+
 /// One simulated node: its namespaces, files and (once started) daemons.
 #[derive(Debug)]
 pub struct IpsecNode {
@@ -344,6 +353,52 @@ impl IpsecNode {
             },
         )?;
         Ok((a, b))
+    }
+
+    /// Nodes on one underlay segment: a Linux bridge in a namespace of its
+    /// own, node `i` on it as `eth0` with `10.77.0.<i+1>/24`. For more than
+    /// two nodes (a pair needs no switch: [`IpsecNode::pair`]).
+    pub fn mesh(prefix: &str, chassis: &[&str]) -> Result<Mesh, IpsecError> {
+        if chassis.is_empty() || chassis.len() > 200 {
+            return Err(IpsecError::Failed {
+                what: "a mesh".into(),
+                detail: format!("has 1..=200 nodes, not {}", chassis.len()),
+            });
+        }
+        let switch = Netns::create(&format!("{prefix}-sw"))?;
+        switch.ip(["link", "add", "br0", "type", "bridge"])?;
+        switch.ip(["link", "set", "br0", "up"])?;
+        let mut nodes = Vec::new();
+        for (i, c) in chassis.iter().enumerate() {
+            let ip = Ipv4Addr::new(10, 77, 0, u8::try_from(i + 1).unwrap_or(u8::MAX));
+            let node = Self::new(prefix, c, ip)?;
+            let port = format!("p{i}");
+            netns::run(Command::new("ip").args([
+                "link",
+                "add",
+                "eth0",
+                "netns",
+                node.netns.name(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &port,
+                "netns",
+                switch.name(),
+            ]))?;
+            node.netns
+                .ip(["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+            node.netns.ip(["link", "set", "eth0", "up"])?;
+            node.netns.ip(["link", "set", "lo", "up"])?;
+            switch.ip(["link", "set", &port, "master", "br0"])?;
+            switch.ip(["link", "set", &port, "up"])?;
+            nodes.push(node);
+        }
+        Ok(Mesh {
+            nodes,
+            _switch: switch,
+        })
     }
 
     /// The chassis name (certificate CN, peers' `remote_name`).

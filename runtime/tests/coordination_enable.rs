@@ -1,0 +1,233 @@
+//! Cluster enable with the real agents (SPEC §7): the embedded API server
+//! with RBAC on, real OVN NB/SB and ovn-northd, the real controller with
+//! its coordinator, and three simulated nodes on one underlay segment, each
+//! an agent process (its Pod-bound token, `--coordination cluster`) with its
+//! own ovsdb-server, real strongSwan and the patched ovs-monitor-ipsec in
+//! the node's namespaces.
+//!
+//! Asserted: in `Prepare` every node is ready on its issued identity with
+//! nothing published or armed; the record walks `Prepare → Arm → Enabled`;
+//! `NB_Global.ipsec` never reads true while a node lacks its published
+//! lease and read-back guards; at `Enabled` NB and SB are true and every
+//! node is ready; then, with each pair's tunnels added as the patched
+//! ovn-controller would, an IKE_SA comes up both ways between every pair.
+//! The kernel here has no ESP, so CHILD_SAs fail; only IKE_SAs are
+//! asserted (the ESP datapath is the guest kernel's).
+
+// Helpers of this test binary panic on failure just like the #[test]s do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
+
+mod agent_node;
+mod ike_node;
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use agent_node::{AgentNode, both_ways_establish, connect, no_auth_failures, start_node};
+use apiserver::{ADMIN_TOKEN, ApiServer};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
+use kube_ovn_ipsec_api::names::{k8s, ovs};
+use support::controller_cluster as cc;
+use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode};
+use testbed::ovs::OvnCentral;
+
+async fn record(admin: &kube::Client) -> Option<CoordinationRecord> {
+    let cm = Api::<ConfigMap>::namespaced(admin.clone(), cc::NS)
+        .get_opt(k8s::COORDINATION_CONFIGMAP)
+        .await
+        .unwrap()?;
+    CoordinationRecord::decode(cm.data?.get(k8s::COORDINATION_CONFIGMAP_KEY)?.as_bytes()).ok()
+}
+
+async fn cohort_status(admin: &kube::Client) -> String {
+    Api::<ConfigMap>::namespaced(admin.clone(), cc::NS)
+        .get_opt(k8s::COORDINATION_CONFIGMAP)
+        .await
+        .unwrap()
+        .and_then(|c| c.data?.get("status").cloned())
+        .unwrap_or_default()
+}
+
+async fn nb_sb(central: &OvnCentral) -> (bool, bool) {
+    let nb = ovsdb::Client::connect_str(&central.nb.address())
+        .await
+        .unwrap();
+    let sb = ovsdb::Client::connect_str(&central.sb.address())
+        .await
+        .unwrap();
+    let v = (
+        nb.read_nb_ipsec().await.unwrap(),
+        sb.read_sb_ipsec().await.unwrap_or(false),
+    );
+    nb.close();
+    sb.close();
+    v
+}
+
+/// Whether `n` has its lease published in OVSDB.
+fn lease_published(n: &AgentNode) -> bool {
+    n.node
+        .vsctl(&[
+            "get",
+            "Open_vSwitch",
+            ".",
+            &format!("external_ids:{}", ovs::EXTERNAL_ID_PROTECTION_LEASE),
+        ])
+        .is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
+    for p in [
+        "ipsec",
+        "ovsdb-server",
+        "ovs-vsctl",
+        "ovs-appctl",
+        "ovn-northd",
+        "nsenter",
+        "patch",
+    ] {
+        testbed::require_program(p).unwrap();
+    }
+    assert!(Path::new(DEBIAN_MONITOR_SCRIPT).exists());
+    let script =
+        testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let central = OvnCentral::start(dir.path()).unwrap();
+    let api = ApiServer::builder().rbac(true).start().await.unwrap();
+    let admin = api.client(ADMIN_TOKEN).await.unwrap();
+    let (fxs, _) = cc::populate(&api, &admin, 3).await;
+    let (nb, sb) = (central.nb.address(), central.sb.address());
+    let (controller, _) = support::cluster::start_controller(
+        &api,
+        &admin,
+        &[
+            "--enable-ipsec",
+            "true",
+            "--ovn-nb",
+            &nb,
+            "--ovn-sb",
+            &sb,
+            "--coordination-period",
+            "1s",
+            "--lease-duration",
+            "3s",
+            "--pod-name",
+            "controller-0",
+        ],
+    )
+    .await;
+
+    let chassis: Vec<&str> = fxs.iter().map(|f| f.chassis.as_str()).collect();
+    let mut mesh = IpsecNode::mesh("koi-en", &chassis).unwrap();
+    let extra = ["--coordination", "cluster", "--pod-template-hash", cc::HASH];
+    let nodes: Vec<AgentNode> = std::mem::take(&mut mesh.nodes)
+        .into_iter()
+        .zip(&fxs)
+        .map(|(n, fx)| start_node(n, fx, &api, dir.path(), script, &extra))
+        .collect();
+
+    let mut seen: Vec<CoordinationPhase> = Vec::new();
+    let mut prepared = vec![false; nodes.len()];
+    let mut at = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let r = record(&admin).await;
+        let phase = r.as_ref().map(|r| r.phase);
+        if let Some(p) = phase
+            && seen.last() != Some(&p)
+        {
+            println!("{p:?} after {:?}", t0.elapsed());
+            seen.push(p);
+            at.push(Instant::now());
+        }
+        // In Prepare: ready on the issued identity, nothing published.
+        if phase == Some(CoordinationPhase::Prepare) {
+            for (i, n) in nodes.iter().enumerate() {
+                let s = n.status().await;
+                if s.as_ref().is_some_and(|s| s["phase"] == "Prepare") {
+                    assert!(
+                        !lease_published(n),
+                        "{}: lease published in Prepare",
+                        n.node.chassis()
+                    );
+                    assert_eq!(s.as_ref().unwrap()["protectionArmed"], false);
+                    if n.ready().await {
+                        prepared[i] = true;
+                    }
+                }
+            }
+        }
+        let (nb_on, sb_on) = nb_sb(&central).await;
+        if nb_on {
+            // Never before every node is armed (SPEC §7 Arm barrier).
+            for n in &nodes {
+                let s = n.status().await.unwrap_or_default();
+                assert!(
+                    lease_published(n) && s["protectionArmed"] == true,
+                    "{}: NB_Global.ipsec true while not armed: {s}",
+                    n.node.chassis()
+                );
+            }
+        }
+        if phase == Some(CoordinationPhase::Enabled) {
+            assert!(nb_on && sb_on, "Enabled with NB {nb_on} SB {sb_on}");
+            break;
+        }
+        if Instant::now() >= deadline {
+            let logs: Vec<String> = nodes.iter().map(AgentNode::logs).collect();
+            panic!(
+                "not Enabled in time: {r:?}\ncohort: {}\nagent logs:\n{}",
+                cohort_status(&admin).await,
+                logs.join("\n----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    use CoordinationPhase::*;
+    assert_eq!(
+        seen,
+        vec![Prepare, Arm, Enabled],
+        "phases in order, none skipped"
+    );
+    assert!(
+        prepared.iter().all(|p| *p),
+        "a node was never seen ready in Prepare: {prepared:?}"
+    );
+    println!(
+        "Prepare {:?}, Arm {:?}",
+        at[1].duration_since(at[0]),
+        at[2].duration_since(at[1])
+    );
+    let r = record(&admin).await.unwrap();
+    assert_eq!(r.targets.len(), 3);
+    for n in &nodes {
+        n.wait("ready at Enabled", Duration::from_secs(30), |s| {
+            s["protectionArmed"] == true && s["configurationApplied"] == true
+        })
+        .await;
+        assert!(lease_published(n));
+    }
+    for i in 0..nodes.len() {
+        for j in i + 1..nodes.len() {
+            connect(&nodes[i], &nodes[j]);
+        }
+    }
+    for i in 0..nodes.len() {
+        for j in i + 1..nodes.len() {
+            both_ways_establish(&nodes[i], &nodes[j], "enabled");
+        }
+    }
+    no_auth_failures(&nodes.iter().collect::<Vec<_>>());
+    println!(
+        "enabled and every pair established after {:?}",
+        t0.elapsed()
+    );
+    controller.abort();
+}
