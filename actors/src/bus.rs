@@ -7,8 +7,8 @@
 //!
 //! | port | publisher | events | listeners |
 //! | --- | --- | --- | --- |
-//! | `identity` | identity actor | `Ready` | OVSDB writer |
-//! | | | `Active` | renewal timer, monitor (from the current one, [`IdentityPort::subscribe_with_current`]) |
+//! | `identity` | identity actor | `Ready` | OVSDB writer, node coordinator (the identity it signs with in `Prepare`) |
+//! | | | `Active` | renewal timer, monitor, node coordinator (from the current one, [`IdentityPort::subscribe_with_current`]) |
 //! | | | `StateMovedAside` | the `runtime` crate's Event forwarder |
 //! | `activation` | OVSDB writer | `Activated`, `Failed` | identity actor |
 //! | `renewal` | renewal timer | `Due`, `TimerStarted` | identity actor |

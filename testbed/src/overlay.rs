@@ -159,6 +159,62 @@ pub fn add_pod(node: &IpsecNode, name: &str, cidr: &str) -> Result<(), IpsecErro
     Ok(())
 }
 
+/// Replaces `br-int`'s flows with a split horizon, as OVN forwards between
+/// chassis: what the pod `pod` sends goes out of every tunnel in `tunnels`,
+/// what arrives on a tunnel goes to the pod only. With more than two nodes
+/// a full mesh of tunnels under the `NORMAL` action would loop broadcasts.
+/// ovs-vswitchd must run and the ports must exist.
+pub fn split_horizon(node: &IpsecNode, pod: &str, tunnels: &[&str]) -> Result<(), IpsecError> {
+    let ofctl = |args: &[&str]| -> Result<(), IpsecError> {
+        let out = node.netns().run("ovs-ofctl", args)?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(failed(
+                format!("ovs-ofctl {}", args.join(" ")),
+                String::from_utf8_lossy(&out.stderr),
+            ))
+        }
+    };
+    ofctl(&["del-flows", "br-int"])?;
+    let out: Vec<String> = tunnels.iter().map(|t| format!("output:{t}")).collect();
+    ofctl(&[
+        "add-flow",
+        "br-int",
+        &format!("in_port={pod},actions={}", out.join(",")),
+    ])?;
+    for t in tunnels {
+        ofctl(&[
+            "add-flow",
+            "br-int",
+            &format!("in_port={t},actions=output:{pod}"),
+        ])?;
+    }
+    Ok(())
+}
+
+/// Sends single echoes to `dst` from `ns` (each waiting up to 200 ms) until
+/// one is answered; how long after the call that was, `None` after
+/// `timeout`. Resolution: one lost echo costs at most 200 ms.
+pub fn first_reply(ns: &Netns, dst: Ipv4Addr, timeout: Duration) -> Option<Duration> {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < timeout {
+        let answered = ns
+            .command("ping")
+            .args(["-n", "-q", "-c", "1", "-W", "0.2"])
+            .arg(dst.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if answered {
+            return Some(t0.elapsed());
+        }
+    }
+    None
+}
+
 /// The kernel's XFRM counters in `ns` (`/proc/net/xfrm_stat` read by a
 /// process inside it).
 pub fn xfrm_stats(ns: &Netns) -> Result<XfrmStats, IpsecError> {

@@ -1,0 +1,350 @@
+//! Cluster enable over a real encrypted overlay, on a full kernel (ESP,
+//! GENEVE, the OVS kernel datapath): [`NODES`] simulated nodes on one
+//! underlay segment, each with ovsdb-server, ovs-vswitchd on the kernel datapath, a
+//! pod on `br-int` and a Geneve tunnel to every other node *without* IPsec
+//! intent, and the agent as a process in `--coordination cluster` with its
+//! Pod-bound token, real strongSwan and the patched ovs-monitor-ipsec; the
+//! embedded API server with RBAC, real OVN NB/SB and ovn-northd, and the
+//! real controller's coordinator.
+//!
+//! The patched ovn-controller (the output-protection patch, SPEC §11) is
+//! not in this image, so the test plays its one relevant part: once
+//! `SB_Global.ipsec` reads true it gives every tunnel its intent —
+//! `remote_name` and the owning node's published lease as marks — in one
+//! transaction per tunnel, as the patch does.
+//!
+//! Asserted (SPEC §4 "Marks follow IPsec intent", §7):
+//! 1. Pod traffic between every pair runs through `Prepare` and `Arm`
+//!    without loss (the lease published and the guards armed cost nothing
+//!    while tunnels carry no mark), and no tunnel has intent before the flip.
+//! 2. `NB_Global.ipsec` turns true only once every node is armed.
+//! 3. From the flip, each pair's window without replies (the only window in
+//!    which marked packets are dropped) is measured and printed.
+//! 4. At `Enabled` the underlay carries ESP and no plaintext Geneve between
+//!    every pair, and every pod pair answers.
+//!
+//! On a kernel without those features this prints SKIPPED and returns;
+//! scripts/kernel-tests.sh runs it on a full kernel, where SKIPPED fails.
+
+// Helpers of this test binary panic on failure just like the #[test]s do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
+
+mod agent_node;
+mod ike_node;
+mod support;
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use agent_node::{AgentNode, start_node};
+use apiserver::{ADMIN_TOKEN, ApiServer};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
+use kube_ovn_ipsec_api::names::{k8s, ovs};
+use support::controller_cluster as cc;
+use testbed::guest::HostFeatures;
+use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode, Tunnel};
+use testbed::overlay::{self, Capture, Pinger, VSwitchd};
+use testbed::ovs::OvnCentral;
+
+const PING_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Two. Under qemu's TCG (the CI machines' guest, 2 emulated CPUs) three
+/// nodes did not get through `Arm` within 300 s: their strongSwan starters
+/// kept killing charon as "too long to start" (7 times in one run). Two
+/// nodes finish in about 170 s. The three-node enable, with IKE between
+/// every pair, runs on the host (`coordination_enable`).
+const NODES: usize = 2;
+
+/// Pod `i`'s address.
+fn pod(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 1, 0, u8::try_from(i + 1).unwrap())
+}
+
+async fn phase(admin: &kube::Client) -> Option<CoordinationPhase> {
+    let cm = Api::<ConfigMap>::namespaced(admin.clone(), cc::NS)
+        .get_opt(k8s::COORDINATION_CONFIGMAP)
+        .await
+        .unwrap()?;
+    let r = CoordinationRecord::decode(cm.data?.get(k8s::COORDINATION_CONFIGMAP_KEY)?.as_bytes());
+    r.ok().map(|r| r.phase)
+}
+
+async fn nb_sb(central: &OvnCentral) -> (bool, bool) {
+    let nb = ovsdb::Client::connect_str(&central.nb.address())
+        .await
+        .unwrap();
+    let sb = ovsdb::Client::connect_str(&central.sb.address())
+        .await
+        .unwrap();
+    let v = (
+        nb.read_nb_ipsec().await.unwrap(),
+        sb.read_sb_ipsec().await.unwrap_or(false),
+    );
+    nb.close();
+    sb.close();
+    v
+}
+
+/// Whether `n` has its lease published and its guards read back.
+async fn armed(n: &AgentNode) -> bool {
+    let published = n
+        .node
+        .vsctl(&[
+            "get",
+            "Open_vSwitch",
+            ".",
+            &format!("external_ids:{}", ovs::EXTERNAL_ID_PROTECTION_LEASE),
+        ])
+        .is_ok();
+    published
+        && n.status()
+            .await
+            .is_some_and(|s| s["protectionArmed"] == true)
+}
+
+/// Whether any tunnel of `n` has IPsec intent (`remote_name`).
+fn any_intent(n: &AgentNode) -> bool {
+    n.node
+        .vsctl(&["--columns=options", "list", "Interface"])
+        .unwrap()
+        .contains(ovs::OPTION_REMOTE_NAME)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp() {
+    let features = HostFeatures::probe();
+    if !features.complete() {
+        println!(
+            "SKIPPED: enable over the encrypted overlay: this kernel lacks {features:?}; \
+             scripts/kernel-tests.sh runs it on a full kernel"
+        );
+        return;
+    }
+    for p in [
+        "ipsec",
+        "ovsdb-server",
+        "ovs-vsctl",
+        "ovs-vswitchd",
+        "ovs-ofctl",
+        "ovs-appctl",
+        "ovn-northd",
+        "tcpdump",
+        "ping",
+        "nsenter",
+        "patch",
+    ] {
+        testbed::require_program(p).unwrap();
+    }
+    assert!(Path::new(DEBIAN_MONITOR_SCRIPT).exists());
+    let script =
+        testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let central = OvnCentral::start(dir.path()).unwrap();
+    let api = ApiServer::builder().rbac(true).start().await.unwrap();
+    let admin = api.client(ADMIN_TOKEN).await.unwrap();
+    let (fxs, _) = cc::populate(&api, &admin, NODES).await;
+    let chassis: Vec<&str> = fxs.iter().map(|f| f.chassis.as_str()).collect();
+    let mut mesh = IpsecNode::mesh("koi-eo", &chassis).unwrap();
+    let extra = ["--coordination", "cluster", "--pod-template-hash", cc::HASH];
+    let nodes: Vec<AgentNode> = std::mem::take(&mut mesh.nodes)
+        .into_iter()
+        .zip(&fxs)
+        .map(|(n, fx)| start_node(n, fx, &api, dir.path(), script, &extra))
+        .collect();
+    let n = nodes.len();
+
+    // The overlay without IPsec intent: a pod per node, a plain Geneve
+    // tunnel to every other node, OVN-like forwarding.
+    let mut vswitchds = Vec::new();
+    for (i, a) in nodes.iter().enumerate() {
+        vswitchds.push(VSwitchd::start(&a.node).unwrap());
+        overlay::add_pod(&a.node, "pod0", &format!("{}/24", pod(i))).unwrap();
+        let mut names = Vec::new();
+        for b in nodes
+            .iter()
+            .filter(|b| b.node.chassis() != a.node.chassis())
+        {
+            let name = Tunnel::to(&b.node, 0).name;
+            a.node.add_plain_tunnel(&name, b.node.ip()).unwrap();
+            names.push(name);
+        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        overlay::split_horizon(&a.node, "pod0", &names).unwrap();
+    }
+    let pairs: Vec<(usize, usize)> = (0..n)
+        .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
+        .collect();
+    for &(i, j) in &pairs {
+        overlay::first_reply(nodes[i].node.netns(), pod(j), Duration::from_secs(60))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no plaintext reply {i}→{j}:\n{}",
+                    nodes[i].node.diagnostics()
+                )
+            });
+    }
+    println!(
+        "plaintext overlay up between every pair after {:?}",
+        t0.elapsed()
+    );
+    let pingers: Vec<Pinger> = pairs
+        .iter()
+        .map(|&(i, j)| Pinger::start(nodes[i].node.netns(), pod(j), PING_INTERVAL).unwrap())
+        .collect();
+
+    // The controller, with enable wanted.
+    let (nb, sb) = (central.nb.address(), central.sb.address());
+    let (controller, _) = support::cluster::start_controller(
+        &api,
+        &admin,
+        &[
+            "--enable-ipsec",
+            "true",
+            "--ovn-nb",
+            &nb,
+            "--ovn-sb",
+            &sb,
+            "--coordination-period",
+            "1s",
+            "--lease-duration",
+            "5s",
+            "--pod-name",
+            "controller-0",
+        ],
+    )
+    .await;
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(p) = phase(&admin).await
+            && seen.last() != Some(&p)
+        {
+            println!("{p:?} after {:?}", t0.elapsed());
+            seen.push(p);
+        }
+        // Cheap polling only: under qemu's TCG every spawned process costs
+        // the daemons being measured their start-up time.
+        let (nb_on, sb_on) = nb_sb(&central).await;
+        if nb_on {
+            for a in &nodes {
+                assert!(
+                    armed(a).await,
+                    "{}: NB true while not armed",
+                    a.node.chassis()
+                );
+            }
+        }
+        if sb_on {
+            for a in &nodes {
+                assert!(
+                    !any_intent(a),
+                    "{}: a tunnel had intent before the flip",
+                    a.node.chassis()
+                );
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "SB_Global.ipsec not true in time; phases {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let flipped = t0.elapsed();
+    use CoordinationPhase::*;
+    assert!(
+        seen.starts_with(&[Prepare, Arm]),
+        "Prepare and Arm before the flip: {seen:?}"
+    );
+    for (p, &(i, j)) in pingers.into_iter().zip(&pairs) {
+        let s = p.stop().unwrap();
+        println!("{i}→{j} through Prepare and Arm: {s:?}");
+        assert!(s.transmitted >= 10, "too short a run to judge: {s:?}");
+        // The echo in flight when ping is interrupted counts as lost.
+        assert!(
+            s.transmitted - s.received <= 1,
+            "{i}→{j}: pod traffic lost before the flip: {s:?}"
+        );
+    }
+
+    // The patched ovn-controller's part: intent, with the owner's lease.
+    for a in &nodes {
+        let (mark, reqid) = a.lease();
+        for b in nodes
+            .iter()
+            .filter(|b| b.node.chassis() != a.node.chassis())
+        {
+            a.node
+                .protect_tunnel(&Tunnel {
+                    mark,
+                    reqid,
+                    ..Tunnel::to(&b.node, 0)
+                })
+                .unwrap();
+        }
+    }
+    let windows: Vec<Option<Duration>> = std::thread::scope(|s| {
+        let handles: Vec<_> = pairs
+            .iter()
+            .map(|&(i, j)| {
+                let ns = nodes[i].node.netns();
+                s.spawn(move || overlay::first_reply(ns, pod(j), Duration::from_secs(120)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (w, &(i, j)) in windows.iter().zip(&pairs) {
+        let w = w.unwrap_or_else(|| {
+            panic!(
+                "{i}→{j}: no encrypted reply in 120 s:\n{}\n{}",
+                nodes[i].node.diagnostics(),
+                nodes[j].node.diagnostics()
+            )
+        });
+        println!(
+            "enable window {i}→{j}: first reply {w:?} after intent (flip seen at {flipped:?})"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while phase(&admin).await != Some(Enabled) {
+        assert!(Instant::now() < deadline, "not Enabled after the flip");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Encrypted on the wire between every pair.
+    for (i, a) in nodes.iter().enumerate() {
+        let cap =
+            Capture::start(a.node.netns(), "eth0", &a.node.dir().join("enabled.pcap")).unwrap();
+        let mut answered = 0;
+        for j in (0..n).filter(|j| *j != i) {
+            answered += overlay::ping(a.node.netns(), pod(j), 5, PING_INTERVAL)
+                .unwrap()
+                .received;
+        }
+        let wire = cap.stop().unwrap();
+        let sent = 5 * (n - 1) as u32;
+        println!("node {i}: {answered}/{sent} answered, wire {wire:?}");
+        assert!(answered + 1 >= sent, "node {i}: encrypted pod traffic lost");
+        assert_eq!(
+            wire.dropped_by_kernel, 0,
+            "node {i}: capture missed packets"
+        );
+        assert_eq!(
+            wire.geneve, 0,
+            "node {i}: plaintext Geneve on the underlay: {wire:?}"
+        );
+        assert!(wire.esp >= 2 * answered as usize, "node {i}: {wire:?}");
+    }
+    println!(
+        "enabled over ESP between every pair after {:?}",
+        t0.elapsed()
+    );
+    controller.abort();
+    drop(vswitchds);
+}
