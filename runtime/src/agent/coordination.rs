@@ -213,4 +213,34 @@ mod tests {
             RecordView::Present(Box::new(r))
         );
     }
+
+    #[test]
+    fn a_receipt_is_signed_only_with_the_key_of_the_certificate_it_names() {
+        use kube_ovn_ipsec_api::test_util::TestCa;
+        let dir = tempfile::tempdir().unwrap();
+        let (mine, other) = (TestCa::p256("mine"), TestCa::p256("other"));
+        let key = dir.path().join("key.pem");
+        std::fs::write(&key, mine.key_pem()).unwrap();
+        let cert = Certificate::from_pem(mine.cert_pem().as_bytes()).unwrap();
+        let receipt: Receipt = serde_json::from_value(serde_json::json!({
+            "generation": 1, "epoch": 2, "phase": "Prepare", "nodeName": "n1",
+            "nodeUID": "0b0e6a3c-1111-4222-8333-444455556601",
+            "podUID": "0b0e6a3c-1111-4222-8333-444455556602",
+            "csrName": "ovn-ipsec-x", "csrUID": "0b0e6a3c-1111-4222-8333-444455556603",
+            "templateHash": "h", "trustHash": cert.digest().to_hex(),
+            "observed": "2026-12-02T00:00:00Z",
+            "status": {"identityReady": true, "capabilityVerified": true,
+                       "protectionArmed": false, "configurationApplied": false,
+                       "runtimeHealthy": false, "certificateDigest": cert.digest().to_hex()}
+        }))
+        .unwrap();
+        let annotation = sign_receipt(&receipt, &key, &cert).unwrap();
+        let back: Receipt = signed::verify(&annotation, &cert).unwrap();
+        assert_eq!(back, receipt);
+        let theirs = Certificate::from_pem(other.cert_pem().as_bytes()).unwrap();
+        let e = sign_receipt(&receipt, &key, &theirs).unwrap_err();
+        assert!(e.to_string().contains("does not belong"), "{e}");
+        let e = sign_receipt(&receipt, &dir.path().join("missing.pem"), &cert).unwrap_err();
+        assert!(e.to_string().contains("reading the private key"), "{e}");
+    }
 }
