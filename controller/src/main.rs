@@ -28,6 +28,20 @@ enum Command {
     /// Prints the enable/disable cohort (read only): phase, epoch, and per
     /// node whether its receipt is in or why it is waiting.
     Status,
+    /// Asks the coordinator to retire a target whose Node was re-created
+    /// (same name, another UID; `status` shows it as NodeUIDChanged). The
+    /// leader removes the target only if the cohort froze it with exactly
+    /// this UID; the new Node then joins like any other.
+    RetireNode {
+        /// The Node's name.
+        name: String,
+        /// The UID the cohort froze for it: the deleted Node's.
+        #[arg(long, required_unless_present = "withdraw")]
+        uid: Option<String>,
+        /// Withdraw the request for this Node instead.
+        #[arg(long, conflicts_with = "uid")]
+        withdraw: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -75,6 +89,22 @@ async fn main() -> anyhow::Result<()> {
             let bundle =
                 ca::retire_old_cas(&client, &config.namespace, &acknowledged_digest).await?;
             println!("new trust digest: {}", bundle.digest());
+        }
+        Some(Command::RetireNode { name, uid, .. }) => {
+            let uid = uid
+                .map(kube_ovn_ipsec_api::ident::Uid::new)
+                .transpose()
+                .context("--uid")?;
+            println!(
+                "{}",
+                controller::coordination::run::request_retirement(
+                    &client,
+                    &config.namespace,
+                    &name,
+                    uid
+                )
+                .await?
+            );
         }
         Some(Command::Status) => {
             print!(

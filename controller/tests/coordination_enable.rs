@@ -9,7 +9,12 @@
 //!   with every receipt in, SB read true before `Enabled`;
 //! - a receipt signed with another node's key holds `Prepare` with the
 //!   check's name, in the status and as an Event on the Node, and NB stays
-//!   false.
+//!   false;
+//! - a replica takes over a killed leader mid-barrier and resumes it;
+//! - a node the DaemonSet schedules to after `Enabled` is admitted through
+//!   its own `Prepare`/`Arm` receipts in a new epoch, NB on throughout;
+//! - a re-created Node holds as `NodeUIDChanged` until `retire-node` names
+//!   the UID the cohort froze; then it is admitted like any joiner.
 
 // Helpers outside #[test] functions panic too: a panic is the test's failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -19,15 +24,18 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_ovn_ipsec_api::clock::{Clock, SystemClock, timestamp};
-use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord, Receipt};
+use kube_ovn_ipsec_api::coordination::{
+    CoordinationPhase, CoordinationRecord, Receipt, ReceiptStatus,
+};
 use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_api::signed::{self, SigningKey};
@@ -84,42 +92,78 @@ async fn status(admin: &Client) -> serde_json::Value {
         .unwrap_or_default()
 }
 
-/// Follows the record as an agent would and publishes a signed receipt for
-/// every new (generation, epoch) of `Prepare`/`Arm`, with `signer`'s key
-/// (the node's own, or — to fake — another's).
-async fn respond(c_admin: Client, node: NodeFx, id: Identity, signer: Arc<SigningKey>) {
+/// Follows the record as an agent would, and publishes signed receipts
+/// with `signer`'s key (the node's own, or — to fake — another's):
+/// - a target, for every new (generation, epoch) of `Prepare`/`Arm`;
+/// - a node that is not a target while the record is `Enabled` (the
+///   agent's admission contract): a `Prepare` receipt (identity and
+///   capability) for the record's generation and epoch, then, once
+///   `may_arm` is set, an `Arm` receipt with every flag; again for each new
+///   epoch (an `Arm` receipt straight away once it has armed).
+///
+/// Each receipt names the Node's UID as it is now (a re-created Node has
+/// another).
+async fn respond(
+    c_admin: Client,
+    node: NodeFx,
+    id: Identity,
+    signer: Arc<SigningKey>,
+    may_arm: Arc<AtomicBool>,
+) {
     let nodes: Api<Node> = Api::all(node.client.clone());
     let mut last = None;
+    let mut armed = false;
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let Some(r) = record(&c_admin).await else {
             continue;
         };
-        if !matches!(r.phase, CoordinationPhase::Prepare | CoordinationPhase::Arm) {
+        let target = r.targets.contains_key(&node.name);
+        let ready = kube_ovn_ipsec_api::test_util::ready_status(id.certificate.digest());
+        let (phase, status) = match r.phase {
+            CoordinationPhase::Prepare | CoordinationPhase::Arm if target => (r.phase, ready),
+            CoordinationPhase::Enabled if !target => {
+                let prepared_here =
+                    last == Some((r.generation, r.epoch, CoordinationPhase::Prepare));
+                if armed || (prepared_here && may_arm.load(Ordering::SeqCst)) {
+                    (CoordinationPhase::Arm, ready)
+                } else {
+                    let prepared = ReceiptStatus {
+                        protection_armed: false,
+                        configuration_applied: false,
+                        runtime_healthy: false,
+                        ..ready
+                    };
+                    (CoordinationPhase::Prepare, prepared)
+                }
+            }
+            _ => continue,
+        };
+        let key = (r.generation, r.epoch, phase);
+        if last == Some(key) {
             continue;
         }
+        let Ok(live) = nodes.get(&node.name).await else {
+            continue;
+        };
         let trust = Api::<ConfigMap>::namespaced(node.client.clone(), NS)
             .get("ovn-ipsec-trust")
             .await
             .unwrap();
         let trust = TrustBundle::from_pem(trust.data.unwrap()["ca.crt"].as_bytes()).unwrap();
-        let key = (r.generation, r.epoch);
-        if last == Some(key) {
-            continue;
-        }
         let receipt = Receipt {
             generation: r.generation,
             epoch: r.epoch,
-            phase: r.phase,
+            phase,
             node_name: node.name.clone(),
-            node_uid: Uid::new(node.uid.clone()).unwrap(),
+            node_uid: Uid::new(live.uid().unwrap()).unwrap(),
             pod_uid: Uid::new(node.pod_uid.clone()).unwrap(),
             csr_name: id.csr_name.clone(),
             csr_uid: Uid::new(id.csr_uid.clone()).unwrap(),
             template_hash: HASH.into(),
             trust_hash: trust.digest(),
             observed: timestamp(SystemClock.now()).unwrap(),
-            status: kube_ovn_ipsec_api::test_util::ready_status(id.certificate.digest()),
+            status,
         };
         let annotation = signed::sign(&receipt, &signer).unwrap();
         let patch = serde_json::json!({"metadata": {"annotations": {"kube-ovn.io/ipsec-receipt": annotation}}});
@@ -129,8 +173,20 @@ async fn respond(c_admin: Client, node: NodeFx, id: Identity, signer: Arc<Signin
             .is_ok()
         {
             last = Some(key);
+            armed |= !target && phase == CoordinationPhase::Arm;
         }
     }
+}
+
+/// A responder for node `n` with its own key, arming at once.
+fn responder(c: &Cluster, n: usize, id: &Identity) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(respond(
+        c.admin.clone(),
+        c.nodes[n].clone(),
+        id.clone(),
+        id.key.clone(),
+        Arc::new(AtomicBool::new(true)),
+    ))
 }
 
 struct Setup {
@@ -160,19 +216,32 @@ fn flags<'a>(nb: &'a str, sb: &'a str, pod: &'a str) -> Vec<&'a str> {
 
 /// The cluster, OVN, the controller with the coordinator on and enable
 /// wanted, and a responder per node except `held` (node `forged`'s signs
-/// with node 0's key).
-async fn setup(nodes: usize, forged: Option<usize>, held: Option<usize>) -> (Setup, Vec<Identity>) {
+/// with node 0's key). With `late`, the last node has no CNI Pod (the
+/// DaemonSet does not schedule to it yet), no identity and no responder.
+async fn setup_with(
+    nodes: usize,
+    forged: Option<usize>,
+    held: Option<usize>,
+    late: bool,
+) -> (Setup, Vec<Identity>) {
     let dir = tempfile::tempdir().unwrap();
     let central = OvnCentral::start(dir.path()).unwrap();
     let mut c = Cluster::start(nodes).await;
+    let early = nodes - usize::from(late);
+    if late {
+        Api::<Pod>::namespaced(c.admin.clone(), NS)
+            .delete(&c.nodes[early].pod_name, &Default::default())
+            .await
+            .unwrap();
+    }
     let (nb, sb) = (central.nb.address(), central.sb.address());
     let config = c.config_with(&flags(&nb, &sb, "controller-0"));
     c.start_controller(config).await;
     let mut ids = Vec::new();
-    for n in 0..nodes {
+    for n in 0..early {
         ids.push(identity(&c, n).await);
     }
-    let responders = (0..nodes)
+    let responders = (0..early)
         .filter(|n| Some(*n) != held)
         .map(|n| {
             let signer = match forged {
@@ -184,6 +253,7 @@ async fn setup(nodes: usize, forged: Option<usize>, held: Option<usize>) -> (Set
                 c.nodes[n].clone(),
                 ids[n].clone(),
                 signer,
+                Arc::new(AtomicBool::new(true)),
             ))
         })
         .collect();
@@ -196,6 +266,11 @@ async fn setup(nodes: usize, forged: Option<usize>, held: Option<usize>) -> (Set
         },
         ids,
     )
+}
+
+/// [`setup_with`] every node scheduled.
+async fn setup(nodes: usize, forged: Option<usize>, held: Option<usize>) -> (Setup, Vec<Identity>) {
+    setup_with(nodes, forged, held, false).await
 }
 
 /// Polls until the record is `Enabled`, returning the phases seen in order
@@ -329,12 +404,7 @@ async fn a_replica_takes_over_a_killed_leader_mid_barrier_and_resumes() {
     s.c.start_controller(config).await;
     let killed = Instant::now();
     // The last node reports only now.
-    s.responders.push(tokio::spawn(respond(
-        s.c.admin.clone(),
-        s.c.nodes[2].clone(),
-        ids[2].clone(),
-        ids[2].key.clone(),
-    )));
+    s.responders.push(responder(&s.c, 2, &ids[2]));
     let (seen, nb_first_true_in) = until_enabled(&s, Duration::from_secs(60)).await;
     println!("Enabled {:?} after the kill", killed.elapsed());
     use CoordinationPhase::*;
@@ -404,6 +474,261 @@ async fn a_receipt_signed_with_another_nodes_key_holds_prepare_with_the_reason()
             })
     })
     .await;
+    for h in s.responders {
+        h.abort();
+    }
+    s.c.stop().await;
+}
+
+/// Reads `NB_Global.ipsec` every 100 ms until aborted; the flag is set if
+/// it ever read false.
+fn watch_nb_stays_on(central: &OvnCentral) -> (Arc<AtomicBool>, tokio::task::JoinHandle<()>) {
+    let went_off = Arc::new(AtomicBool::new(false));
+    let flag = went_off.clone();
+    let address = central.nb.address();
+    let task = tokio::spawn(async move {
+        let nb = ovsdb::Client::connect_str(&address).await.unwrap();
+        loop {
+            if !nb.read_nb_ipsec().await.unwrap() {
+                flag.store(true, Ordering::SeqCst);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    (went_off, task)
+}
+
+/// Polls the record until `pred` holds (bounded by `limit`).
+async fn until_record(
+    s: &Setup,
+    what: &str,
+    limit: Duration,
+    pred: impl Fn(&CoordinationRecord) -> bool,
+) -> CoordinationRecord {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(r) = record(&s.c.admin).await
+            && pred(&r)
+        {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {limit:?}: {:?}\nstatus: {}",
+            record(&s.c.admin).await,
+            status(&s.c.admin).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls the status until node `n`'s entry satisfies `pred`.
+async fn until_node_status(s: &Setup, n: &str, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = status(&s.c.admin).await;
+        if let Some(v) = st["nodes"][n].as_str()
+            && pred(v)
+        {
+            return v.to_owned();
+        }
+        assert!(Instant::now() < deadline, "{n}'s status: {st}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs the controller binary against the embedded API server as admin.
+fn controller_cli(s: &Setup, args: &[&str]) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("admin.kubeconfig");
+    s.c.server
+        .write_kubeconfig(&kubeconfig, apiserver::ADMIN_TOKEN)
+        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec-controller"))
+        .args(["--namespace", NS])
+        .args(args)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// A node the DaemonSet starts scheduling to after `Enabled` is admitted
+/// through its own receipts: while only its `Prepare` receipt is in, the
+/// status says why it waits, an Event on its Node names the check, and the
+/// cohort does not move; its `Arm` receipt for the record's epoch makes it
+/// a target in a new epoch of `Enabled`. NB reads true the whole time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_scheduled_after_enabled_is_admitted_on_its_receipts_with_nb_on() {
+    let (mut s, _) = setup_with(3, None, None, true).await;
+    let (seen, _) = until_enabled(&s, Duration::from_secs(60)).await;
+    assert_eq!(seen.last(), Some(&CoordinationPhase::Enabled));
+    let before = record(&s.c.admin).await.unwrap();
+    assert_eq!(
+        before.targets.keys().collect::<Vec<_>>(),
+        ["node-0", "node-1"]
+    );
+    let (nb_went_off, nb_watch) = watch_nb_stays_on(&s.central);
+
+    // The DaemonSet schedules to node-2 now: its Pod, a token bound to it,
+    // an identity issued through that token.
+    let pods: Api<Pod> = Api::namespaced(s.c.admin.clone(), NS);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "kube-ovn-cni-2-late", "namespace": NS,
+                     "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                          "name": "kube-ovn-cni", "uid": s.c.ds_uid,
+                                          "controller": true}]},
+        "spec": {"nodeName": "node-2", "serviceAccountName": CNI_SA,
+                 "containers": [{"name": "cni-server", "image": "kube-ovn"}]}
+    }))
+    .unwrap();
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let joiner = &mut s.c.nodes[2];
+    joiner.pod_name = pod.name_any();
+    joiner.pod_uid = pod.uid().unwrap();
+    joiner.token = mint_token(
+        &s.c.admin,
+        CNI_SA,
+        Some((&joiner.pod_name, &joiner.pod_uid)),
+    )
+    .await;
+    joiner.client = s.c.server.client(&joiner.token).await.unwrap();
+    let id = identity(&s.c, 2).await;
+    let may_arm = Arc::new(AtomicBool::new(false));
+    s.responders.push(tokio::spawn(respond(
+        s.c.admin.clone(),
+        s.c.nodes[2].clone(),
+        id.clone(),
+        id.key.clone(),
+        may_arm.clone(),
+    )));
+
+    // Prepared, not armed: reported, not admitted.
+    let why = until_node_status(&s, "node-2", |v| v.contains("ReceiptNotReady")).await;
+    assert!(why.starts_with("admission: "), "{why}");
+    let waiting = record(&s.c.admin).await.unwrap();
+    assert_eq!(waiting.phase, CoordinationPhase::Enabled);
+    assert_eq!(waiting.targets, before.targets, "not admitted on Prepare");
+    eventually("an Event on node-2 names the check", || async {
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(s.c.admin.clone(), "default")
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("ReceiptNotReady")
+                    && e.involved_object.name.as_deref() == Some("node-2")
+            })
+    })
+    .await;
+
+    // Armed: admitted, in a new epoch of the same cycle.
+    let t0 = Instant::now();
+    may_arm.store(true, Ordering::SeqCst);
+    let after = until_record(&s, "node-2 admitted", Duration::from_secs(30), |r| {
+        r.targets.contains_key("node-2")
+    })
+    .await;
+    println!("node-2 admitted {:?} after arming", t0.elapsed());
+    assert_eq!(after.phase, CoordinationPhase::Enabled);
+    assert_eq!(after.generation, before.generation);
+    assert!(after.epoch > before.epoch, "{after:?}");
+    assert_eq!(after.targets["node-2"].as_str(), s.c.nodes[2].uid);
+    assert_eq!(after.targets.len(), 3);
+    until_node_status(&s, "node-2", |v| v == "ok").await;
+    nb_watch.abort();
+    assert!(
+        !nb_went_off.load(Ordering::SeqCst),
+        "NB_Global.ipsec read false while a node was admitted"
+    );
+    assert_eq!(nb_sb(&s.central).await, (true, true));
+    for h in s.responders {
+        h.abort();
+    }
+    s.c.stop().await;
+}
+
+/// A target whose Node is deleted and re-created under the same name holds
+/// as NodeUIDChanged (reported, never dropped); `retire-node` naming
+/// another UID is refused with the reason in the status; naming the frozen
+/// UID removes the target in a new epoch, consumes the request, and the new
+/// Node is admitted through its own receipts. NB stays on throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retire_node_removes_a_recreated_target_which_is_then_admitted() {
+    let (s, _) = setup(3, None, None).await;
+    until_enabled(&s, Duration::from_secs(60)).await;
+    let before = record(&s.c.admin).await.unwrap();
+    let old_uid = before.targets["node-2"].clone();
+    let (nb_went_off, nb_watch) = watch_nb_stays_on(&s.central);
+
+    let nodes: Api<Node> = Api::all(s.c.admin.clone());
+    nodes.delete("node-2", &Default::default()).await.unwrap();
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-2",
+                     "annotations": {"ovn.kubernetes.io/chassis": s.c.nodes[2].chassis}}
+    }))
+    .unwrap();
+    let new_uid = nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let why = until_node_status(&s, "node-2", |v| v.starts_with("NodeUIDChanged")).await;
+    assert!(why.contains(old_uid.as_str()), "{why}");
+    assert_eq!(
+        record(&s.c.admin).await.unwrap(),
+        before,
+        "held, not dropped"
+    );
+
+    let (ok, out) = controller_cli(&s, &["retire-node", "node-2", "--uid", &new_uid]);
+    assert!(ok, "{out}");
+    assert!(out.contains("will refuse"), "{out}");
+    until_node_status(&s, "node-2", |v| v.contains("RetireRefused")).await;
+    assert_eq!(record(&s.c.admin).await.unwrap(), before);
+    let (ok, out) = controller_cli(&s, &["status"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!("retirement requested: node-2 (UID {new_uid})")),
+        "{out}"
+    );
+
+    let (ok, out) = controller_cli(&s, &["retire-node", "node-2", "--uid", old_uid.as_str()]);
+    assert!(ok, "{out}");
+    let after = until_record(&s, "node-2 re-admitted", Duration::from_secs(30), |r| {
+        r.targets
+            .get("node-2")
+            .is_some_and(|u| u.as_str() == new_uid)
+    })
+    .await;
+    assert_eq!(after.phase, CoordinationPhase::Enabled);
+    assert_eq!(after.generation, before.generation);
+    assert!(
+        after.epoch >= before.epoch + 2,
+        "retired, then admitted: {after:?}"
+    );
+    let cm = Api::<ConfigMap>::namespaced(s.c.admin.clone(), NS)
+        .get("ovn-ipsec-coordination")
+        .await
+        .unwrap();
+    assert!(
+        !cm.annotations().contains_key("kube-ovn.io/ipsec-retire"),
+        "the request is consumed: {:?}",
+        cm.annotations()
+    );
+    nb_watch.abort();
+    assert!(!nb_went_off.load(Ordering::SeqCst));
     for h in s.responders {
         h.abort();
     }

@@ -13,9 +13,18 @@
 //! the frozen DaemonSet, from the frozen template), and what it says
 //! (generation, epoch, phase, hashes, freshness, the barrier's flags).
 //! Pod readiness is never consulted: only signed evidence counts.
+//!
+//! A receipt answers either the record's own barrier (a frozen target in
+//! `Prepare`/`Arm`) or, while the record is `Enabled`, asks for the
+//! admission of a node the DaemonSet schedules to that is not a target
+//! ([`Answer`]). Both go through the same checks; an admission is judged as
+//! the `Arm` barrier that node would have passed, for the record's own
+//! generation and epoch, under the UID its Node has now.
 
-use kube_ovn_ipsec_api::coordination::{CoordinationRecord, Receipt};
-use kube_ovn_ipsec_api::ident::Chassis;
+use std::collections::BTreeMap;
+
+use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord, Receipt};
+use kube_ovn_ipsec_api::ident::{Chassis, Uid};
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_api::signed::{self, Unverified};
 use kube_ovn_ipsec_api::time::Timestamp;
@@ -60,6 +69,21 @@ pub struct NodeFacts<'a> {
     pub chassis: Option<&'a str>,
 }
 
+/// What a receipt is judged as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer<'a> {
+    /// A frozen target's answer to the record's own barrier.
+    Barrier,
+    /// A node asking to be admitted while the record is `Enabled`: it is
+    /// scheduled, not a target, and its Node has UID `uid` now.
+    Admission {
+        /// The Node's name.
+        node: &'a str,
+        /// The Node's live UID.
+        uid: &'a Uid,
+    },
+}
+
 fn refused(check: &'static str, message: impl Into<String>) -> Verdict {
     Verdict::Refused {
         check,
@@ -77,9 +101,12 @@ pub fn peek(annotation: Option<&str>) -> Result<Unverified<Receipt>, Verdict> {
 }
 
 /// Judges `receipt` (from [`peek`]) for `node` against the stored record,
-/// the trust, and the CSR and Pod it names as they are live now.
+/// the trust, and the CSR and Pod it names as they are live now, as
+/// `answer`.
+#[allow(clippy::too_many_arguments)] // each is one live fact the checks compare
 pub fn judge(
     record: &CoordinationRecord,
+    answer: Answer<'_>,
     trust: &TrustBundle,
     node: NodeFacts<'_>,
     receipt: Unverified<Receipt>,
@@ -191,7 +218,57 @@ pub fn judge(
         );
     }
     // What it says, against the record.
-    if let Err(e) = receipt.check_against(record, now) {
+    claims(record, answer, &receipt, now)
+}
+
+/// The record-side checks of a verified receipt, as `answer` (what
+/// [`judge`] ends with, after the signature and the binding passed):
+/// generation, epoch, phase, node UID, hashes, freshness and the barrier's
+/// flags, each failure named as its Event reason.
+///
+/// An admission is checked as the `Arm` barrier of the record's generation
+/// and epoch with the node as its only target. A joiner's `Prepare`
+/// receipt, otherwise valid, is its first step and not yet enough:
+/// `ReceiptNotReady`, saying so.
+pub fn claims(
+    record: &CoordinationRecord,
+    answer: Answer<'_>,
+    receipt: &Receipt,
+    now: Timestamp,
+) -> Verdict {
+    let checked = match answer {
+        Answer::Barrier => receipt.check_against(record, now),
+        Answer::Admission { node, uid } => {
+            if record.phase != CoordinationPhase::Enabled {
+                return refused(
+                    "ReceiptEpochMismatch",
+                    format!(
+                        "nodes are admitted only while Enabled, not {}",
+                        record.phase
+                    ),
+                );
+            }
+            let prepared = receipt.phase == CoordinationPhase::Prepare;
+            let mut barrier = record.clone();
+            barrier.phase = if prepared {
+                CoordinationPhase::Prepare
+            } else {
+                CoordinationPhase::Arm
+            };
+            barrier.targets = BTreeMap::from([(node.to_owned(), uid.clone())]);
+            match receipt.check_against(&barrier, now) {
+                Ok(()) if prepared => {
+                    return refused(
+                        "ReceiptNotReady",
+                        "prepared for admission (identity and capability); \
+                         waiting for its Arm receipt",
+                    );
+                }
+                other => other,
+            }
+        }
+    };
+    if let Err(e) = checked {
         let check = match &e {
             kube_ovn_ipsec_api::Error::ReceiptNotFresh { .. } => "ReceiptStale",
             kube_ovn_ipsec_api::Error::ReceiptMismatch { field: "status" } => "ReceiptNotReady",

@@ -15,14 +15,36 @@
 //! - a change of the DaemonSet (UID), its template or the trust during
 //!   `Prepare`/`Arm` restarts from `Prepare` with everything re-frozen;
 //! - a node the DaemonSet newly schedules to during `Prepare`/`Arm` joins by
-//!   the same restart (the cohort is what the DaemonSet schedules to);
+//!   the same restart (the cohort is what the DaemonSet schedules to) — but
+//!   only while `NB_Global.ipsec` reads false. Once it may be true (read
+//!   true, or unreadable) a joiner would be an unguarded target under an
+//!   encrypted switch, so the frozen cohort finishes to `Enabled` without
+//!   it (a restart keeps the frozen targets) and the joiner is admitted from
+//!   there;
 //! - a target that is no longer scheduled to (Node deleted, DaemonSet no
 //!   longer selects it) leaves by the same restart, and the decision names
 //!   it: nothing is enabled on a node that is not there;
 //! - a target whose Node UID changed (deleted and re-created under the same
 //!   name) holds the barrier with that reason until an operator retires it:
 //!   its evidence cannot be told apart from a replay, so it is never
-//!   silently dropped or re-admitted.
+//!   silently dropped or re-admitted. A retirement names the UID the cohort
+//!   froze; it removes that target (a restart from `Prepare`, a new epoch
+//!   while `Enabled`) and the new Node joins like any other. A retirement
+//!   naming another UID is refused, and says why, per node.
+//!
+//! While `Enabled` there is no barrier; the record keeps what admissions
+//! are judged against, and each change is a new epoch of `Enabled`:
+//! - a scheduled node that is not a target is admitted on its own `Arm`
+//!   receipt for the record's generation and epoch (judged as
+//!   [`super::evidence::Answer::Admission`]); until then it is reported
+//!   with why it waits;
+//! - a target that is no longer scheduled is dropped;
+//! - the frozen DaemonSet, template and trust follow the live ones, so a
+//!   joiner's receipt is judged against what its agent holds (a trust
+//!   rotation after the flip would otherwise refuse every joiner forever).
+//!
+//! `Enabled → Enabled` is not a phase transition (the record's table has
+//! none): only the epoch moves, and NB stays true throughout.
 
 use std::collections::BTreeMap;
 
@@ -85,6 +107,13 @@ pub struct Observation {
     /// Per target of the stored record, its receipt's verdict against it.
     /// A target absent here counts as [`Verdict::Missing`].
     pub receipts: BTreeMap<String, Verdict>,
+    /// While the stored record is `Enabled`: per scheduled node that is not
+    /// a target, its receipt judged as an admission. Absent counts as
+    /// [`Verdict::Missing`].
+    pub admissions: BTreeMap<String, Verdict>,
+    /// The operator's retirement requests: Node name → the UID the cohort
+    /// froze for it (the Node that was deleted).
+    pub retirements: BTreeMap<String, Uid>,
     /// `NB_Global.ipsec` as a synchronous read returned it (`None`:
     /// unreadable).
     pub nb_ipsec: Option<bool>,
@@ -134,13 +163,27 @@ fn write(record: CoordinationRecord, why: impl Into<String>) -> Result<Decision>
     })
 }
 
-/// The record of a fresh `Prepare` from `from`: new epoch, everything
-/// frozen from what is live now.
+/// `record` with only its epoch moved: how `Enabled` records a change.
+/// The phase table has no `Enabled → Enabled` and nothing else of a
+/// transition applies (same generation, same challenge).
+fn next_epoch(record: &CoordinationRecord) -> Result<CoordinationRecord> {
+    let mut next = record.clone();
+    next.epoch = record.epoch.checked_add(1).ok_or_else(|| {
+        Error::Coordination(kube_ovn_ipsec_api::Error::InvalidValue {
+            kind: "epoch",
+            reason: "overflow".into(),
+        })
+    })?;
+    Ok(next)
+}
+
+/// The record of a fresh `Prepare` from `from`: new epoch, the DaemonSet,
+/// template and trust frozen from what is live now, `cohort` as targets.
 fn prepare(
     from: &CoordinationRecord,
     ds: &LiveDaemonSet,
     trust: Sha256Digest,
-    scheduled: &BTreeMap<String, Uid>,
+    cohort: BTreeMap<String, Uid>,
 ) -> Result<CoordinationRecord> {
     let mut next = from
         .transition(CoordinationPhase::Prepare, None)
@@ -148,69 +191,177 @@ fn prepare(
     next.daemon_set_uid = Some(ds.uid.clone());
     next.template_hash = Some(ds.template_hash.clone());
     next.trust_hash = Some(trust);
-    next.targets = scheduled.clone();
+    next.targets = cohort;
     Ok(next)
 }
 
-/// How the live cohort differs from the frozen one, if it does: the reason
-/// to restart from `Prepare`, or (UID changes) to hold.
-enum Drift {
-    None,
-    Refreeze(String),
-    Retire(BTreeMap<String, String>),
+/// Whether `NB_Global.ipsec` may be true: read true, or not readable. A
+/// joiner enters a barrier only when it surely is not.
+fn nb_may_be_on(o: &Observation) -> bool {
+    o.nb_ipsec != Some(false)
 }
 
-fn drift(
+/// The targets of a restart from `Prepare`. While NB reads false: what the
+/// DaemonSet schedules to. Once NB may be on: the frozen targets still
+/// scheduled, and no one else (joiners wait for `Enabled`). Never the
+/// `retired`; a re-created Node that is not retired keeps its frozen UID,
+/// so it still holds the barrier until it is.
+fn cohort(
     record: &CoordinationRecord,
     o: &Observation,
+    retired: &BTreeMap<String, Uid>,
+) -> BTreeMap<String, Uid> {
+    if nb_may_be_on(o) {
+        return record
+            .targets
+            .iter()
+            .filter(|(n, _)| o.scheduled.contains_key(*n) && !retired.contains_key(*n))
+            .map(|(n, u)| (n.clone(), u.clone()))
+            .collect();
+    }
+    o.scheduled
+        .iter()
+        .map(|(n, live)| {
+            let uid = match record.targets.get(n) {
+                Some(frozen) if !retired.contains_key(n) => frozen,
+                _ => live,
+            };
+            (n.clone(), uid.clone())
+        })
+        .collect()
+}
+
+/// What differs between the frozen DaemonSet, template and trust and the
+/// live ones, if anything.
+fn frozen_change(
+    record: &CoordinationRecord,
     ds: &LiveDaemonSet,
     trust: &Sha256Digest,
-) -> Drift {
-    let mut retire = BTreeMap::new();
-    for (name, frozen) in &record.targets {
-        if let Some(live) = o.scheduled.get(name)
-            && live != frozen
-        {
-            retire.insert(
-                name.clone(),
-                format!(
-                    "NodeUIDChanged: the Node was re-created (UID {frozen} frozen, {live} live); \
-                     retire it from the cohort before the barrier can complete"
-                ),
-            );
-        }
-    }
-    if !retire.is_empty() {
-        return Drift::Retire(retire);
-    }
+) -> Option<String> {
     if record.daemon_set_uid.as_ref() != Some(&ds.uid) {
-        return Drift::Refreeze("the DaemonSet was re-created".into());
+        return Some("the DaemonSet was re-created".into());
     }
     if record.template_hash.as_deref() != Some(ds.template_hash.as_str()) {
-        return Drift::Refreeze(format!(
+        return Some(format!(
             "the DaemonSet template changed to {}",
             ds.template_hash
         ));
     }
     if record.trust_hash.as_ref() != Some(trust) {
-        return Drift::Refreeze("the trust bundle changed".into());
+        return Some("the trust bundle changed".into());
     }
-    let joined: Vec<&String> = o
-        .scheduled
+    None
+}
+
+/// Per target whose Node was re-created (scheduled under the same name
+/// with another UID), why it holds.
+fn recreated(record: &CoordinationRecord, o: &Observation) -> BTreeMap<String, String> {
+    record
+        .targets
+        .iter()
+        .filter_map(|(name, frozen)| {
+            let live = o.scheduled.get(name).filter(|live| *live != frozen)?;
+            Some((
+                name.clone(),
+                format!(
+                    "NodeUIDChanged: the Node was re-created (UID {frozen} frozen, {live} live); \
+                     retire it with `kube-ovn-ipsec-controller retire-node {name} --uid {frozen}`"
+                ),
+            ))
+        })
+        .collect()
+}
+
+/// Scheduled nodes that are not targets.
+fn joiners<'a>(record: &CoordinationRecord, o: &'a Observation) -> Vec<&'a String> {
+    o.scheduled
         .keys()
         .filter(|n| !record.targets.contains_key(*n))
-        .collect();
-    let left: Vec<&String> = record
+        .collect()
+}
+
+/// Targets that are not scheduled.
+fn leavers<'a>(record: &'a CoordinationRecord, o: &Observation) -> Vec<&'a String> {
+    record
         .targets
         .keys()
         .filter(|n| !o.scheduled.contains_key(*n))
-        .collect();
-    match (joined.is_empty(), left.is_empty()) {
-        (true, true) => Drift::None,
-        _ => Drift::Refreeze(format!(
-            "the cohort changed (joined: {joined:?}, left: {left:?})"
-        )),
+        .collect()
+}
+
+/// Why a joiner is not a target yet, in the phase `record` is in.
+fn joiner_reason(record: &CoordinationRecord, o: &Observation, name: &str) -> String {
+    if record.phase == CoordinationPhase::Enabled {
+        let verdict = o.admissions.get(name).unwrap_or(&Verdict::Missing);
+        let why = verdict
+            .waiting_reason()
+            .unwrap_or_else(|| "armed; admitted on the next pass".into());
+        format!("admission: {why}")
+    } else {
+        "joins once the cohort is Enabled (NB_Global.ipsec may already be true)".into()
     }
+}
+
+/// The operator's retirement requests, judged against the stored record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Retirements {
+    /// Targets to remove: name → the frozen UID the request names.
+    pub apply: BTreeMap<String, Uid>,
+    /// Requests refused: name → why.
+    pub refused: BTreeMap<String, String>,
+}
+
+/// Sorts `o`'s retirement requests against `record`: a request applies
+/// only to a target whose frozen UID is the one it names.
+pub fn retirements(record: &CoordinationRecord, o: &Observation) -> Retirements {
+    let mut out = Retirements::default();
+    for (name, uid) in &o.retirements {
+        match record.targets.get(name) {
+            Some(frozen) if frozen == uid => {
+                out.apply.insert(name.clone(), uid.clone());
+            }
+            Some(frozen) => {
+                out.refused.insert(
+                    name.clone(),
+                    format!(
+                        "RetireRefused: the cohort froze {name} with UID {frozen}, \
+                         the request names {uid}"
+                    ),
+                );
+            }
+            None => {
+                out.refused.insert(
+                    name.clone(),
+                    format!("RetireRefused: {name} is not a target (the request names UID {uid})"),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The retirement requests a write from `stored` to `next` carried out
+/// (their target with that UID is gone): the shell removes them in the
+/// same write, so a consumed request never applies twice.
+pub fn retirements_done(
+    stored: &CoordinationRecord,
+    next: &CoordinationRecord,
+    requests: &BTreeMap<String, Uid>,
+) -> Vec<String> {
+    requests
+        .iter()
+        .filter(|(name, uid)| {
+            stored.targets.get(*name) == Some(*uid) && next.targets.get(*name) != Some(*uid)
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+fn names<'a>(it: impl IntoIterator<Item = &'a String>) -> String {
+    it.into_iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The per-target reasons the barrier is not complete (empty: complete).
@@ -223,6 +374,61 @@ fn waiting(record: &CoordinationRecord, o: &Observation) -> BTreeMap<String, Str
             verdict.waiting_reason().map(|r| (name.clone(), r))
         })
         .collect()
+}
+
+/// Per node, what the cohort's status says after a pass that went from
+/// the `stored` record to `next` (the same record when nothing was
+/// written): `ok`, or why the node waits. The verdicts in `o` were judged
+/// against `stored`, so after a write of a new epoch a barrier's targets
+/// and `Enabled`'s joiners have "no receipt yet" for it.
+pub fn node_status(
+    stored: &CoordinationRecord,
+    next: &CoordinationRecord,
+    o: &Observation,
+) -> BTreeMap<String, String> {
+    let judged = next.epoch == stored.epoch;
+    let barrier = matches!(
+        next.phase,
+        CoordinationPhase::Prepare | CoordinationPhase::Arm
+    );
+    let missing = || Verdict::Missing.waiting_reason().unwrap_or_default();
+    let mut out: BTreeMap<String, String> = next
+        .targets
+        .keys()
+        .map(|n| {
+            let s = match (barrier, judged.then(|| o.receipts.get(n)).flatten()) {
+                (false, _) => "ok".into(),
+                (true, None) => missing(),
+                (true, Some(v)) => v.waiting_reason().unwrap_or_else(|| "ok".into()),
+            };
+            (n.clone(), s)
+        })
+        .collect();
+    if !next.phase.is_enable_side() {
+        return out;
+    }
+    out.extend(recreated(next, o));
+    for name in joiners(next, o) {
+        let why = if judged || next.phase != CoordinationPhase::Enabled {
+            joiner_reason(next, o, name)
+        } else {
+            format!("admission: {}", missing())
+        };
+        out.insert(name.clone(), why);
+    }
+    if stored.phase.is_enable_side() {
+        merge(&mut out, retirements(stored, o).refused);
+    }
+    out
+}
+
+/// Adds `more` to `into`, joining the reasons of a node that has both.
+fn merge(into: &mut BTreeMap<String, String>, more: BTreeMap<String, String>) {
+    for (name, why) in more {
+        into.entry(name)
+            .and_modify(|s| *s = format!("{s}; {why}"))
+            .or_insert(why);
+    }
 }
 
 /// The one next step from `record` given `o`.
@@ -244,81 +450,203 @@ pub fn decide(record: &CoordinationRecord, o: &Observation) -> Result<Decision> 
             if o.scheduled.is_empty() {
                 return Ok(hold("enable wanted: the DaemonSet schedules to no node"));
             }
-            write(prepare(record, ds, trust, &o.scheduled)?, "enable: Prepare")
+            write(
+                prepare(record, ds, trust, o.scheduled.clone())?,
+                "enable: Prepare",
+            )
         }
-        Prepare | Arm => {
-            if !o.want_enabled {
-                let next = record
-                    .transition(Disabling, Some(o.fresh_challenge))
-                    .map_err(Error::Coordination)?;
-                return write(next, "disable wanted during the enable barrier");
-            }
-            let Some(ds) = &o.daemon_set else {
-                return Ok(hold("the kube-ovn-cni DaemonSet does not exist"));
-            };
-            let Some(trust) = o.trust else {
-                return Ok(hold("the trust bundle is not readable"));
-            };
-            match drift(record, o, ds, &trust) {
-                Drift::Retire(waiting) => {
-                    return Ok(Decision::Hold {
-                        reason: "a target's Node was re-created".into(),
-                        waiting,
-                    });
-                }
-                Drift::Refreeze(why) => {
-                    return write(
-                        prepare(record, ds, trust, &o.scheduled)?,
-                        format!("back to Prepare: {why}"),
-                    );
-                }
-                Drift::None => {}
-            }
-            let waiting = waiting(record, o);
-            if !waiting.is_empty() {
-                return Ok(Decision::Hold {
-                    reason: format!("{} barrier: waiting for receipts", record.phase),
-                    waiting,
-                });
-            }
-            if record.phase == Prepare {
-                let next = record.transition(Arm, None).map_err(Error::Coordination)?;
-                return write(next, "every target prepared: Arm");
-            }
-            match (o.nb_ipsec, o.sb_ipsec) {
-                (Some(true), Some(true)) => {
-                    let next = record
-                        .transition(Enabled, None)
-                        .map_err(Error::Coordination)?;
-                    write(next, "every target armed, NB and SB read true: Enabled")
-                }
-                (Some(true), sb) => Ok(hold(format!(
-                    "NB_Global.ipsec is true; waiting for SB_Global.ipsec (read {sb:?})"
-                ))),
-                (Some(false), _) => Ok(Decision::SetNb(true)),
-                (None, _) => Ok(hold("NB_Global is not readable")),
-            }
-        }
-        Enabled => {
-            if !o.want_enabled {
-                let next = record
-                    .transition(Disabling, Some(o.fresh_challenge))
-                    .map_err(Error::Coordination)?;
-                return write(next, "disable wanted");
-            }
-            // Enabled is the intent: a switch turned off behind the
-            // controller's back is turned on again (every target is armed,
-            // so this costs nothing).
-            match o.nb_ipsec {
-                Some(false) => Ok(Decision::SetNb(true)),
-                _ => Ok(Decision::Idle),
-            }
-        }
+        Prepare | Arm => barrier(record, o),
+        Enabled => enabled(record, o),
         Disabling | Cleanup | Release => Ok(hold(format!(
             "{}: the disable side is not coordinated by this build",
             record.phase
         ))),
     }
+}
+
+/// `Prepare` and `Arm`: the cohort's changes first (each a restart from
+/// `Prepare`), then the barrier, then NB and SB.
+fn barrier(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
+    use CoordinationPhase::*;
+    if !o.want_enabled {
+        let next = record
+            .transition(Disabling, Some(o.fresh_challenge))
+            .map_err(Error::Coordination)?;
+        return write(next, "disable wanted during the enable barrier");
+    }
+    let Some(ds) = &o.daemon_set else {
+        return Ok(hold("the kube-ovn-cni DaemonSet does not exist"));
+    };
+    let Some(trust) = o.trust else {
+        return Ok(hold("the trust bundle is not readable"));
+    };
+    let retire = retirements(record, o);
+    if !retire.apply.is_empty() {
+        return write(
+            prepare(record, ds, trust, cohort(record, o, &retire.apply))?,
+            format!(
+                "back to Prepare: retired {} on the operator's request",
+                names(retire.apply.keys())
+            ),
+        );
+    }
+    let recreated = recreated(record, o);
+    if !recreated.is_empty() {
+        let mut waiting = recreated;
+        merge(&mut waiting, retire.refused);
+        return Ok(Decision::Hold {
+            reason: "a target's Node was re-created".into(),
+            waiting,
+        });
+    }
+    let no_retirement = BTreeMap::new();
+    if let Some(why) = frozen_change(record, ds, &trust) {
+        return write(
+            prepare(record, ds, trust, cohort(record, o, &no_retirement))?,
+            format!("back to Prepare: {why}"),
+        );
+    }
+    let joined = joiners(record, o);
+    let left = leavers(record, o);
+    let joiners_wait = nb_may_be_on(o);
+    if !left.is_empty() || (!joined.is_empty() && !joiners_wait) {
+        let why = if joiners_wait {
+            format!(
+                "back to Prepare: the cohort changed (left: {}; NB_Global.ipsec may be true, \
+                 so no node joins before Enabled)",
+                names(left)
+            )
+        } else {
+            format!(
+                "back to Prepare: the cohort changed (joined: {}; left: {})",
+                names(joined),
+                names(left)
+            )
+        };
+        return write(
+            prepare(record, ds, trust, cohort(record, o, &no_retirement))?,
+            why,
+        );
+    }
+    let mut waiting = waiting(record, o);
+    if !waiting.is_empty() {
+        for name in joined {
+            waiting.insert(name.clone(), joiner_reason(record, o, name));
+        }
+        merge(&mut waiting, retire.refused);
+        return Ok(Decision::Hold {
+            reason: format!("{} barrier: waiting for receipts", record.phase),
+            waiting,
+        });
+    }
+    if record.phase == Prepare {
+        let next = record.transition(Arm, None).map_err(Error::Coordination)?;
+        return write(next, "every target prepared: Arm");
+    }
+    match (o.nb_ipsec, o.sb_ipsec) {
+        (Some(true), Some(true)) => {
+            let next = record
+                .transition(Enabled, None)
+                .map_err(Error::Coordination)?;
+            write(next, "every target armed, NB and SB read true: Enabled")
+        }
+        (Some(true), sb) => Ok(hold(format!(
+            "NB_Global.ipsec is true; waiting for SB_Global.ipsec (read {sb:?})"
+        ))),
+        (Some(false), _) => Ok(Decision::SetNb(true)),
+        (None, _) => Ok(hold("NB_Global is not readable")),
+    }
+}
+
+/// `Enabled`: no barrier. The switch is kept on; each change of the cohort
+/// or of what admissions are judged against is a new epoch of `Enabled`,
+/// one per pass: retirements, leavers, the frozen DaemonSet, template and
+/// trust following the live ones, then admissions (last, so a joiner is
+/// judged against a record that is up to date).
+fn enabled(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
+    if !o.want_enabled {
+        let next = record
+            .transition(CoordinationPhase::Disabling, Some(o.fresh_challenge))
+            .map_err(Error::Coordination)?;
+        return write(next, "disable wanted");
+    }
+    // Enabled is the intent: a switch turned off behind the controller's
+    // back is turned on again (every target is armed, so this costs
+    // nothing).
+    if o.nb_ipsec == Some(false) {
+        return Ok(Decision::SetNb(true));
+    }
+    let Some(ds) = &o.daemon_set else {
+        return Ok(hold(
+            "Enabled; the kube-ovn-cni DaemonSet does not exist: no node can be admitted",
+        ));
+    };
+    let Some(trust) = o.trust else {
+        return Ok(hold(
+            "Enabled; the trust bundle is not readable: no node can be admitted",
+        ));
+    };
+    let retire = retirements(record, o);
+    if !retire.apply.is_empty() {
+        let mut next = next_epoch(record)?;
+        next.targets.retain(|n, _| !retire.apply.contains_key(n));
+        return write(
+            next,
+            format!(
+                "Enabled: retired {} on the operator's request",
+                names(retire.apply.keys())
+            ),
+        );
+    }
+    let left = leavers(record, o);
+    if !left.is_empty() {
+        let mut next = next_epoch(record)?;
+        next.targets.retain(|n, _| o.scheduled.contains_key(n));
+        return write(
+            next,
+            format!("Enabled: dropped {}: no longer scheduled", names(left)),
+        );
+    }
+    if let Some(why) = frozen_change(record, ds, &trust) {
+        let mut next = next_epoch(record)?;
+        next.daemon_set_uid = Some(ds.uid.clone());
+        next.template_hash = Some(ds.template_hash.clone());
+        next.trust_hash = Some(trust);
+        return write(
+            next,
+            format!("Enabled: {why}; admissions are judged against it"),
+        );
+    }
+    let joined = joiners(record, o);
+    let admitted: Vec<&String> = joined
+        .iter()
+        .copied()
+        .filter(|n| o.admissions.get(*n) == Some(&Verdict::Satisfied))
+        .collect();
+    if !admitted.is_empty() {
+        let mut next = next_epoch(record)?;
+        for name in &admitted {
+            if let Some(uid) = o.scheduled.get(*name) {
+                next.targets.insert((*name).clone(), uid.clone());
+            }
+        }
+        return write(
+            next,
+            format!("Enabled: admitted {} on its Arm receipt", names(admitted)),
+        );
+    }
+    let mut waiting = recreated(record, o);
+    for name in joined {
+        waiting.insert(name.clone(), joiner_reason(record, o, name));
+    }
+    merge(&mut waiting, retire.refused);
+    if waiting.is_empty() {
+        return Ok(Decision::Idle);
+    }
+    Ok(Decision::Hold {
+        reason: format!("Enabled; {} node(s) waiting", waiting.len()),
+        waiting,
+    })
 }
 
 #[cfg(test)]

@@ -9,6 +9,11 @@
 //! epoch, why it waits, per node) goes into the same ConfigMap under key
 //! `status`, written only when it changes; each node's refusal is also an
 //! Event on its Node, once per change of reason.
+//!
+//! An operator asks for a re-created Node's retirement through the same
+//! ConfigMap (annotation [`RETIRE_ANNOTATION`], [`request_retirement`]);
+//! the write that carries a retirement out removes its request, in the
+//! same resourceVersion-guarded replace.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -26,9 +31,11 @@ use kube_ovn_ipsec_api::names::k8s;
 use kube_ovn_ipsec_api::pki::TrustBundle;
 use serde::Serialize;
 
-use super::evidence::{self, CsrFacts, NodeFacts, PodFacts};
+use super::evidence::{self, Answer, CsrFacts, NodeFacts, PodFacts};
 use super::leader::{Elector, Role};
-use super::machine::{Decision, LiveDaemonSet, Observation, Verdict, decide};
+use super::machine::{
+    Decision, LiveDaemonSet, Observation, Verdict, decide, node_status, retirements_done,
+};
 use crate::error::{Error, Result};
 use crate::{ca, live, names};
 
@@ -40,6 +47,10 @@ pub const STATE_KEY: &str = "state";
 pub const STATUS_KEY: &str = "status";
 /// Node annotation carrying the node's receipt.
 pub const RECEIPT_ANNOTATION: &str = "kube-ovn.io/ipsec-receipt";
+/// Annotation on the coordination ConfigMap holding the operator's
+/// retirement requests: a JSON object, Node name → the UID the cohort
+/// froze for it.
+pub const RETIRE_ANNOTATION: &str = "kube-ovn.io/ipsec-retire";
 
 /// How the coordinator runs.
 #[derive(Debug, Clone)]
@@ -80,7 +91,8 @@ pub struct CohortStatus {
     pub epoch: u64,
     /// What the last pass decided, in words.
     pub reason: String,
-    /// Per target: `ok`, or why it holds the barrier.
+    /// Per node (targets, scheduled nodes waiting to join, retirement
+    /// requests): `ok`, or why it waits.
     pub nodes: BTreeMap<String, String>,
 }
 
@@ -244,26 +256,54 @@ impl Coordinator {
             .map(|n| (n.name_any(), n))
             .collect();
         let scheduled = scheduled(&pods, &nodes);
+        let (retire, retire_error) = match retire_requests(stored.map.as_ref()) {
+            Ok(r) => (r, None),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring the retirement requests");
+                (BTreeMap::new(), Some(e))
+            }
+        };
         let mut receipts = BTreeMap::new();
-        if matches!(
-            record.phase,
-            CoordinationPhase::Prepare | CoordinationPhase::Arm
-        ) && let Some(trust) = &trust
-        {
-            for name in record.targets.keys() {
-                let v = self
-                    .verdict(record, trust, nodes.get(name), &pods, now)
-                    .await?;
-                receipts.insert(name.clone(), v);
+        let mut admissions = BTreeMap::new();
+        if let Some(trust) = &trust {
+            match record.phase {
+                CoordinationPhase::Prepare | CoordinationPhase::Arm => {
+                    for name in record.targets.keys() {
+                        let v = self
+                            .verdict(record, Answer::Barrier, trust, nodes.get(name), &pods, now)
+                            .await?;
+                        receipts.insert(name.clone(), v);
+                    }
+                }
+                CoordinationPhase::Enabled => {
+                    for (name, uid) in &scheduled {
+                        if record.targets.contains_key(name) {
+                            continue;
+                        }
+                        let answer = Answer::Admission { node: name, uid };
+                        let v = self
+                            .verdict(record, answer, trust, nodes.get(name), &pods, now)
+                            .await?;
+                        admissions.insert(name.clone(), v);
+                    }
+                }
+                _ => {}
             }
         }
-        let (nb_ipsec, sb_ipsec) = if matches!(
+        // NB also in `Prepare`: whether it may already be true decides if a
+        // joiner enters the barrier (docs/coordination.md).
+        let nb_ipsec = if record.phase.is_enable_side() {
+            self.read_switch(false).await
+        } else {
+            None
+        };
+        let sb_ipsec = if matches!(
             record.phase,
             CoordinationPhase::Arm | CoordinationPhase::Enabled
         ) {
-            (self.read_switch(false).await, self.read_switch(true).await)
+            self.read_switch(true).await
         } else {
-            (None, None)
+            None
         };
         let observation = Observation {
             want_enabled: self.config.want_enabled,
@@ -271,49 +311,34 @@ impl Coordinator {
             trust: trust.as_ref().map(TrustBundle::digest),
             scheduled,
             receipts,
+            admissions,
+            retirements: retire,
             nb_ipsec,
             sb_ipsec,
             fresh_challenge: random_challenge()?,
         };
         self.report_refusals(&observation).await;
         let decision = decide(record, &observation)?;
-        // Per target of `next`: its verdict when it was judged against
-        // `next` itself (a hold), "no receipt yet" in a barrier it has not
-        // answered (a new epoch was just written), "ok" outside barriers.
         let status = |reason: String, next: &CoordinationRecord| {
-            let barrier = matches!(
-                next.phase,
-                CoordinationPhase::Prepare | CoordinationPhase::Arm
-            );
-            let judged = next.epoch == record.epoch;
+            let reason = match &retire_error {
+                Some(e) => format!("{reason}; the {RETIRE_ANNOTATION} annotation is ignored: {e}"),
+                None => reason,
+            };
             CohortStatus {
                 leader: self.config.identity.clone(),
                 phase: next.phase,
                 generation: next.generation,
                 epoch: next.epoch,
                 reason,
-                nodes: next
-                    .targets
-                    .keys()
-                    .map(|n| {
-                        let s = match (
-                            barrier,
-                            judged.then(|| observation.receipts.get(n)).flatten(),
-                        ) {
-                            (false, _) => "ok".into(),
-                            (true, None) => Verdict::Missing.waiting_reason().unwrap_or_default(),
-                            (true, Some(v)) => v.waiting_reason().unwrap_or_else(|| "ok".into()),
-                        };
-                        (n.clone(), s)
-                    })
-                    .collect(),
+                nodes: node_status(record, next, &observation),
             }
         };
         match decision {
             Decision::Write { record: next, why } => {
                 tracing::info!(from = %record.phase, to = %next.phase, epoch = next.epoch, %why, "coordination");
                 let st = status(why, &next);
-                self.store(&stored, Some(&next), &st).await
+                let done = retirements_done(record, &next, &observation.retirements);
+                self.store(&stored, Some(&next), &st, &done).await
             }
             Decision::SetNb(value) => {
                 tracing::info!(value, "setting NB_Global.ipsec");
@@ -329,22 +354,24 @@ impl Coordinator {
             Decision::Hold { reason, .. } => {
                 tracing::debug!(%reason, "coordination holds");
                 let st = status(reason, record);
-                self.store(&stored, None, &st).await
+                self.store(&stored, None, &st, &[]).await
             }
             Decision::Idle => {
                 let st = status("nothing to do".into(), record);
-                self.store(&stored, None, &st).await
+                self.store(&stored, None, &st, &[]).await
             }
         }
     }
 
     /// Writes the record (when `next`) and the status, if either changed,
-    /// with the read's resourceVersion as precondition.
+    /// with the read's resourceVersion as precondition; removes the
+    /// retirement requests of `retired` in the same write.
     async fn store(
         &self,
         stored: &Stored,
         next: Option<&CoordinationRecord>,
         status: &CohortStatus,
+        retired: &[String],
     ) -> Result<()> {
         let status_json =
             serde_json::to_string(status).map_err(|e| Error::Config(e.to_string()))?;
@@ -383,6 +410,12 @@ impl Coordinator {
         }
         if data.get(STATUS_KEY) != Some(&status_json) {
             data.insert(STATUS_KEY.into(), status_json);
+            changed = true;
+        }
+        if !retired.is_empty() {
+            let mut requests = retire_requests(Some(&map)).unwrap_or_default();
+            requests.retain(|name, _| !retired.contains(name));
+            set_retire_requests(&mut map, &requests)?;
             changed = true;
         }
         if !changed {
@@ -429,11 +462,12 @@ impl Coordinator {
         Ok((live, owned))
     }
 
-    /// Judges `node`'s receipt against `record` (a Node that is gone has
-    /// none).
+    /// Judges `node`'s receipt against `record` as `answer` (a Node that is
+    /// gone has none).
     async fn verdict(
         &self,
         record: &CoordinationRecord,
+        answer: Answer<'_>,
         trust: &TrustBundle,
         node: Option<&Node>,
         pods: &[Pod],
@@ -464,6 +498,7 @@ impl Coordinator {
             .map(String::as_str);
         Ok(evidence::judge(
             record,
+            answer,
             trust,
             NodeFacts { name, chassis },
             unverified,
@@ -473,9 +508,10 @@ impl Coordinator {
         ))
     }
 
-    /// One Event per node per change of refusal reason.
+    /// One Event per node per change of refusal reason (a target's
+    /// barrier receipt or a joiner's admission receipt).
     async fn report_refusals(&mut self, o: &Observation) {
-        for (node, verdict) in &o.receipts {
+        for (node, verdict) in o.receipts.iter().chain(&o.admissions) {
             match verdict {
                 Verdict::Refused { check, message } => {
                     if self.reported.get(node) == Some(check) {
@@ -517,6 +553,97 @@ fn scheduled(pods: &[Pod], nodes: &BTreeMap<String, Node>) -> BTreeMap<String, U
         .collect()
 }
 
+/// The retirement requests on the coordination ConfigMap (none without
+/// the annotation); an annotation that does not parse is an error naming
+/// why, and no request counts.
+fn retire_requests(map: Option<&ConfigMap>) -> std::result::Result<BTreeMap<String, Uid>, String> {
+    let Some(text) = map.and_then(|m| m.annotations().get(RETIRE_ANNOTATION)) else {
+        return Ok(BTreeMap::new());
+    };
+    let raw: BTreeMap<String, String> =
+        serde_json::from_str(text).map_err(|e| format!("not a JSON object of strings: {e}"))?;
+    raw.into_iter()
+        .map(|(name, uid)| {
+            let uid = Uid::new(uid).map_err(|e| format!("{name}: {e}"))?;
+            Ok((name, uid))
+        })
+        .collect()
+}
+
+/// Sets (or, when empty, removes) the retirement requests on `map`.
+fn set_retire_requests(map: &mut ConfigMap, requests: &BTreeMap<String, Uid>) -> Result<()> {
+    let annotations = map.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    if requests.is_empty() {
+        annotations.remove(RETIRE_ANNOTATION);
+        return Ok(());
+    }
+    let raw: BTreeMap<&str, &str> = requests
+        .iter()
+        .map(|(n, u)| (n.as_str(), u.as_str()))
+        .collect();
+    let text = serde_json::to_string(&raw).map_err(|e| Error::Config(e.to_string()))?;
+    annotations.insert(RETIRE_ANNOTATION.into(), text);
+    Ok(())
+}
+
+/// Records the operator's request to retire target `node` frozen with UID
+/// `uid` (`None`: withdraw the request for `node`) on the coordination
+/// ConfigMap, for the leader to carry out or refuse (`status` says which).
+/// Written with the read's resourceVersion, retried on a conflict with the
+/// leader's own writes. Returns what to tell the operator.
+pub async fn request_retirement(
+    client: &Client,
+    namespace: &str,
+    node: &str,
+    uid: Option<Uid>,
+) -> Result<String> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    for _ in 0..5 {
+        let Some(mut map) = maps.get_opt(CONFIGMAP).await? else {
+            return Err(Error::Config(format!(
+                "no {namespace}/{CONFIGMAP}: IPsec was never enabled, there is no cohort to retire from"
+            )));
+        };
+        let mut requests = retire_requests(Some(&map)).unwrap_or_default();
+        let frozen = map
+            .data
+            .as_ref()
+            .and_then(|d| d.get(STATE_KEY))
+            .and_then(|s| CoordinationRecord::decode(s.as_bytes()).ok())
+            .and_then(|r| r.targets.get(node).cloned());
+        let told = match &uid {
+            None => {
+                requests.remove(node);
+                format!("withdrew the retirement request for {node}")
+            }
+            Some(uid) => {
+                requests.insert(node.to_owned(), uid.clone());
+                match &frozen {
+                    Some(f) if f == uid => format!(
+                        "requested: retire {node} (UID {uid}); the leader carries it out on its next pass"
+                    ),
+                    Some(f) => format!(
+                        "requested, but the cohort froze {node} with UID {f}, not {uid}: \
+                         the leader will refuse it (see `status`)"
+                    ),
+                    None => format!(
+                        "requested, but {node} is not a target now: the leader will refuse it (see `status`)"
+                    ),
+                }
+            }
+        };
+        set_retire_requests(&mut map, &requests)?;
+        match maps.replace(CONFIGMAP, &PostParams::default(), &map).await {
+            Ok(_) => return Ok(told),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::Config(format!(
+        "{namespace}/{CONFIGMAP} kept changing under the request; try again"
+    )))
+}
+
 fn csr_facts(csr: &CertificateSigningRequest) -> CsrFacts {
     let extra = csr.spec.extra.as_ref();
     CsrFacts {
@@ -549,8 +676,9 @@ fn pod_facts(pod: &Pod) -> PodFacts {
 }
 
 /// The cohort as `kube-ovn-ipsec-controller status` prints it: the record's
-/// phase, generation and epoch, the last pass's reason and leader, and one
-/// line per target.
+/// phase, generation and epoch, the last pass's reason and leader, one
+/// line per node of the status (targets, joiners, refused retirements),
+/// and the retirement requests not carried out yet.
 pub async fn describe(client: &Client, namespace: &str) -> Result<String> {
     use std::fmt::Write as _;
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
@@ -559,6 +687,7 @@ pub async fn describe(client: &Client, namespace: &str) -> Result<String> {
             "no {namespace}/{CONFIGMAP}: IPsec was never enabled (phase Disabled)\n"
         ));
     };
+    let requests = retire_requests(Some(&map));
     let data = map.data.unwrap_or_default();
     let mut out = String::new();
     match data
@@ -597,6 +726,17 @@ pub async fn describe(client: &Client, namespace: &str) -> Result<String> {
             for (name, why) in nodes {
                 let _ = writeln!(out, "  {name}: {}", why.as_str().unwrap_or(""));
             }
+        }
+    }
+    match requests {
+        Ok(r) if r.is_empty() => {}
+        Ok(r) => {
+            for (name, uid) in r {
+                let _ = writeln!(out, "retirement requested: {name} (UID {uid})");
+            }
+        }
+        Err(e) => {
+            let _ = writeln!(out, "the {RETIRE_ANNOTATION} annotation is ignored: {e}");
         }
     }
     Ok(out)

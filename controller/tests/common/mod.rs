@@ -205,40 +205,49 @@ pub async fn populate(
     .await;
     let mut fxs = Vec::new();
     for i in 0..nodes {
-        let name = format!("node-{i}");
-        let chassis = format!("chassis-{i}");
-        let node = create(
-            admin,
-            json!({"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "annotations": {"ovn.kubernetes.io/chassis": chassis}}}),
-        )
-        .await;
-        let uid = node["metadata"]["uid"].as_str().unwrap().to_owned();
-        let pod_name = format!("kube-ovn-cni-{i}");
-        let pod = create(
-            admin,
-            json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod_name, "namespace": NS,
-                             "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
-                             "ownerReferences": owner},
-                "spec": {"nodeName": name, "serviceAccountName": CNI_SA,
-                         "containers": [{"name": "cni-server", "image": "kube-ovn"}]}}),
-        )
-        .await;
-        let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-        let token = mint_token(admin, CNI_SA, Some((&pod_name, &pod_uid))).await;
-        let client = server.client(&token).await.unwrap();
-        fxs.push(NodeFx {
-            name,
-            uid,
-            chassis,
-            pod_name,
-            pod_uid,
-            token,
-            client,
-        });
+        fxs.push(add_node(server, admin, &ds_uid, i).await);
     }
     (fxs, ds_uid)
+}
+
+/// Node `node-<i>` (chassis `chassis-<i>`) with its CNI Pod of the current
+/// template, owned by the DaemonSet `ds_uid`, and a token bound to that
+/// Pod: what the DaemonSet scheduling to a new node amounts to.
+pub async fn add_node(server: &ApiServerHandle, admin: &Client, ds_uid: &str, i: usize) -> NodeFx {
+    let owner = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "kube-ovn-cni",
+                            "uid": ds_uid, "controller": true}]);
+    let name = format!("node-{i}");
+    let chassis = format!("chassis-{i}");
+    let node = create(
+        admin,
+        json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": {"ovn.kubernetes.io/chassis": chassis}}}),
+    )
+    .await;
+    let uid = node["metadata"]["uid"].as_str().unwrap().to_owned();
+    let pod_name = format!("kube-ovn-cni-{i}");
+    let pod = create(
+        admin,
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name, "namespace": NS,
+                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
+                         "ownerReferences": owner},
+            "spec": {"nodeName": name, "serviceAccountName": CNI_SA,
+                     "containers": [{"name": "cni-server", "image": "kube-ovn"}]}}),
+    )
+    .await;
+    let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
+    let token = mint_token(admin, CNI_SA, Some((&pod_name, &pod_uid))).await;
+    let client = server.client(&token).await.unwrap();
+    NodeFx {
+        name,
+        uid,
+        chassis,
+        pod_name,
+        pod_uid,
+        token,
+        client,
+    }
 }
 
 impl Cluster {

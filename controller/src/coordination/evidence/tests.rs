@@ -2,6 +2,7 @@
 //! way of failing, each with its own reason.
 
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
+use kube_ovn_ipsec_api::digest::Sha256Digest;
 use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::test_util::{CaSpec, TestCa, TestKeyAlg, TestLeaf};
 
@@ -87,12 +88,17 @@ impl Fx {
     }
 
     fn judge_with(&self, annotation: &str, chassis: Option<&str>) -> Verdict {
+        self.judge_as(annotation, chassis, Answer::Barrier)
+    }
+
+    fn judge_as(&self, annotation: &str, chassis: Option<&str>, answer: Answer<'_>) -> Verdict {
         let unverified = match peek(Some(annotation)) {
             Ok(u) => u,
             Err(v) => return v,
         };
         judge(
             &self.record,
+            answer,
             &self.ca.trust_bundle(),
             NodeFacts {
                 name: "node-a",
@@ -177,6 +183,7 @@ fn the_csr_must_exist_with_its_uid_and_be_issued() {
     let unverified = peek(Some(&good)).unwrap();
     let v = judge(
         &f.record,
+        Answer::Barrier,
         &f.ca.trust_bundle(),
         NodeFacts {
             name: "node-a",
@@ -253,4 +260,108 @@ fn a_stale_future_other_epoch_or_unready_receipt_is_refused() {
     let mut r = f.receipt();
     r.node_name = "node-b".into();
     assert_eq!(check_of(&f.judge(&f.signed(&r))), "ReceiptNodeMismatch");
+}
+
+/// The record `Enabled` at epoch 3 with node-b its only target: node-a is
+/// a joiner, and its good receipt is an `Arm` receipt for epoch 3.
+fn enabled_without_node_a() -> Fx {
+    let mut f = Fx::new();
+    f.record.phase = CoordinationPhase::Enabled;
+    f.record.epoch = 3;
+    f.record.targets = [("node-b".to_owned(), uid("node-b-uid"))].into();
+    f
+}
+
+fn arm_receipt(f: &Fx) -> Receipt {
+    Receipt {
+        phase: CoordinationPhase::Arm,
+        ..f.receipt()
+    }
+}
+
+fn admit(f: &Fx, r: &Receipt) -> Verdict {
+    let live = uid("node-a-uid");
+    f.judge_as(
+        &f.signed(r),
+        Some("chassis-a"),
+        Answer::Admission {
+            node: "node-a",
+            uid: &live,
+        },
+    )
+}
+
+#[test]
+fn a_joiners_arm_receipt_for_the_enabled_epoch_admits_it() {
+    let f = enabled_without_node_a();
+    assert_eq!(admit(&f, &arm_receipt(&f)), Verdict::Satisfied);
+    // The same receipt is no answer to a barrier: Enabled has none and
+    // node-a is not a target.
+    assert_eq!(
+        check_of(&f.judge(&f.signed(&arm_receipt(&f)))),
+        "ReceiptEpochMismatch"
+    );
+}
+
+#[test]
+fn a_joiners_prepare_receipt_says_it_is_prepared_and_waits() {
+    let f = enabled_without_node_a();
+    let mut r = f.receipt();
+    r.phase = CoordinationPhase::Prepare;
+    r.status.protection_armed = false;
+    r.status.configuration_applied = false;
+    r.status.runtime_healthy = false;
+    let v = admit(&f, &r);
+    assert_eq!(check_of(&v), "ReceiptNotReady");
+    assert!(
+        v.waiting_reason()
+            .unwrap()
+            .contains("prepared for admission"),
+        "{v:?}"
+    );
+    // Without identity and capability it is not even prepared.
+    r.status.capability_verified = false;
+    let v = admit(&f, &r);
+    assert_eq!(check_of(&v), "ReceiptNotReady");
+    assert!(!v.waiting_reason().unwrap().contains("prepared"), "{v:?}");
+}
+
+#[test]
+fn an_admission_needs_the_epoch_the_live_node_uid_the_hashes_and_every_flag() {
+    let f = enabled_without_node_a();
+    let mut r = arm_receipt(&f);
+    r.epoch = 2;
+    assert_eq!(check_of(&admit(&f, &r)), "ReceiptEpochMismatch");
+    let mut r = arm_receipt(&f);
+    r.node_uid = uid("node-a-old-uid");
+    assert_eq!(check_of(&admit(&f, &r)), "ReceiptMismatch");
+    let mut r = arm_receipt(&f);
+    r.trust_hash = Sha256Digest::from_bytes([9; 32]);
+    assert_eq!(check_of(&admit(&f, &r)), "ReceiptMismatch");
+    let mut r = arm_receipt(&f);
+    r.template_hash = "h0".into();
+    assert_eq!(check_of(&admit(&f, &r)), "ReceiptMismatch");
+    let mut r = arm_receipt(&f);
+    r.status.runtime_healthy = false;
+    assert_eq!(check_of(&admit(&f, &r)), "ReceiptNotReady");
+    let mut r = arm_receipt(&f);
+    r.observed = ts(NOW - 121);
+    assert_eq!(check_of(&admit(&f, &r)), "ReceiptStale");
+    // Its Pod must still be the live Pod of the frozen template.
+    let mut f = enabled_without_node_a();
+    f.pod.template_hash = Some("h2".into());
+    assert_eq!(
+        check_of(&admit(&f, &arm_receipt(&f))),
+        "ReceiptTemplateMismatch"
+    );
+}
+
+#[test]
+fn no_admission_outside_enabled() {
+    let mut f = enabled_without_node_a();
+    f.record.phase = CoordinationPhase::Arm;
+    assert_eq!(
+        check_of(&admit(&f, &arm_receipt(&f))),
+        "ReceiptEpochMismatch"
+    );
 }

@@ -31,6 +31,8 @@ fn observed(names: &[&str]) -> Observation {
         trust: Some(trust(1)),
         scheduled: nodes(names),
         receipts: BTreeMap::new(),
+        admissions: BTreeMap::new(),
+        retirements: BTreeMap::new(),
         nb_ipsec: Some(false),
         sb_ipsec: Some(false),
         fresh_challenge: Challenge::from_bytes([7; 32]),
@@ -42,9 +44,20 @@ fn all(o: &mut Observation, v: Verdict) {
 }
 
 fn written(d: Decision) -> CoordinationRecord {
+    written_why(d).0
+}
+
+fn written_why(d: Decision) -> (CoordinationRecord, String) {
     match d {
-        Decision::Write { record, .. } => *record,
+        Decision::Write { record, why } => (*record, why),
         other => panic!("expected a write, got {other:?}"),
+    }
+}
+
+fn waiting_of(d: Decision) -> BTreeMap<String, String> {
+    match d {
+        Decision::Hold { waiting, .. } => waiting,
+        other => panic!("expected a hold, got {other:?}"),
     }
 }
 
@@ -228,4 +241,249 @@ fn enabled_turns_a_switch_turned_off_by_hand_back_on() {
     let enabled = written(decide(&arm, &o).unwrap());
     o.nb_ipsec = Some(false);
     assert_eq!(decide(&enabled, &o).unwrap(), Decision::SetNb(true));
+}
+
+/// Disabled → Prepare → Arm → NB → Enabled over `names`: returns the
+/// Enabled record, with `o` observing NB and SB true.
+fn enabled(o: &mut Observation) -> CoordinationRecord {
+    let arm = armed(o);
+    o.nb_ipsec = Some(true);
+    o.sb_ipsec = Some(true);
+    let r = written(decide(&arm, o).unwrap());
+    assert_eq!(r.phase, CoordinationPhase::Enabled);
+    o.receipts.clear();
+    r
+}
+
+#[test]
+fn after_the_nb_flip_a_joiner_does_not_refreeze_and_the_frozen_cohort_finishes() {
+    let mut o = observed(&["a", "b"]);
+    let arm = armed(&mut o);
+    o.nb_ipsec = Some(true);
+    o.scheduled = nodes(&["a", "b", "c"]);
+    // SB not yet true: hold, with the joiner told why it waits.
+    let waiting = waiting_of(decide(&arm, &o).unwrap());
+    assert!(waiting.is_empty(), "{waiting:?}");
+    let st = node_status(&arm, &arm, &o);
+    assert!(
+        st["c"].contains("joins once the cohort is Enabled"),
+        "{st:?}"
+    );
+    o.sb_ipsec = Some(true);
+    let r = written(decide(&arm, &o).unwrap());
+    assert_eq!(r.phase, CoordinationPhase::Enabled);
+    assert_eq!(r.targets, nodes(&["a", "b"]), "the frozen cohort");
+    // NB unreadable is not "false": no re-freeze that takes the joiner in.
+    o.nb_ipsec = None;
+    assert!(matches!(decide(&arm, &o).unwrap(), Decision::Hold { .. }));
+}
+
+#[test]
+fn while_nb_may_be_on_a_restart_keeps_the_frozen_targets_and_drops_leavers() {
+    for nb in [Some(true), None] {
+        let mut o = observed(&["a", "b", "c"]);
+        let arm = armed(&mut o);
+        o.nb_ipsec = nb;
+        o.scheduled = nodes(&["a", "b", "d"]);
+        let (r, why) = written_why(decide(&arm, &o).unwrap());
+        assert_eq!(r.phase, CoordinationPhase::Prepare);
+        assert_eq!(r.targets, nodes(&["a", "b"]), "{nb:?}: c left, d waits");
+        assert!(why.contains("left: c"), "{why}");
+        // A trust change in the re-frozen Prepare, NB still on: the same
+        // cohort again, d still out.
+        o.trust = Some(trust(2));
+        let r2 = written(decide(&r, &o).unwrap());
+        assert_eq!(r2.targets, nodes(&["a", "b"]));
+        assert_eq!(r2.trust_hash, Some(trust(2)));
+    }
+}
+
+#[test]
+fn enabled_admits_a_joiner_on_its_arm_receipt_with_a_new_epoch() {
+    let mut o = observed(&["a", "b"]);
+    let en = enabled(&mut o);
+    o.scheduled = nodes(&["a", "b", "c"]);
+    for v in [
+        None,
+        Some(Verdict::Refused {
+            check: "ReceiptNotReady",
+            message: "prepared for admission".into(),
+        }),
+    ] {
+        o.admissions = v.iter().map(|v| ("c".to_owned(), v.clone())).collect();
+        let waiting = waiting_of(decide(&en, &o).unwrap());
+        assert!(waiting["c"].starts_with("admission: "), "{waiting:?}");
+        let st = node_status(&en, &en, &o);
+        assert_eq!(st["a"], "ok");
+        assert_eq!(st["c"], waiting["c"]);
+    }
+    o.admissions.insert("c".into(), Verdict::Satisfied);
+    let (r, why) = written_why(decide(&en, &o).unwrap());
+    assert_eq!(r.phase, CoordinationPhase::Enabled);
+    assert_eq!((r.generation, r.epoch), (en.generation, en.epoch + 1));
+    assert_eq!(r.targets, nodes(&["a", "b", "c"]));
+    assert!(why.contains("admitted c"), "{why}");
+    // The new epoch has no verdict yet for anyone; then nothing to do.
+    o.admissions.clear();
+    assert_eq!(decide(&r, &o).unwrap(), Decision::Idle);
+}
+
+#[test]
+fn enabled_keeps_nb_on_before_anything_else() {
+    let mut o = observed(&["a"]);
+    let en = enabled(&mut o);
+    o.scheduled = nodes(&["a", "b"]);
+    o.admissions.insert("b".into(), Verdict::Satisfied);
+    o.nb_ipsec = Some(false);
+    assert_eq!(decide(&en, &o).unwrap(), Decision::SetNb(true));
+}
+
+#[test]
+fn enabled_drops_a_target_that_left_with_a_new_epoch() {
+    let mut o = observed(&["a", "b"]);
+    let en = enabled(&mut o);
+    o.scheduled = nodes(&["a"]);
+    let (r, why) = written_why(decide(&en, &o).unwrap());
+    assert_eq!(r.phase, CoordinationPhase::Enabled);
+    assert_eq!(r.epoch, en.epoch + 1);
+    assert_eq!(r.targets, nodes(&["a"]));
+    assert!(why.contains("dropped b"), "{why}");
+}
+
+#[test]
+fn enabled_follows_the_live_trust_template_and_daemonset_for_admissions() {
+    for tweak in [
+        Box::new(|o: &mut Observation| o.daemon_set = Some(ds("h2")))
+            as Box<dyn Fn(&mut Observation)>,
+        Box::new(|o: &mut Observation| o.trust = Some(trust(2))),
+        Box::new(|o: &mut Observation| {
+            o.daemon_set = Some(LiveDaemonSet {
+                uid: uid("ds-uid-2"),
+                template_hash: "h1".into(),
+            })
+        }),
+    ] {
+        let mut o = observed(&["a", "b"]);
+        let en = enabled(&mut o);
+        tweak(&mut o);
+        let r = written(decide(&en, &o).unwrap());
+        assert_eq!(r.phase, CoordinationPhase::Enabled);
+        assert_eq!((r.generation, r.epoch), (en.generation, en.epoch + 1));
+        assert_eq!(r.targets, en.targets, "no one is dropped or re-judged");
+        let live = o.daemon_set.as_ref().unwrap();
+        assert_eq!(r.daemon_set_uid.as_ref(), Some(&live.uid));
+        assert_eq!(
+            r.template_hash.as_deref(),
+            Some(live.template_hash.as_str())
+        );
+        assert_eq!(r.trust_hash, o.trust);
+        assert_eq!(decide(&r, &o).unwrap(), Decision::Idle);
+    }
+}
+
+#[test]
+fn a_recreated_target_while_enabled_is_reported_not_dropped_or_readmitted() {
+    let mut o = observed(&["a", "b"]);
+    let en = enabled(&mut o);
+    o.scheduled.insert("b".into(), uid("uid-b-2"));
+    let waiting = waiting_of(decide(&en, &o).unwrap());
+    assert!(waiting["b"].starts_with("NodeUIDChanged"), "{waiting:?}");
+    assert!(
+        waiting["b"].contains("retire-node b --uid uid-b"),
+        "{waiting:?}"
+    );
+    assert!(node_status(&en, &en, &o)["b"].starts_with("NodeUIDChanged"));
+}
+
+#[test]
+fn a_retirement_of_the_frozen_uid_removes_the_target_and_the_node_rejoins() {
+    // Before the flip: a restart from Prepare that takes the new Node in.
+    let mut o = observed(&["a", "b"]);
+    let arm = armed(&mut o);
+    o.scheduled.insert("b".into(), uid("uid-b-2"));
+    o.retirements.insert("b".into(), uid("uid-b"));
+    let (r, why) = written_why(decide(&arm, &o).unwrap());
+    assert_eq!(r.phase, CoordinationPhase::Prepare);
+    assert_eq!(r.targets["b"], uid("uid-b-2"));
+    assert!(why.contains("retired b"), "{why}");
+    assert_eq!(retirements_done(&arm, &r, &o.retirements), vec!["b"]);
+
+    // After the flip: the restart leaves the new Node to admission.
+    o.nb_ipsec = Some(true);
+    let r = written(decide(&arm, &o).unwrap());
+    assert_eq!(r.phase, CoordinationPhase::Prepare);
+    assert_eq!(r.targets, nodes(&["a"]));
+
+    // Enabled: a new epoch without it, then it is a joiner.
+    let mut o = observed(&["a", "b"]);
+    let en = enabled(&mut o);
+    o.scheduled.insert("b".into(), uid("uid-b-2"));
+    o.retirements.insert("b".into(), uid("uid-b"));
+    let (r, why) = written_why(decide(&en, &o).unwrap());
+    assert_eq!(
+        (r.phase, r.epoch),
+        (CoordinationPhase::Enabled, en.epoch + 1)
+    );
+    assert_eq!(r.targets, nodes(&["a"]));
+    assert!(why.contains("retired b"), "{why}");
+    assert_eq!(retirements_done(&en, &r, &o.retirements), vec!["b"]);
+    o.retirements.clear();
+    o.admissions.insert("b".into(), Verdict::Satisfied);
+    let r2 = written(decide(&r, &o).unwrap());
+    assert_eq!(r2.targets["b"], uid("uid-b-2"));
+}
+
+#[test]
+fn a_retirement_naming_another_uid_is_refused_with_the_reason() {
+    let mut o = observed(&["a", "b"]);
+    let arm = armed(&mut o);
+    o.scheduled.insert("b".into(), uid("uid-b-2"));
+    o.retirements.insert("b".into(), uid("uid-b-2"));
+    o.retirements.insert("z".into(), uid("uid-z"));
+    let waiting = waiting_of(decide(&arm, &o).unwrap());
+    assert!(waiting["b"].starts_with("NodeUIDChanged"), "{waiting:?}");
+    assert!(waiting["b"].contains("RetireRefused"), "{waiting:?}");
+    assert!(waiting["z"].starts_with("RetireRefused"), "{waiting:?}");
+    let st = node_status(&arm, &arm, &o);
+    assert!(st["b"].contains("RetireRefused"), "{st:?}");
+    assert!(st["z"].contains("not a target"), "{st:?}");
+    // Nothing carried out, nothing consumed.
+    assert!(retirements_done(&arm, &arm, &o.retirements).is_empty());
+}
+
+#[test]
+fn retiring_one_node_does_not_readmit_another_recreated_one() {
+    let mut o = observed(&["a", "b", "c"]);
+    let arm = armed(&mut o);
+    o.scheduled.insert("b".into(), uid("uid-b-2"));
+    o.scheduled.insert("c".into(), uid("uid-c-2"));
+    o.retirements.insert("b".into(), uid("uid-b"));
+    let r = written(decide(&arm, &o).unwrap());
+    assert_eq!(r.targets["b"], uid("uid-b-2"));
+    assert_eq!(
+        r.targets["c"],
+        uid("uid-c"),
+        "c still needs its own retirement"
+    );
+    let waiting = waiting_of(decide(&r, &o).unwrap());
+    assert!(waiting["c"].starts_with("NodeUIDChanged"), "{waiting:?}");
+}
+
+#[test]
+fn status_after_a_write_has_no_verdict_for_the_new_epoch() {
+    let mut o = observed(&["a", "b"]);
+    let en = enabled(&mut o);
+    o.scheduled = nodes(&["a", "b", "c", "d"]);
+    o.admissions.insert("c".into(), Verdict::Satisfied);
+    o.admissions.insert(
+        "d".into(),
+        Verdict::Refused {
+            check: "ReceiptSignatureInvalid",
+            message: "x".into(),
+        },
+    );
+    let r = written(decide(&en, &o).unwrap());
+    let st = node_status(&en, &r, &o);
+    assert_eq!(st["c"], "ok");
+    assert_eq!(st["d"], "admission: no receipt yet");
 }
