@@ -81,8 +81,49 @@ fn lease_published(n: &AgentNode) -> bool {
         .is_ok()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
+/// The controller's flags: coordinator on, enable wanted.
+fn controller_flags<'a>(nb: &'a str, sb: &'a str) -> [&'a str; 12] {
+    [
+        "--enable-ipsec",
+        "true",
+        "--ovn-nb",
+        nb,
+        "--ovn-sb",
+        sb,
+        "--coordination-period",
+        "1s",
+        "--lease-duration",
+        "3s",
+        "--pod-name",
+        "controller-0",
+    ]
+}
+
+/// The agents' coordination flags.
+const AGENT_FLAGS: [&str; 4] = ["--coordination", "cluster", "--pod-template-hash", cc::HASH];
+
+/// Everything but the nodes: API server (RBAC on) with `nodes` populated,
+/// OVN central, the real controller.
+struct Env {
+    // Field order is drop order: the controller before what it talks to.
+    controller: tokio::task::JoinHandle<()>,
+    admin: kube::Client,
+    api: apiserver::ApiServerHandle,
+    central: OvnCentral,
+    fxs: Vec<cc::NodeFx>,
+    ds_uid: String,
+    script: &'static Path,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // A dropped JoinHandle detaches; the controller must stop first.
+        self.controller.abort();
+    }
+}
+
+async fn env(nodes: usize) -> Env {
     for p in [
         "ipsec",
         "ovsdb-server",
@@ -97,40 +138,37 @@ async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
     assert!(Path::new(DEBIAN_MONITOR_SCRIPT).exists());
     let script =
         testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap();
-    let t0 = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let central = OvnCentral::start(dir.path()).unwrap();
     let api = ApiServer::builder().rbac(true).start().await.unwrap();
     let admin = api.client(ADMIN_TOKEN).await.unwrap();
-    let (fxs, _) = cc::populate(&api, &admin, 3).await;
+    let (fxs, ds_uid) = cc::populate(&api, &admin, nodes).await;
     let (nb, sb) = (central.nb.address(), central.sb.address());
-    let (controller, _) = support::cluster::start_controller(
-        &api,
-        &admin,
-        &[
-            "--enable-ipsec",
-            "true",
-            "--ovn-nb",
-            &nb,
-            "--ovn-sb",
-            &sb,
-            "--coordination-period",
-            "1s",
-            "--lease-duration",
-            "3s",
-            "--pod-name",
-            "controller-0",
-        ],
-    )
-    .await;
+    let (controller, _) =
+        support::cluster::start_controller(&api, &admin, &controller_flags(&nb, &sb)).await;
+    Env {
+        controller,
+        admin,
+        api,
+        central,
+        fxs,
+        ds_uid,
+        script,
+        dir,
+    }
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
+    let t0 = Instant::now();
+    let e = env(3).await;
+    let (admin, central, fxs) = (&e.admin, &e.central, &e.fxs);
     let chassis: Vec<&str> = fxs.iter().map(|f| f.chassis.as_str()).collect();
     let mut mesh = IpsecNode::mesh("koi-en", &chassis).unwrap();
-    let extra = ["--coordination", "cluster", "--pod-template-hash", cc::HASH];
     let nodes: Vec<AgentNode> = std::mem::take(&mut mesh.nodes)
         .into_iter()
-        .zip(&fxs)
-        .map(|(n, fx)| start_node(n, fx, &api, dir.path(), script, &extra))
+        .zip(fxs)
+        .map(|(n, fx)| start_node(n, fx, &e.api, e.dir.path(), e.script, &AGENT_FLAGS))
         .collect();
 
     let mut seen: Vec<CoordinationPhase> = Vec::new();
@@ -138,7 +176,7 @@ async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
     let mut at = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let r = record(&admin).await;
+        let r = record(admin).await;
         let phase = r.as_ref().map(|r| r.phase);
         if let Some(p) = phase
             && seen.last() != Some(&p)
@@ -164,7 +202,7 @@ async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
                 }
             }
         }
-        let (nb_on, sb_on) = nb_sb(&central).await;
+        let (nb_on, sb_on) = nb_sb(central).await;
         if nb_on {
             // Never before every node is armed (SPEC §7 Arm barrier).
             for n in &nodes {
@@ -184,7 +222,7 @@ async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
             let logs: Vec<String> = nodes.iter().map(AgentNode::logs).collect();
             panic!(
                 "not Enabled in time: {r:?}\ncohort: {}\nagent logs:\n{}",
-                cohort_status(&admin).await,
+                cohort_status(admin).await,
                 logs.join("\n----\n")
             );
         }
@@ -205,7 +243,7 @@ async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
         at[1].duration_since(at[0]),
         at[2].duration_since(at[1])
     );
-    let r = record(&admin).await.unwrap();
+    let r = record(admin).await.unwrap();
     assert_eq!(r.targets.len(), 3);
     for n in &nodes {
         n.wait("ready at Enabled", Duration::from_secs(30), |s| {
@@ -229,5 +267,93 @@ async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
         "enabled and every pair established after {:?}",
         t0.elapsed()
     );
-    controller.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_joining_an_enabled_cluster_arms_on_its_own_and_is_admitted() {
+    let t0 = Instant::now();
+    let e = env(2).await;
+    let (admin, central) = (&e.admin, &e.central);
+    let mut mesh = IpsecNode::mesh("koi-jn", &["chassis-0", "chassis-1", "chassis-2"]).unwrap();
+    let mut free = std::mem::take(&mut mesh.nodes);
+    let late = free.pop().unwrap();
+    let mut nodes: Vec<AgentNode> = free
+        .into_iter()
+        .zip(&e.fxs)
+        .map(|(n, fx)| start_node(n, fx, &e.api, e.dir.path(), e.script, &AGENT_FLAGS))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let before = loop {
+        if let Some(r) = record(admin).await
+            && r.phase == CoordinationPhase::Enabled
+        {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "two nodes not Enabled: {}",
+            cohort_status(admin).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!("two nodes Enabled after {:?}", t0.elapsed());
+    assert_eq!(before.targets.len(), 2);
+
+    // The DaemonSet schedules to a third node: its Node, its Pod, its agent.
+    let fx = cc::add_node(&e.api, admin, &e.ds_uid, 2).await;
+    let joined_at = Instant::now();
+    nodes.push(start_node(
+        late,
+        &fx,
+        &e.api,
+        e.dir.path(),
+        e.script,
+        &AGENT_FLAGS,
+    ));
+    let joiner = &nodes[2];
+    let admitted = loop {
+        let (nb_on, sb_on) = nb_sb(central).await;
+        assert!(nb_on && sb_on, "NB {nb_on} SB {sb_on} while a node joins");
+        let r = record(admin).await.unwrap();
+        assert_eq!(
+            r.phase,
+            CoordinationPhase::Enabled,
+            "the cohort left Enabled"
+        );
+        if r.targets.contains_key(&fx.name) {
+            break r;
+        }
+        if !r.targets.contains_key(&fx.name) && lease_published(joiner) {
+            // Armed before it is a target: that is what admits it.
+            let s = joiner.status().await.unwrap_or_default();
+            assert_ne!(s["phase"], "Prepare", "a joiner waits for no barrier");
+        }
+        assert!(
+            joined_at.elapsed() < Duration::from_secs(120),
+            "not admitted: {}\njoiner log:\n{}",
+            cohort_status(admin).await,
+            joiner.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!(
+        "joiner admitted {:?} after its Node appeared",
+        joined_at.elapsed()
+    );
+    assert!(admitted.epoch > before.epoch);
+    assert_eq!(admitted.generation, before.generation);
+    assert_eq!(admitted.targets.len(), 3);
+    assert_eq!(admitted.targets[&fx.name].as_str(), fx.uid);
+    joiner
+        .wait(
+            "the joiner armed and applied",
+            Duration::from_secs(30),
+            |s| s["protectionArmed"] == true && s["configurationApplied"] == true,
+        )
+        .await;
+    connect(&nodes[0], &nodes[2]);
+    connect(&nodes[1], &nodes[2]);
+    both_ways_establish(&nodes[0], &nodes[2], "joined");
+    both_ways_establish(&nodes[1], &nodes[2], "joined");
+    no_auth_failures(&nodes.iter().collect::<Vec<_>>());
 }
