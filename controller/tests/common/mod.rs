@@ -6,7 +6,9 @@
 //! docs/controller.md lists for it. Each node's token is minted the way the
 //! kubelet asks for it: a `TokenRequest` bound to the node's CNI Pod.
 //! Shared by the integration tests, `benches/src/bin/csr_e2e.rs` and the
-//! agent's end-to-end test with the real controller.
+//! agent's end-to-end test with the real controller. [`coordination`]
+//! holds the enable coordinator's other side: node identities, receipt
+//! responders, reads of the record and of OVN's switches.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -18,6 +20,8 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
+
+pub mod coordination;
 
 pub const NS: &str = "kube-system";
 pub const CONTROLLER_SA: &str = "ovn";
