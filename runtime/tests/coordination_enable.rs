@@ -28,46 +28,12 @@ use std::time::{Duration, Instant};
 
 use agent_node::{AgentNode, both_ways_establish, connect, no_auth_failures, start_node};
 use apiserver::{ADMIN_TOKEN, ApiServer};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
-use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
-use kube_ovn_ipsec_api::names::{k8s, ovs};
+use kube_ovn_ipsec_api::coordination::CoordinationPhase;
+use kube_ovn_ipsec_api::names::ovs;
 use support::controller_cluster as cc;
+use support::controller_cluster::coordination::{flags, nb_sb, record, status};
 use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode};
 use testbed::ovs::OvnCentral;
-
-async fn record(admin: &kube::Client) -> Option<CoordinationRecord> {
-    let cm = Api::<ConfigMap>::namespaced(admin.clone(), cc::NS)
-        .get_opt(k8s::COORDINATION_CONFIGMAP)
-        .await
-        .unwrap()?;
-    CoordinationRecord::decode(cm.data?.get(k8s::COORDINATION_CONFIGMAP_KEY)?.as_bytes()).ok()
-}
-
-async fn cohort_status(admin: &kube::Client) -> String {
-    Api::<ConfigMap>::namespaced(admin.clone(), cc::NS)
-        .get_opt(k8s::COORDINATION_CONFIGMAP)
-        .await
-        .unwrap()
-        .and_then(|c| c.data?.get("status").cloned())
-        .unwrap_or_default()
-}
-
-async fn nb_sb(central: &OvnCentral) -> (bool, bool) {
-    let nb = ovsdb::Client::connect_str(&central.nb.address())
-        .await
-        .unwrap();
-    let sb = ovsdb::Client::connect_str(&central.sb.address())
-        .await
-        .unwrap();
-    let v = (
-        nb.read_nb_ipsec().await.unwrap(),
-        sb.read_sb_ipsec().await.unwrap_or(false),
-    );
-    nb.close();
-    sb.close();
-    v
-}
 
 /// Whether `n` has its lease published in OVSDB.
 fn lease_published(n: &AgentNode) -> bool {
@@ -79,24 +45,6 @@ fn lease_published(n: &AgentNode) -> bool {
             &format!("external_ids:{}", ovs::EXTERNAL_ID_PROTECTION_LEASE),
         ])
         .is_ok()
-}
-
-/// The controller's flags: coordinator on, enable wanted.
-fn controller_flags<'a>(nb: &'a str, sb: &'a str) -> [&'a str; 12] {
-    [
-        "--enable-ipsec",
-        "true",
-        "--ovn-nb",
-        nb,
-        "--ovn-sb",
-        sb,
-        "--coordination-period",
-        "1s",
-        "--lease-duration",
-        "3s",
-        "--pod-name",
-        "controller-0",
-    ]
 }
 
 /// The agents' coordination flags.
@@ -145,7 +93,7 @@ async fn env(nodes: usize) -> Env {
     let (fxs, ds_uid) = cc::populate(&api, &admin, nodes).await;
     let (nb, sb) = (central.nb.address(), central.sb.address());
     let (controller, _) =
-        support::cluster::start_controller(&api, &admin, &controller_flags(&nb, &sb)).await;
+        support::cluster::start_controller(&api, &admin, &flags(&nb, &sb, "controller-0")).await;
     Env {
         controller,
         admin,
@@ -188,17 +136,21 @@ async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
         // In Prepare: ready on the issued identity, nothing published.
         if phase == Some(CoordinationPhase::Prepare) {
             for (i, n) in nodes.iter().enumerate() {
+                // Read in this order: a node leaves its Prepare state before
+                // it arms and is never ready before Prepare, so a lease (or
+                // readiness) read before a status that still says Prepare
+                // was published (or ready) while the node was preparing.
+                let published = lease_published(n);
+                let ready = n.ready().await;
                 let s = n.status().await;
                 if s.as_ref().is_some_and(|s| s["phase"] == "Prepare") {
                     assert!(
-                        !lease_published(n),
+                        !published,
                         "{}: lease published in Prepare",
                         n.node.chassis()
                     );
                     assert_eq!(s.as_ref().unwrap()["protectionArmed"], false);
-                    if n.ready().await {
-                        prepared[i] = true;
-                    }
+                    prepared[i] |= ready;
                 }
             }
         }
@@ -222,7 +174,7 @@ async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
             let logs: Vec<String> = nodes.iter().map(AgentNode::logs).collect();
             panic!(
                 "not Enabled in time: {r:?}\ncohort: {}\nagent logs:\n{}",
-                cohort_status(admin).await,
+                status(admin).await,
                 logs.join("\n----\n")
             );
         }
@@ -292,7 +244,7 @@ async fn an_agent_joining_an_enabled_cluster_arms_on_its_own_and_is_admitted() {
         assert!(
             Instant::now() < deadline,
             "two nodes not Enabled: {}",
-            cohort_status(admin).await
+            status(admin).await
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
@@ -331,7 +283,7 @@ async fn an_agent_joining_an_enabled_cluster_arms_on_its_own_and_is_admitted() {
         assert!(
             joined_at.elapsed() < Duration::from_secs(120),
             "not admitted: {}\njoiner log:\n{}",
-            cohort_status(admin).await,
+            status(admin).await,
             joiner.logs()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -41,11 +41,10 @@ use std::time::{Duration, Instant};
 
 use agent_node::{AgentNode, start_node};
 use apiserver::{ADMIN_TOKEN, ApiServer};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
-use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
-use kube_ovn_ipsec_api::names::{k8s, ovs};
+use kube_ovn_ipsec_api::coordination::CoordinationPhase;
+use kube_ovn_ipsec_api::names::ovs;
 use support::controller_cluster as cc;
+use support::controller_cluster::coordination::{flags, nb_sb, record};
 use testbed::guest::HostFeatures;
 use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode, Tunnel};
 use testbed::overlay::{self, Capture, Pinger, VSwitchd};
@@ -66,28 +65,7 @@ fn pod(i: usize) -> Ipv4Addr {
 }
 
 async fn phase(admin: &kube::Client) -> Option<CoordinationPhase> {
-    let cm = Api::<ConfigMap>::namespaced(admin.clone(), cc::NS)
-        .get_opt(k8s::COORDINATION_CONFIGMAP)
-        .await
-        .unwrap()?;
-    let r = CoordinationRecord::decode(cm.data?.get(k8s::COORDINATION_CONFIGMAP_KEY)?.as_bytes());
-    r.ok().map(|r| r.phase)
-}
-
-async fn nb_sb(central: &OvnCentral) -> (bool, bool) {
-    let nb = ovsdb::Client::connect_str(&central.nb.address())
-        .await
-        .unwrap();
-    let sb = ovsdb::Client::connect_str(&central.sb.address())
-        .await
-        .unwrap();
-    let v = (
-        nb.read_nb_ipsec().await.unwrap(),
-        sb.read_sb_ipsec().await.unwrap_or(false),
-    );
-    nb.close();
-    sb.close();
-    v
+    record(admin).await.map(|r| r.phase)
 }
 
 /// Whether `n` has its lease published and its guards read back.
@@ -200,25 +178,8 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
 
     // The controller, with enable wanted.
     let (nb, sb) = (central.nb.address(), central.sb.address());
-    let (controller, _) = support::cluster::start_controller(
-        &api,
-        &admin,
-        &[
-            "--enable-ipsec",
-            "true",
-            "--ovn-nb",
-            &nb,
-            "--ovn-sb",
-            &sb,
-            "--coordination-period",
-            "1s",
-            "--lease-duration",
-            "5s",
-            "--pod-name",
-            "controller-0",
-        ],
-    )
-    .await;
+    let (controller, _) =
+        support::cluster::start_controller(&api, &admin, &flags(&nb, &sb, "controller-0")).await;
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {

@@ -43,6 +43,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::coordination::nb_sb;
 use common::*;
 use controller::coordination::evidence::{self, Answer, CsrFacts, NodeFacts, PodFacts};
 use controller::coordination::leader::LEASE_NAME as LEASE;
@@ -325,22 +326,6 @@ async fn watch_rounds(
             seen.lock().unwrap().rounds.push((Instant::now(), phase));
         }
     }
-}
-
-async fn nb_sb(central: &OvnCentral) -> (bool, bool) {
-    let nb = ovsdb::Client::connect_str(&central.nb.address())
-        .await
-        .unwrap();
-    let sb = ovsdb::Client::connect_str(&central.sb.address())
-        .await
-        .unwrap();
-    let v = (
-        nb.read_nb_ipsec().await.unwrap(),
-        sb.read_sb_ipsec().await.unwrap(),
-    );
-    nb.close();
-    sb.close();
-    v
 }
 
 /// How long the controller's own judgement (`evidence::peek` and
