@@ -277,7 +277,15 @@ async fn write_condition(
         "lastUpdateTime": now,
         "lastTransitionTime": now,
     }));
-    let patch = serde_json::json!({ "status": { "conditions": conditions } });
+    // Conditional on the object as read: a reconcile that ran on a stale
+    // copy (a requeue that fired before the watch delivered this
+    // controller's own last write) gets a conflict and runs again on the
+    // fresh object instead of appending the condition — and counting the
+    // outcome — a second time.
+    let patch = serde_json::json!({
+        "metadata": { "resourceVersion": csr.metadata.resource_version },
+        "status": { "conditions": conditions },
+    });
     let csrs: Api<CertificateSigningRequest> = Api::all(shared.client.clone());
     let name = csr.name_any();
     if ty == "Failed" {
