@@ -59,7 +59,7 @@ trap 'rm -f "$runner" "$log"' EXIT
 
 # The tests find their fixtures relative to the runtime crate, as under cargo.
 set +e
-(cd runtime && RUST_BACKTRACE=0 ../target/debug/koi-kernel-run --timeout 1500 -- sh "$runner") 2>&1 \
+(cd runtime && RUST_BACKTRACE=0 ../target/debug/koi-kernel-run --timeout 2100 -- sh "$runner") 2>&1 \
   | grep -av '^\[ *[0-9.]*\]' | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e

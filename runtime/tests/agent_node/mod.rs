@@ -170,9 +170,15 @@ pub fn start_node(
     // RSA node keys (the default): ovs-monitor-ipsec writes the key into
     // ipsec.secrets as `: RSA`, which charon cannot load for an ECDSA key.
     let mut flags: Vec<String> = extra.iter().map(|f| (*f).to_owned()).collect();
-    flags.extend(crate::support::cluster::real_runtime_flags(
-        &node, &standins, &appctl, script,
-    ));
+    // A flag in `extra` replaces the runtime default of the same name
+    // (every runtime flag takes one value).
+    let runtime = crate::support::cluster::real_runtime_flags(&node, &standins, &appctl, script);
+    for pair in runtime.chunks(2) {
+        assert!(pair[0].starts_with("--") && pair.len() == 2, "{pair:?}");
+        if !extra.contains(&pair[0].as_str()) {
+            flags.extend_from_slice(pair);
+        }
+    }
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let key_dir = own.join("keys");
     let port = crate::support::cluster::Cluster::free_port();
