@@ -25,10 +25,9 @@ mod agent_node;
 mod ike_node;
 mod support;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent_node::{both_ways_establish, connect, no_auth_failures, start_node};
+use agent_node::{both_ways_establish, connect, no_auth_failures, prerequisites, start_node};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
@@ -37,7 +36,7 @@ use kube_ovn_ipsec_api::names::k8s;
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_runtime::ike::CA_FILE_PREFIX;
 use support::controller_cluster as cc;
-use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode};
+use testbed::ipsec::IpsecNode;
 use testbed::netns::wait_for;
 
 /// The CA file name the agent installs for `ca`.
@@ -47,19 +46,7 @@ fn ca_file(ca: &Certificate) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_driven_rotation_moves_every_node_without_an_authentication_failure() {
-    for p in [
-        "ipsec",
-        "ovsdb-server",
-        "ovs-vsctl",
-        "ovs-appctl",
-        "nsenter",
-        "patch",
-    ] {
-        testbed::require_program(p).unwrap();
-    }
-    assert!(Path::new(DEBIAN_MONITOR_SCRIPT).exists());
-    let script =
-        testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let script = prerequisites(&[]);
     let t0 = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let api = ApiServer::builder().rbac(true).start().await.unwrap();

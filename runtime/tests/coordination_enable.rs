@@ -26,13 +26,15 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, both_ways_establish, connect, no_auth_failures, start_node};
+use agent_node::{
+    AgentNode, both_ways_establish, connect, no_auth_failures, prerequisites, start_node,
+};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
 use support::controller_cluster as cc;
 use support::controller_cluster::coordination::{flags, nb_sb, record, status};
-use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode};
+use testbed::ipsec::IpsecNode;
 use testbed::ovs::OvnCentral;
 
 /// Whether `n` has its lease published in OVSDB.
@@ -72,20 +74,7 @@ impl Drop for Env {
 }
 
 async fn env(nodes: usize) -> Env {
-    for p in [
-        "ipsec",
-        "ovsdb-server",
-        "ovs-vsctl",
-        "ovs-appctl",
-        "ovn-northd",
-        "nsenter",
-        "patch",
-    ] {
-        testbed::require_program(p).unwrap();
-    }
-    assert!(Path::new(DEBIAN_MONITOR_SCRIPT).exists());
-    let script =
-        testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let script = prerequisites(&["ovn-northd"]);
     let dir = tempfile::tempdir().unwrap();
     let central = OvnCentral::start(dir.path()).unwrap();
     let api = ApiServer::builder().rbac(true).start().await.unwrap();

@@ -42,17 +42,16 @@ mod ike_node;
 mod support;
 
 use std::net::Ipv4Addr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, start_node};
+use agent_node::{AgentNode, prerequisites, start_node};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
 use support::controller_cluster as cc;
 use support::controller_cluster::coordination::{flags, nb_sb, record};
 use testbed::guest::HostFeatures;
-use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode, Tunnel};
+use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::overlay::{self, Capture, Pinger, VSwitchd};
 use testbed::ovs::OvnCentral;
 
@@ -109,24 +108,7 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
         );
         return;
     }
-    for p in [
-        "ipsec",
-        "ovsdb-server",
-        "ovs-vsctl",
-        "ovs-vswitchd",
-        "ovs-ofctl",
-        "ovs-appctl",
-        "ovn-northd",
-        "tcpdump",
-        "ping",
-        "nsenter",
-        "patch",
-    ] {
-        testbed::require_program(p).unwrap();
-    }
-    assert!(Path::new(DEBIAN_MONITOR_SCRIPT).exists());
-    let script =
-        testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let script = prerequisites(&["ovs-vswitchd", "ovs-ofctl", "ovn-northd", "tcpdump", "ping"]);
     let t0 = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let central = OvnCentral::start(dir.path()).unwrap();

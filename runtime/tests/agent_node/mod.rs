@@ -20,7 +20,7 @@ use kube_ovn_ipsec_api::names::ovs;
 use kube_ovn_ipsec_api::pki::Certificate;
 use kube_ovn_ipsec_runtime::ike::CA_FILE_PREFIX;
 use kube_ovn_ipsec_runtime::process::{Launcher, Supervised};
-use testbed::ipsec::{IpsecNode, Tunnel};
+use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode, Tunnel};
 use testbed::netns::wait_for;
 
 /// Lines charon writes when a peer's authentication fails.
@@ -138,6 +138,25 @@ impl AgentNode {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// Requires, by name, the programs every agent node runs (strongSwan,
+/// ovsdb-server and its tools, nsenter, and patch for the monitor) and
+/// `more`; returns the patched ovs-monitor-ipsec script the nodes run.
+pub fn prerequisites(more: &[&str]) -> &'static Path {
+    let base = [
+        "ipsec",
+        "ovsdb-server",
+        "ovs-vsctl",
+        "ovs-appctl",
+        "nsenter",
+        "patch",
+    ];
+    for p in base.iter().chain(more) {
+        testbed::require_program(p).unwrap();
+    }
+    assert!(Path::new(DEBIAN_MONITOR_SCRIPT).exists());
+    testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap()
 }
 
 /// Starts node `node`'s ovsdb-server and its agent as `fx`'s Pod.
