@@ -33,13 +33,16 @@
 //! plus the self-transitions `Prepare -> Prepare` (template or trust changed
 //! during the barrier: restart with a new epoch) and `Disabling -> Disabling`
 //! (fresh challenge). `Cleanup`/`Release -> Disabling` is the "NB or SB
-//! turned true again" path. There is no way from the disable side back to
-//! the enable side except through `Disabled`: a disable always finishes, so
-//! no node is left with half-withdrawn protection.
+//! turned true again" path. `Disabling`/`Cleanup`/`Release -> Prepare` is
+//! a re-enable before the disable finished: the operator reverted the
+//! DaemonSet to the `ipsec` container, so the cleanup shape a disable waits
+//! for may never come, and waiting for it would be a one-way door. It is
+//! safe because the switch only turns on again after the `Prepare` and
+//! `Arm` barriers, so a node that already withdrew is re-armed first.
 //!
 //! Every transition takes a new `epoch`. `generation` counts cycles: it is
-//! incremented on `Disabled -> Prepare` and when a disable starts
-//! (`Prepare`/`Arm`/`Enabled -> Disabling`).
+//! incremented whenever the intent turns (`Disabled`/`Disabling`/`Cleanup`/
+//! `Release -> Prepare`, and `Prepare`/`Arm`/`Enabled -> Disabling`).
 //!
 //! # Receipts
 //!
@@ -124,9 +127,9 @@ impl CoordinationPhase {
                 | (Prepare, Prepare | Arm | Disabling)
                 | (Arm, Prepare | Enabled | Disabling)
                 | (Enabled, Disabling)
-                | (Disabling, Disabling | Cleanup)
-                | (Cleanup, Release | Disabling)
-                | (Release, Disabled | Disabling)
+                | (Disabling, Disabling | Cleanup | Prepare)
+                | (Cleanup, Release | Disabling | Prepare)
+                | (Release, Disabled | Disabling | Prepare)
         )
     }
 
@@ -394,8 +397,11 @@ impl CoordinationRecord {
             .epoch
             .checked_add(1)
             .ok_or_else(|| Error::invalid_value("epoch", "overflow"))?;
-        let new_cycle = (self.phase == CoordinationPhase::Disabled
-            && to == CoordinationPhase::Prepare)
+        // A cycle starts whenever the intent turns: enabling from `Disabled`
+        // or from an unfinished disable (re-enabled before `Disabled`, which
+        // must not wait for a cleanup the operator no longer wants), and
+        // disabling from any enable-side phase.
+        let new_cycle = (!self.phase.is_enable_side() && to == CoordinationPhase::Prepare)
             || (self.phase.is_enable_side() && to == CoordinationPhase::Disabling);
         if new_cycle {
             next.generation = self

@@ -55,6 +55,13 @@ pub mod k8s {
     pub const COORDINATION_CONFIGMAP: &str = "ovn-ipsec-coordination";
     /// Key of the JSON coordination record in [`COORDINATION_CONFIGMAP`].
     pub const COORDINATION_CONFIGMAP_KEY: &str = "state";
+    /// Name of the agent container in the kube-ovn-cni DaemonSet while
+    /// IPsec is enabled (SPEC §9).
+    pub const CONTAINER_IPSEC: &str = "ipsec";
+    /// Name of the cleanup init container that replaces [`CONTAINER_IPSEC`]
+    /// once IPsec is disabled (SPEC §8): the DaemonSet's "cleanup shape" is
+    /// this init container and no [`CONTAINER_IPSEC`].
+    pub const INIT_CONTAINER_CLEANUP: &str = "ipsec-cleanup";
 }
 
 /// OVSDB (`Open_vSwitch` database) column keys.

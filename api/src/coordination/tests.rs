@@ -55,10 +55,13 @@ fn transition_table_is_exactly_the_spec() {
         (Enabled, Disabling),
         (Disabling, Disabling),
         (Disabling, Cleanup),
+        (Disabling, Prepare),
         (Cleanup, Release),
         (Cleanup, Disabling),
+        (Cleanup, Prepare),
         (Release, Disabled),
         (Release, Disabling),
+        (Release, Prepare),
     ];
     for from in CoordinationPhase::ALL {
         for to in CoordinationPhase::ALL {
@@ -102,6 +105,9 @@ fn transition_bookkeeping() {
     assert_eq!((r4.generation, r4.epoch, r4.challenge), (2, 4, Some(c2)));
     let r5 = r4.transition(CoordinationPhase::Cleanup, None).unwrap();
     assert_eq!(r5.challenge, Some(c2));
+    // Re-enabled before the disable finished: a new cycle, no challenge.
+    let again = r5.transition(CoordinationPhase::Prepare, None).unwrap();
+    assert_eq!((again.generation, again.challenge), (3, None));
     let r6 = r5
         .transition(CoordinationPhase::Release, None)
         .unwrap()
