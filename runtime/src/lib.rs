@@ -29,6 +29,7 @@
 
 pub mod agent;
 pub mod capability;
+pub mod cleanup;
 pub mod fsutil;
 pub mod ike;
 pub mod lease;

@@ -157,6 +157,35 @@ fn is_tunnel(src: IpAddr, dst: IpAddr, tunnels: &[TunnelEndpoints]) -> bool {
         .any(|t| (t.local == src && t.remote == dst) || (t.local == dst && t.remote == src))
 }
 
+/// Whether SA `s` is the lease's: its reqid is the lease's, its mark (if
+/// any) is exactly `<mark>/0xffffffff` (outbound) or absent (inbound:
+/// strongSwan marks only `out`), and its addresses are a tunnel's.
+fn is_own_state(lease: &Lease, s: &State, tunnels: &[TunnelEndpoints]) -> bool {
+    let exact = xfrm::model::Mark::exact(lease.mark);
+    s.reqid == lease.reqid
+        && s.mark.is_none_or(|m| m == exact)
+        && is_tunnel(s.saddr, s.daddr, tunnels)
+}
+
+/// Whether policy `p` is one of the lease's guards.
+fn is_guard(lease: &Lease, p: &Policy) -> bool {
+    Family::ALL
+        .iter()
+        .any(|f| compare_guard(&Policy::guard(*f, lease.mark), p).is_empty())
+}
+
+/// Whether policy `p` is one the node's IKE daemon installed under the
+/// lease: a template with the lease's reqid, a selector that is exactly a
+/// tunnel's host pair, and — outbound — exactly the lease's mark.
+fn is_own_tunnel_policy(lease: &Lease, p: &Policy, tunnels: &[TunnelEndpoints]) -> bool {
+    let sel = &p.selector;
+    p.templates.iter().any(|t| t.reqid == lease.reqid)
+        && sel.prefixlen_s == host_prefix(sel.saddr)
+        && sel.prefixlen_d == host_prefix(sel.daddr)
+        && is_tunnel(sel.saddr, sel.daddr, tunnels)
+        && (p.dir != DIR_OUT || p.mark == Some(xfrm::model::Mark::exact(lease.mark)))
+}
+
 /// Attributes kernel SAs and policies to the lease. An SA is ours when its
 /// reqid is the lease's, its mark (if any) is exactly `<mark>/0xffffffff`
 /// (outbound) or absent (inbound: strongSwan marks only `out`), and its
@@ -169,11 +198,9 @@ pub fn attribute(
     policies: &[Policy],
     tunnels: &[TunnelEndpoints],
 ) -> Attribution {
-    let exact = xfrm::model::Mark::exact(lease.mark);
     let mut out = Attribution::default();
     for s in states {
-        let mark_ok = s.mark.is_none_or(|m| m == exact);
-        if s.reqid == lease.reqid && mark_ok && is_tunnel(s.saddr, s.daddr, tunnels) {
+        if is_own_state(lease, s, tunnels) {
             out.sas.push(ObservedSa {
                 src: s.saddr,
                 dst: s.daddr,
@@ -184,23 +211,102 @@ pub fn attribute(
         }
     }
     for p in policies {
-        let guard = Family::ALL
-            .iter()
-            .any(|f| compare_guard(&Policy::guard(*f, lease.mark), p).is_empty());
-        let sel = &p.selector;
-        let tunnel_policy = p.templates.iter().any(|t| t.reqid == lease.reqid)
-            && sel.prefixlen_s == host_prefix(sel.saddr)
-            && sel.prefixlen_d == host_prefix(sel.daddr)
-            && is_tunnel(sel.saddr, sel.daddr, tunnels)
-            && (p.dir != DIR_OUT || p.mark == Some(exact));
-        if guard || tunnel_policy {
+        let guard = is_guard(lease, p);
+        if guard || is_own_tunnel_policy(lease, p, tunnels) {
             out.policies.push(ObservedPolicy {
                 index: p.index,
                 dir: p.dir,
-                src: sel.saddr,
-                dst: sel.daddr,
+                src: p.selector.saddr,
+                dst: p.selector.daddr,
                 guard,
             });
+        }
+    }
+    out
+}
+
+/// What the cleanup path may remove, and what stops it (SPEC §8, "Drain").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Drain {
+    /// SAs this node's IKE daemon installed under the lease.
+    pub states: Vec<State>,
+    /// Tunnel policies it installed under the lease (not the guards).
+    pub policies: Vec<Policy>,
+    /// The lease's guards as the kernel holds them.
+    pub guards: Vec<Policy>,
+    /// Everything else that carries the lease's mark or reqid, described
+    /// for the operator (no keys): a foreign owner this node must not
+    /// touch and cannot reason about.
+    pub foreign: Vec<String>,
+}
+
+impl Drain {
+    /// Nothing of the lease's SAs and tunnel policies is left (guards
+    /// aside).
+    pub fn drained(&self) -> bool {
+        self.states.is_empty() && self.policies.is_empty()
+    }
+}
+
+/// Whether `m` selects packets carrying `mark` (a zero mask selects
+/// everything and names no mark: it is not "carrying" the lease's).
+fn carries_mark(m: Option<xfrm::model::Mark>, mark: u32) -> bool {
+    m.is_some_and(|m| m.mask != 0 && m.matches(mark))
+}
+
+fn describe_mark(m: Option<xfrm::model::Mark>) -> String {
+    m.map_or_else(
+        || "no mark".to_owned(),
+        |m| format!("mark {:#x}/{:#x}", m.value, m.mask),
+    )
+}
+
+/// Sorts the kernel's SAs and policies for the cleanup path: the lease's
+/// own (the same attribution as [`attribute`], over the tunnels this node
+/// recorded), its guards, and foreign owners of its mark or reqid.
+pub fn plan_drain(
+    lease: &Lease,
+    states: &[State],
+    policies: &[Policy],
+    tunnels: &[TunnelEndpoints],
+) -> Drain {
+    let mut out = Drain::default();
+    for s in states {
+        if is_own_state(lease, s, tunnels) {
+            out.states.push(s.clone());
+        } else if s.reqid == lease.reqid || carries_mark(s.mark, lease.mark) {
+            out.foreign.push(format!(
+                "SA {} -> {} spi {:#010x} proto {} reqid {} {}",
+                s.saddr,
+                s.daddr,
+                s.spi,
+                s.proto,
+                s.reqid,
+                describe_mark(s.mark)
+            ));
+        }
+    }
+    for p in policies {
+        if is_guard(lease, p) {
+            out.guards.push(p.clone());
+        } else if is_own_tunnel_policy(lease, p, tunnels) {
+            out.policies.push(p.clone());
+        } else if p.templates.iter().any(|t| t.reqid == lease.reqid)
+            || carries_mark(p.mark, lease.mark)
+        {
+            let reqids: Vec<String> = p.templates.iter().map(|t| t.reqid.to_string()).collect();
+            out.foreign.push(format!(
+                "policy index {} dir {} {}/{} -> {}/{} priority {} reqid [{}] {}",
+                p.index,
+                p.dir,
+                p.selector.saddr,
+                p.selector.prefixlen_s,
+                p.selector.daddr,
+                p.selector.prefixlen_d,
+                p.priority,
+                reqids.join(","),
+                describe_mark(p.mark)
+            ));
         }
     }
     out
@@ -218,13 +324,51 @@ pub struct Observations {
     pub lease_id: String,
     /// What was attributed.
     pub attribution: Attribution,
+    /// Every tunnel seen under this lease since it was allocated (a union:
+    /// a peer that left may still have SAs). The cleanup path drains over
+    /// these: by then no interface carries the lease's reqid any more.
+    #[serde(default)]
+    pub tunnels: Vec<TunnelEndpoints>,
 }
 
-/// Writes the record (0600, atomically) into the key directory.
+/// Reads the observation record of `dir`; `None` when there is none.
+pub fn load(dir: &Path) -> Result<Option<Observations>, Error> {
+    let path = dir.join(OBSERVATIONS_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(Error::Io { path, source }),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| Error::Corrupt {
+            path,
+            reason: e.to_string(),
+        })
+}
+
+/// `recorded` plus each of `seen` it lacks, in order.
+pub fn union_tunnels(
+    recorded: &[TunnelEndpoints],
+    seen: &[TunnelEndpoints],
+) -> Vec<TunnelEndpoints> {
+    let mut out = recorded.to_vec();
+    for t in seen {
+        if !out.contains(t) {
+            out.push(*t);
+        }
+    }
+    out
+}
+
+/// Writes the record (0600, atomically) into the key directory. `tunnels`
+/// is what the record keeps (the caller's union with what it recorded
+/// before under the same lease).
 pub fn record(
     dir: &Path,
     lease: &Lease,
     attribution: Attribution,
+    tunnels: Vec<TunnelEndpoints>,
     now_rfc3339: String,
 ) -> Result<Observations, Error> {
     let obs = Observations {
@@ -232,6 +376,7 @@ pub fn record(
         observed_at: now_rfc3339,
         lease_id: lease.lease_id.clone(),
         attribution,
+        tunnels,
     };
     let path = dir.join(OBSERVATIONS_FILE);
     let bytes = serde_json::to_vec_pretty(&obs).map_err(|e| Error::Corrupt {
@@ -351,6 +496,64 @@ mod tests {
     }
 
     #[test]
+    fn drain_takes_exactly_the_leases_own_and_names_foreign_owners() {
+        let t = [TunnelEndpoints {
+            local: ip("10.0.0.1"),
+            remote: ip("10.0.0.2"),
+        }];
+        let m = Some(Mark::exact(0x77));
+        let mut guard = Policy::guard(Family::Ipv4, 0x77);
+        guard.index = 99;
+        // Foreign neighbours that must be neither drained nor blamed: a
+        // mark differing only under another mask, and a reqid neighbour.
+        let neighbour_mark = Some(Mark {
+            value: 0x76,
+            mask: 0xff,
+        });
+        let clean_states = [
+            sa("10.0.0.1", "10.0.0.2", 9, m),
+            sa("10.0.0.2", "10.0.0.1", 9, None),
+            sa("10.0.0.1", "10.0.0.2", 10, neighbour_mark),
+        ];
+        let clean_policies = [
+            tunnel_policy(DIR_OUT, 9, m, 32),
+            tunnel_policy(0, 9, None, 32),
+            tunnel_policy(DIR_OUT, 10, None, 32),
+            guard.clone(),
+        ];
+        let d = plan_drain(&lease(), &clean_states, &clean_policies, &t);
+        assert_eq!(
+            (d.states.len(), d.policies.len(), d.guards.len()),
+            (2, 2, 1)
+        );
+        assert!(d.foreign.is_empty(), "{:?}", d.foreign);
+        assert!(!d.drained());
+        // Without the recorded tunnel nothing is attributable: the same SAs
+        // are then foreign owners of the lease's reqid.
+        let d = plan_drain(&lease(), &clean_states, &clean_policies, &[]);
+        assert!(d.states.is_empty() && d.policies.is_empty());
+        assert_eq!(d.foreign.len(), 4, "{:?}", d.foreign);
+        // The lease's mark on a selector this node never recorded, and the
+        // lease's reqid with another mark: foreign, and named.
+        let states = [sa(
+            "10.0.0.1",
+            "10.0.0.2",
+            9,
+            Some(Mark {
+                value: 0x77,
+                mask: 0xfff,
+            }),
+        )];
+        let mut stray = tunnel_policy(DIR_OUT, 3, m, 24);
+        stray.index = 4242;
+        let d = plan_drain(&lease(), &states, &[stray, guard], &t);
+        assert_eq!(d.foreign.len(), 2, "{:?}", d.foreign);
+        assert!(d.foreign[0].contains("reqid 9"), "{}", d.foreign[0]);
+        assert!(d.foreign[1].contains("index 4242"), "{}", d.foreign[1]);
+        assert!(d.drained());
+    }
+
+    #[test]
     fn tunnels_are_the_interfaces_with_the_lease_reqid() {
         let row = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
             pairs
@@ -395,13 +598,19 @@ mod tests {
     fn record_has_boot_id_and_mode() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
+        let t = vec![TunnelEndpoints {
+            local: ip("10.0.0.1"),
+            remote: ip("10.0.0.2"),
+        }];
         let obs = record(
             dir.path(),
             &lease(),
             Attribution::default(),
+            t.clone(),
             "2025-01-01T00:00:00Z".into(),
         )
         .unwrap();
+        assert_eq!(load(dir.path()).unwrap(), Some(obs.clone()));
         assert_eq!(obs.boot_id.len(), 36);
         let p = dir.path().join(OBSERVATIONS_FILE);
         assert_eq!(

@@ -14,9 +14,10 @@ use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_xfrm::policy::{DelGetMessage, ModifyMessage};
+use netlink_packet_xfrm::state::DelGetMessage as StateDelGetMessage;
 use netlink_packet_xfrm::{
-    Address, LifetimeConfig, UserPolicyId, UserPolicyInfo, UserSaInfo, XFRM_INF, XfrmAttrs,
-    XfrmMessage,
+    Address, LifetimeConfig, UserPolicyId, UserPolicyInfo, UserSaId, UserSaInfo, XFRM_INF,
+    XfrmAttrs, XfrmMessage,
 };
 
 use crate::model::{Family, Mark, Policy, Selector, State, Template};
@@ -214,6 +215,39 @@ pub fn delete_policy_request(p: &Policy, seq: u32) -> Vec<u8> {
         NLM_F_REQUEST | NLM_F_ACK,
         seq,
         XfrmMessage::DeletePolicy(policy_id_message(p, true)),
+    )
+}
+
+/// `XFRM_MSG_DELSA` of the SA with `s`'s full identity — destination,
+/// SPI, protocol and family, plus its source address and mark (the kernel
+/// matches both when given) — with an ACK. Never a flush.
+pub fn delete_state_request(s: &State, seq: u32) -> Vec<u8> {
+    let mut nlas = vec![XfrmAttrs::SrcAddr(address(s.saddr))];
+    if let Some(m) = s.mark {
+        nlas.push(XfrmAttrs::Mark(netlink_packet_xfrm::nlas::mark::Mark {
+            value: m.value,
+            mask: m.mask,
+        }));
+    }
+    serialize(
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        XfrmMessage::DeleteSa(StateDelGetMessage {
+            user_sa_id: UserSaId {
+                daddr: address(s.daddr),
+                spi: s.spi,
+                family: s
+                    .family
+                    .unwrap_or(if s.daddr.is_ipv4() {
+                        Family::Ipv4
+                    } else {
+                        Family::Ipv6
+                    })
+                    .af(),
+                proto: s.proto,
+            },
+            nlas,
+        }),
     )
 }
 

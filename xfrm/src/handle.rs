@@ -43,6 +43,11 @@ pub trait Xfrm: Send {
     /// Deletes the policy with `policy.index` (and its mark, direction);
     /// false when it was already gone.
     fn delete_policy(&mut self, policy: &Policy) -> Result<bool, Error>;
+    /// Deletes the SA with `state`'s full identity (destination, SPI,
+    /// protocol, family, source and mark); false when it was already gone.
+    /// Only the cleanup path calls it, and only for SAs attributed to the
+    /// node's own lease.
+    fn delete_state(&mut self, state: &State) -> Result<bool, Error>;
 }
 
 /// A `NETLINK_XFRM` socket of one network namespace.
@@ -261,7 +266,22 @@ impl Xfrm for XfrmHandle {
     fn delete_policy(&mut self, policy: &Policy) -> Result<bool, Error> {
         let seq = self.next_seq();
         self.send("delete policy", &codec::delete_policy_request(policy, seq))?;
-        match self.receive("delete policy", seq, false, |_, _| Ok(())) {
+        self.acked_delete("delete policy", seq)
+    }
+
+    fn delete_state(&mut self, state: &State) -> Result<bool, Error> {
+        let seq = self.next_seq();
+        self.send("delete state", &codec::delete_state_request(state, seq))?;
+        self.acked_delete("delete state", seq)
+    }
+}
+
+impl XfrmHandle {
+    /// The ACK of a delete: true when something was deleted, false when
+    /// the kernel had nothing to delete (`ENOENT`, e.g. it expired or a
+    /// previous run already deleted it).
+    fn acked_delete(&mut self, what: &'static str, seq: u32) -> Result<bool, Error> {
+        match self.receive(what, seq, false, |_, _| Ok(())) {
             Ok(()) => Ok(true),
             Err(Error::Netlink { source, .. }) if source.raw_os_error() == Some(libc_enoent()) => {
                 Ok(false)

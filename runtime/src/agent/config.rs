@@ -53,9 +53,10 @@ pub enum CoordinationMode {
     Off,
 }
 
-/// `kube-ovn-ipsec run` flags.
+/// Flags `run` and `cleanup` share: who and where this node is, and where
+/// the state the agent keeps lives.
 #[derive(Debug, Clone, clap::Args)]
-pub struct RunArgs {
+pub struct NodeArgs {
     /// This node's name (downward API `spec.nodeName`).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
@@ -79,6 +80,57 @@ pub struct RunArgs {
         default_value = "unix:/run/openvswitch/db.sock"
     )]
     pub ovsdb: String,
+    /// Namespace of ConfigMap `ovn-ipsec-trust` (the controller's).
+    #[arg(long, env = "OVN_IPSEC_TRUST_NAMESPACE", default_value = "kube-system")]
+    pub trust_namespace: String,
+    /// Namespace of ConfigMap `ovn-ipsec-coordination` (the controller's;
+    /// default: the trust namespace).
+    #[arg(long, env = "OVN_IPSEC_COORDINATION_NAMESPACE")]
+    pub coordination_namespace: Option<String>,
+    /// This Pod's template hash (downward API
+    /// `metadata.labels['controller-revision-hash']`): a receipt names it
+    /// and the controller checks it against the frozen template.
+    #[arg(long, env = "POD_TEMPLATE_HASH")]
+    pub pod_template_hash: Option<String>,
+    /// A kubeconfig to use instead of the in-cluster ServiceAccount (the lab
+    /// and tests).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// strongSwan's run directory as the agent sees it (stale
+    /// `charon.pid` / `starter.charon.pid` of a killed daemon are removed
+    /// from it before a restart).
+    #[arg(long, default_value = "/var/run")]
+    pub ike_rundir: PathBuf,
+    /// Open the XFRM socket in this named network namespace
+    /// (`/run/netns/<name>`) instead of the agent's own. Lab and tests.
+    #[arg(long)]
+    pub xfrm_netns: Option<String>,
+}
+
+impl NodeArgs {
+    /// The coordination record's namespace: `--coordination-namespace`, or
+    /// the trust namespace.
+    pub fn coordination_namespace(&self) -> String {
+        self.coordination_namespace
+            .clone()
+            .unwrap_or_else(|| self.trust_namespace.clone())
+    }
+
+    /// The IKE daemon's pidfiles in `--ike-rundir`.
+    pub fn ike_pidfiles(&self) -> Vec<PathBuf> {
+        vec![
+            self.ike_rundir.join("charon.pid"),
+            self.ike_rundir.join("starter.charon.pid"),
+        ]
+    }
+}
+
+/// `kube-ovn-ipsec run` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Who and where this node is.
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// Where `/status`, `/readyz`, `/healthz` and `/metrics` are served.
     #[arg(long, env = "OVN_IPSEC_STATUS_ADDR", default_value = "0.0.0.0:10667")]
     pub status_addr: SocketAddr,
@@ -102,9 +154,6 @@ pub struct RunArgs {
     /// is derived from its Node UID, so the CSRs spread out.
     #[arg(long, env = "OVN_IPSEC_ROTATION_SPREAD", default_value_t = defaults::ROTATION_SPREAD_SECS)]
     pub rotation_spread: u64,
-    /// Namespace of ConfigMap `ovn-ipsec-trust` (the controller's).
-    #[arg(long, env = "OVN_IPSEC_TRUST_NAMESPACE", default_value = "kube-system")]
-    pub trust_namespace: String,
     /// Name of the trust ConfigMap.
     #[arg(long, default_value = k8s::TRUST_CONFIGMAP)]
     pub trust_configmap: String,
@@ -112,23 +161,10 @@ pub struct RunArgs {
     /// (`off`).
     #[arg(long, env = "OVN_IPSEC_COORDINATION", value_enum, default_value_t = CoordinationMode::Cluster)]
     pub coordination: CoordinationMode,
-    /// Namespace of ConfigMap `ovn-ipsec-coordination` (the controller's;
-    /// default: the trust namespace).
-    #[arg(long, env = "OVN_IPSEC_COORDINATION_NAMESPACE")]
-    pub coordination_namespace: Option<String>,
-    /// This Pod's template hash (downward API
-    /// `metadata.labels['controller-revision-hash']`): a receipt names it
-    /// and the controller checks it against the frozen template.
-    #[arg(long, env = "POD_TEMPLATE_HASH")]
-    pub pod_template_hash: Option<String>,
     /// Republish an owed coordination receipt this often (seconds); the
     /// controller accepts receipts observed within the last 120 s.
     #[arg(long, default_value_t = 45, value_parser = clap::value_parser!(u64).range(5..=100))]
     pub receipt_refresh: u64,
-    /// A kubeconfig to use instead of the in-cluster ServiceAccount (the lab
-    /// and tests).
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
     /// How long the chassis (`external_ids:system-id`) may be missing from
     /// OVSDB before start-up gives up, in seconds.
     #[arg(long, default_value_t = 120)]
@@ -165,11 +201,6 @@ pub struct RunArgs {
     /// strongSwan's `ipsec` script.
     #[arg(long, env = "OVN_IPSEC_IPSEC", default_value = "ipsec")]
     pub ipsec: std::ffi::OsString,
-    /// strongSwan's run directory as the agent sees it (stale
-    /// `charon.pid` / `starter.charon.pid` of a killed daemon are removed
-    /// from it before a restart).
-    #[arg(long, default_value = "/var/run")]
-    pub ike_rundir: PathBuf,
     /// strongSwan's CA directory: the agent installs the trust bundle there,
     /// one file per CA (strongSwan reads only a file's first certificate).
     #[arg(long, default_value = "/etc/ipsec.d/cacerts")]
@@ -221,10 +252,6 @@ pub struct RunArgs {
     pub stop_grace: u64,
 
     // --- Lab and tests: a simulated node's namespaces ---
-    /// Open the XFRM socket in this named network namespace
-    /// (`/run/netns/<name>`) instead of the agent's own. Lab and tests.
-    #[arg(long)]
-    pub xfrm_netns: Option<String>,
     /// Run every program (probes, IKE daemon, monitor) in the network and
     /// mount namespaces of this process (`nsenter -t <pid> -m -n`). Lab and
     /// tests.

@@ -19,7 +19,7 @@ use kube::{Api, Client};
 use kube_ovn_ipsec_api::coordination::{CoordinationRecord, Receipt};
 use kube_ovn_ipsec_api::names::{defaults, k8s};
 use kube_ovn_ipsec_api::pki::Certificate;
-use kube_ovn_ipsec_api::signed::{self, SigningKey};
+use kube_ovn_ipsec_api::signed::{self, SignedPayload, SigningKey};
 use tokio::sync::watch;
 
 /// Watches the coordination ConfigMap `namespace/name` until `shutdown`
@@ -118,10 +118,11 @@ fn receipt_err(what: &str, e: impl std::fmt::Display) -> actors::Error {
     actors::Error::Receipt(format!("{what}: {e}"))
 }
 
-/// Signs `receipt` with the PEM private key in `key`, refusing a key that
-/// is not `certificate`'s; the annotation value, size-capped.
-pub fn sign_receipt(
-    receipt: &Receipt,
+/// Signs `receipt` (a [`Receipt`] or a release receipt) with the PEM
+/// private key in `key`, refusing a key that is not `certificate`'s; the
+/// annotation value, size-capped.
+pub fn sign_receipt<T: SignedPayload>(
+    receipt: &T,
     key: &Path,
     certificate: &Certificate,
 ) -> actors::Result<String> {
@@ -157,30 +158,41 @@ impl ReceiptPort for KubeReceipts {
             tokio::task::spawn_blocking(move || sign_receipt(&receipt, &key, &certificate))
                 .await
                 .map_err(|e| actors::Error::BlockingTask(e.to_string()))??;
-        // The resourceVersion makes the write conditional on the Node as
-        // read: a concurrent writer makes it fail (409) and the next
-        // evaluation reads again, never overwriting blindly.
-        let node = self
-            .nodes
-            .get(&self.node_name)
-            .await
-            .map_err(|e| receipt_err("reading the Node", e))?;
-        let patch = serde_json::json!({
-            "metadata": {
-                "resourceVersion": node.metadata.resource_version,
-                "annotations": { k8s::ANNOTATION_RECEIPT: annotation },
-            }
-        });
-        self.nodes
-            .patch(
-                &self.node_name,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(|e| receipt_err("patching the Node", e))?;
-        Ok(())
+        annotate_node(
+            &self.nodes,
+            &self.node_name,
+            k8s::ANNOTATION_RECEIPT,
+            &annotation,
+        )
+        .await
     }
+}
+
+/// Sets annotation `key` of Node `name` to `value`, conditionally on the
+/// Node as read: the resourceVersion makes a concurrent writer's change
+/// fail the patch (409) instead of being overwritten blindly; the caller
+/// reads again and retries.
+pub async fn annotate_node(
+    nodes: &Api<Node>,
+    name: &str,
+    key: &str,
+    value: &str,
+) -> actors::Result<()> {
+    let node = nodes
+        .get(name)
+        .await
+        .map_err(|e| receipt_err("reading the Node", e))?;
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": { key: value },
+        }
+    });
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| receipt_err("patching the Node", e))?;
+    Ok(())
 }
 
 #[cfg(test)]

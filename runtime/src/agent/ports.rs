@@ -77,6 +77,16 @@ pub struct ProtectionAdapter {
     ovs: ovsdb::Client,
 }
 
+/// The part of the observation record that decides whether it is
+/// rewritten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Observed {
+    boot_id: String,
+    lease_id: String,
+    attribution: sa::Attribution,
+    tunnels: Vec<sa::TunnelEndpoints>,
+}
+
 /// What the blocking side of [`ProtectionAdapter`] owns.
 #[derive(Debug)]
 struct ProtectedNode {
@@ -85,9 +95,10 @@ struct ProtectedNode {
     allocation: AllocationConfig,
     keeper: Mutex<GuardKeeper<XfrmHandle>>,
     lease: Mutex<Option<Lease>>,
-    /// What the last SA observation recorded (boot ID, attribution), so the
-    /// record is rewritten only when it changes.
-    observed: Mutex<Option<(String, sa::Attribution)>>,
+    /// What the last SA observation recorded (boot ID, attribution, the
+    /// tunnels seen under the lease), so the record is rewritten only when
+    /// it changes.
+    observed: Mutex<Option<Observed>>,
 }
 
 impl ProtectionAdapter {
@@ -204,13 +215,38 @@ impl ProtectedNode {
             recorded: false,
         };
         let boot_id = crate::fsutil::boot_id().map_err(protection_err)?;
+        let lease_file = self.store.path();
+        let dir = lease_file.parent().unwrap_or(Path::new("."));
         let mut observed = lock(&self.observed);
-        let current = (boot_id, attribution);
+        // The tunnels recorded under this lease so far: from the last
+        // observation, or (first pass after a restart) from the record on
+        // disk. The cleanup path drains over them once the tunnels are gone.
+        let recorded = match observed.as_ref() {
+            Some(o) if o.lease_id == lease.lease_id => o.tunnels.clone(),
+            Some(_) => Vec::new(),
+            None => sa::load(dir)
+                .ok()
+                .flatten()
+                .filter(|r| r.lease_id == lease.lease_id)
+                .map(|r| r.tunnels)
+                .unwrap_or_default(),
+        };
+        let current = Observed {
+            boot_id,
+            lease_id: lease.lease_id.clone(),
+            attribution,
+            tunnels: sa::union_tunnels(&recorded, tunnels),
+        };
         if observed.as_ref() != Some(&current) {
-            let lease_file = self.store.path();
-            let dir = lease_file.parent().unwrap_or(Path::new("."));
             let now = k8s_openapi::jiff::Timestamp::now().to_string();
-            sa::record(dir, lease, current.1.clone(), now).map_err(protection_err)?;
+            sa::record(
+                dir,
+                lease,
+                current.attribution.clone(),
+                current.tunnels.clone(),
+                now,
+            )
+            .map_err(protection_err)?;
             *observed = Some(current);
             summary.recorded = true;
         }

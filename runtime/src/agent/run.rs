@@ -42,7 +42,7 @@ use actors::coordinator::plan::RecordView;
 use actors::tree::CoordinationPorts;
 use kube_ovn_ipsec_api::names::k8s;
 
-use super::config::{CoordinationMode, IkeDaemonKind, RunArgs};
+use super::config::{CoordinationMode, IkeDaemonKind, NodeArgs, RunArgs};
 use super::coordination::{self, KubeReceipts};
 use super::events::{EventForwarder, ForwarderArgs, NodeEvents};
 use super::http;
@@ -141,7 +141,8 @@ pub struct Agent {
     pub status_addr: std::net::SocketAddr,
 }
 
-async fn kube_client(args: &RunArgs) -> Result<Client, AgentError> {
+/// The Kubernetes client: `--kubeconfig`, or the in-cluster ServiceAccount.
+pub async fn kube_client(args: &NodeArgs) -> Result<Client, AgentError> {
     let config = match &args.kubeconfig {
         Some(path) => {
             let kc =
@@ -203,7 +204,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     // directory, the lease, OVSDB or the kernel (SPEC §2). A second agent
     // on the same node stops here, naming the holder, having touched
     // nothing; the lock is held until the process exits.
-    let key_dir = args.key_dir.clone();
+    let key_dir = args.node.key_dir.clone();
     let owner = tokio::task::spawn_blocking(move || actors::keydir::OwnerLock::acquire(key_dir))
         .await
         .map_err(|e| {
@@ -214,31 +215,31 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         })?
         .map_err(AgentError::Owner)?;
     let owner = Arc::new(owner);
-    tracing::info!(key_dir = %args.key_dir.display(), pid = std::process::id(), "key directory owner lock taken");
-    let client = kube_client(&args).await?;
-    let ovs = ovsdb::Client::connect_str(&args.ovsdb)
+    tracing::info!(key_dir = %args.node.key_dir.display(), pid = std::process::id(), "key directory owner lock taken");
+    let client = kube_client(&args.node).await?;
+    let ovs = ovsdb::Client::connect_str(&args.node.ovsdb)
         .await
         .map_err(|source| AgentError::Ovsdb {
-            remote: args.ovsdb.clone(),
+            remote: args.node.ovsdb.clone(),
             source,
         })?;
     let chassis = chassis(&ovs, Duration::from_secs(args.chassis_timeout)).await?;
     let node = Api::<Node>::all(client.clone())
-        .get(&args.node_name)
+        .get(&args.node.node_name)
         .await?;
     let node_uid = node
         .metadata
         .uid
-        .ok_or_else(|| AgentError::NodeWithoutUid(args.node_name.clone()))?;
+        .ok_or_else(|| AgentError::NodeWithoutUid(args.node.node_name.clone()))?;
     let node_uid = Uid::new(node_uid).map_err(|source| AgentError::Invalid {
         what: "Node UID",
         source,
     })?;
-    let pod_uid = Uid::new(args.pod_uid.clone()).map_err(|source| AgentError::Invalid {
+    let pod_uid = Uid::new(args.node.pod_uid.clone()).map_err(|source| AgentError::Invalid {
         what: "POD_UID",
         source,
     })?;
-    tracing::info!(node = %args.node_name, node_uid = %node_uid.as_str(), chassis = %chassis.as_str(), key_dir = %args.key_dir.display(), "starting agent");
+    tracing::info!(node = %args.node.node_name, node_uid = %node_uid.as_str(), chassis = %chassis.as_str(), key_dir = %args.node.key_dir.display(), "starting agent");
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let board = StatusBoard::new(clock.clone());
@@ -291,7 +292,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     tracing::info!(?patch, ca_workaround = patch.needs_ca_workaround(), script = %args.monitor_script.display(), "ovs-monitor-ipsec");
     // Opening the socket (in another namespace: a helper thread that
     // enters it) blocks: off the executor, like every netlink call.
-    let netns = args.xfrm_netns.clone();
+    let netns = args.node.xfrm_netns.clone();
     let xfrm = tokio::task::spawn_blocking(move || match netns {
         Some(ns) => XfrmHandle::in_netns(&ns),
         None => XfrmHandle::open(),
@@ -317,7 +318,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         database: args
             .monitor_database
             .clone()
-            .unwrap_or_else(|| args.ovsdb.clone()),
+            .unwrap_or_else(|| args.node.ovsdb.clone()),
         rundir: args.monitor_rundir.clone(),
         log_file: args.monitor_log_file.clone(),
         output_file: args.monitor_output_file.clone(),
@@ -326,7 +327,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     };
     let tunnel_ports = TunnelPorts {
         protection: Arc::new(ProtectionAdapter::new(
-            &args.key_dir,
+            &args.node.key_dir,
             node_uid.clone(),
             AllocationConfig::default(),
             xfrm,
@@ -335,10 +336,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         ike: Arc::new(IkeAdapter {
             config: ike.clone(),
             launcher: launcher.clone(),
-            stale_pidfiles: vec![
-                args.ike_rundir.join("charon.pid"),
-                args.ike_rundir.join("starter.charon.pid"),
-            ],
+            stale_pidfiles: args.node.ike_pidfiles(),
         }),
         monitor: Arc::new(MonitorAdapter {
             config: monitor,
@@ -361,18 +359,18 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     let (trust_tx, trust_rx) = watch::channel(None);
     let follower = tokio::spawn(trust::follow(
         client.clone(),
-        args.trust_namespace.clone(),
+        args.node.trust_namespace.clone(),
         args.trust_configmap.clone(),
         trust_tx,
         shutdown.clone(),
     ));
 
     let mut identity = IdentityConfig::new(
-        args.node_name.clone(),
+        args.node.node_name.clone(),
         node_uid,
         pod_uid,
         chassis,
-        args.key_dir.clone(),
+        args.node.key_dir.clone(),
     );
     identity.key_type = args.key_algorithm.into();
     identity.expiration_seconds = args.certificate_lifetime;
@@ -388,7 +386,11 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         EventForwarder,
         ForwarderArgs {
             bus: bus.clone(),
-            events: NodeEvents::new(client.clone(), &args.node_name, identity.node_uid.as_str()),
+            events: NodeEvents::new(
+                client.clone(),
+                &args.node.node_name,
+                identity.node_uid.as_str(),
+            ),
         },
     )
     .await
@@ -421,10 +423,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     let mut record_follower = None;
     if coordinated {
         let (record_tx, record_rx) = watch::channel(RecordView::Unknown);
-        let namespace = args
-            .coordination_namespace
-            .clone()
-            .unwrap_or_else(|| args.trust_namespace.clone());
+        let namespace = args.node.coordination_namespace();
         tracing::info!(%namespace, configmap = k8s::COORDINATION_CONFIGMAP, "following the cluster's coordination: this node arms when it asks");
         record_follower = Some(tokio::spawn(coordination::follow(
             client.clone(),
@@ -437,13 +436,13 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
             &tree_args,
             CoordinationPorts {
                 me: NodeSelf {
-                    node_name: args.node_name.clone(),
+                    node_name: args.node.node_name.clone(),
                     node_uid: tree_args.identity.node_uid.clone(),
                     pod_uid: tree_args.identity.pod_uid.clone(),
-                    template_hash: args.pod_template_hash.clone(),
+                    template_hash: args.node.pod_template_hash.clone(),
                 },
                 record: record_rx,
-                receipts: Arc::new(KubeReceipts::new(client.clone(), &args.node_name)),
+                receipts: Arc::new(KubeReceipts::new(client.clone(), &args.node.node_name)),
                 refresh: Duration::from_secs(args.receipt_refresh),
             },
         );

@@ -96,3 +96,46 @@ fn error_and_truncation() {
     assert_eq!(error_code(&(-2i32).to_ne_bytes()).unwrap(), 2);
     assert!(split_messages(&[40, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
 }
+
+#[test]
+fn delete_state_names_the_sa_by_its_full_identity() {
+    use crate::model::{Mark, Selector, State};
+    let s = State {
+        family: Some(Family::Ipv4),
+        saddr: "10.0.0.1".parse().unwrap(),
+        daddr: "10.0.0.2".parse().unwrap(),
+        proto: PROTO_ESP,
+        spi: 0xc0ff_ee01,
+        reqid: 9,
+        mode: 0,
+        mark: Some(Mark::exact(0x77)),
+        if_id: 0,
+        selector: Selector::wildcard(Family::Ipv4),
+        bytes: 0,
+        packets: 0,
+    };
+    let req = delete_state_request(&s, 4);
+    let m = split_messages(&req).unwrap();
+    assert_eq!((m[0].message_type, m[0].seq), (0x11, 4)); // XFRM_MSG_DELSA
+    let body = m[0].body;
+    // xfrm_usersa_id: daddr (16), spi (network order), family, proto.
+    assert_eq!(&body[..4], &[10, 0, 0, 2]);
+    assert_eq!(&body[16..20], &0xc0ff_ee01u32.to_be_bytes());
+    assert_eq!(u16::from_ne_bytes([body[20], body[21]]), 2);
+    assert_eq!(body[22], PROTO_ESP);
+    // Then XFRMA_SRCADDR (type 13) and XFRMA_MARK (type 21).
+    let attrs = &body[24..];
+    assert_eq!(u16::from_ne_bytes([attrs[2], attrs[3]]), 13);
+    assert_eq!(&attrs[4..8], &[10, 0, 0, 1]);
+    let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
+    let mark = &attrs[len.div_ceil(4) * 4..];
+    assert_eq!(u16::from_ne_bytes([mark[2], mark[3]]), 21);
+    assert_eq!(
+        u32::from_ne_bytes([mark[4], mark[5], mark[6], mark[7]]),
+        0x77
+    );
+    assert_eq!(
+        u32::from_ne_bytes([mark[8], mark[9], mark[10], mark[11]]),
+        u32::MAX
+    );
+}

@@ -1,0 +1,438 @@
+//! `kube-ovn-ipsec cleanup` against the real parts (SPEC §8): the embedded
+//! API server with RBAC on and the real controller signing, a node with
+//! its own ovsdb-server, real strongSwan and the patched monitor run by a
+//! real agent, kernel XFRM in the node's namespace.
+//!
+//! The agent arms (lease, guards, identity), a protected tunnel makes
+//! charon install its policies under the lease, and the whole agent tree
+//! is SIGKILLed — charon included, so its policies stay in the kernel as
+//! crash orphans. Then, with the coordination record written by hand in
+//! `Release` (the controller's side is tested in the controller crate):
+//! cleanup refuses while a tunnel still carries IPsec options, while a
+//! control socket answers, and while a foreign policy carries the lease's
+//! mark — each time with the guards kept and nothing withdrawn — and then
+//! removes exactly the node's own state: the XFRM policy dump is
+//! byte-identical to the one taken before the agent ever ran (foreign
+//! policies installed beforehand untouched), OVSDB keeps every unrelated
+//! key, and the Node carries a release receipt that verifies with the
+//! node's certificate and answers the record. A fresh node with no state
+//! exits 0 at once and touches nothing. The kernel here has no ESP, so
+//! SAs are the guest kernel's test; policies are asserted here.
+
+// Helpers of this test binary panic on failure just like the #[test]s do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
+
+mod agent_node;
+mod ike_node;
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use agent_node::{AgentNode, prerequisites, start_node};
+use apiserver::{ADMIN_TOKEN, ApiServer};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::Api;
+use kube::api::PostParams;
+use kube_ovn_ipsec_api::coordination::{
+    Challenge, CoordinationPhase, CoordinationRecord, ReleaseReceipt,
+};
+use kube_ovn_ipsec_api::ident::Uid;
+use kube_ovn_ipsec_api::names::{exit_code, k8s, ovs};
+use kube_ovn_ipsec_api::signed;
+use kube_ovn_ipsec_api::time::Timestamp;
+use support::controller_cluster as cc;
+use testbed::ipsec::{IpsecNode, Tunnel};
+use testbed::netns::wait_for;
+
+/// The cleanup Pod's template hash in the record.
+const CLEANUP_HASH: &str = "5c1ea2b7f";
+
+/// `ip xfrm policy list` and `ip xfrm state list` of `node`, verbatim.
+fn xfrm_dump(node: &IpsecNode) -> String {
+    let ns = node.netns();
+    let p = ns.ip(["xfrm", "policy", "list"]).unwrap();
+    let s = ns.ip(["xfrm", "state", "list"]).unwrap();
+    format!("{p}\n--- states ---\n{s}")
+}
+
+fn ip_xfrm(node: &IpsecNode, args: &str) {
+    let args: Vec<&str> = std::iter::once("xfrm")
+        .chain(args.split_whitespace())
+        .collect();
+    node.netns()
+        .ip(&args)
+        .unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+}
+
+/// Foreign policies installed before the agent runs: the guards' priority
+/// and selector with marks that differ only under their mask, and a reqid
+/// neighbour on a tunnel-like selector. Allocation avoids aliasing them;
+/// cleanup must neither remove nor blame them.
+fn install_foreign(node: &IpsecNode) {
+    ip_xfrm(
+        node,
+        "policy add dir out src 0.0.0.0/0 dst 0.0.0.0/0 action block priority 2147483647 mark 0x10000 mask 0xffff0000",
+    );
+    ip_xfrm(
+        node,
+        "policy add dir out src ::/0 dst ::/0 action block priority 2147483647 mark 0x20 mask 0xf0",
+    );
+    ip_xfrm(
+        node,
+        "policy add dir out src 10.97.0.1/32 dst 10.97.0.2/32 proto udp dport 6081 priority 100 mark 0x5 mask 0xff tmpl src 10.97.0.1 dst 10.97.0.2 proto esp reqid 3 mode transport",
+    );
+}
+
+fn map_of(node: &IpsecNode, column: &str) -> BTreeMap<String, String> {
+    let raw = node
+        .vsctl(&["get", "Open_vSwitch", ".", column])
+        .unwrap_or_default();
+    support::cluster::parse_ovs_map(raw.trim())
+}
+
+/// PIDs of `root` and all its descendants.
+fn process_tree(root: u32) -> Vec<i32> {
+    let mut out = vec![i32::try_from(root).unwrap()];
+    let mut i = 0;
+    while i < out.len() {
+        let parent = out[i];
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            if ppid == Some(parent) && !out.contains(&pid) {
+                out.push(pid);
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// SIGKILLs the agent and everything it started (starter, charon, the
+/// monitor): what a node crash or an OOM kill of the container does.
+fn kill_tree(n: &mut AgentNode) {
+    let pids = process_tree(n.agent.id());
+    for pid in &pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = n.agent.wait();
+    wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
+        pids.iter()
+            .all(|p| kube_ovn_ipsec_runtime::pidfile::proc_comm(*p).is_none())
+            .then_some(())
+    })
+    .expect("the agent's processes did not die");
+}
+
+/// The Release record that asks `fx` to release.
+fn release_record(fx: &cc::NodeFx, ds_uid: &str) -> CoordinationRecord {
+    let mut r = CoordinationRecord::initial();
+    r.generation = 2;
+    r.epoch = 11;
+    r.phase = CoordinationPhase::Release;
+    r.daemon_set_uid = Some(Uid::new(ds_uid.to_owned()).unwrap());
+    r.template_hash = Some(CLEANUP_HASH.into());
+    r.challenge = Some(Challenge::from_bytes([0x5a; 32]));
+    r.nb_global_uuid = Some(uuid::Uuid::from_bytes([1; 16]));
+    r.sb_global_uuid = Some(uuid::Uuid::from_bytes([2; 16]));
+    r.targets
+        .insert(fx.name.clone(), Uid::new(fx.uid.clone()).unwrap());
+    r
+}
+
+async fn write_record(admin: &kube::Client, r: &CoordinationRecord) {
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), cc::NS);
+    let cm = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(k8s::COORDINATION_CONFIGMAP.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            k8s::COORDINATION_CONFIGMAP_KEY.to_owned(),
+            r.encode().unwrap(),
+        )])),
+        ..Default::default()
+    };
+    match api.get_opt(k8s::COORDINATION_CONFIGMAP).await.unwrap() {
+        None => {
+            api.create(&PostParams::default(), &cm).await.unwrap();
+        }
+        Some(old) => {
+            let mut cm = cm;
+            cm.metadata.resource_version = old.metadata.resource_version;
+            api.replace(k8s::COORDINATION_CONFIGMAP, &PostParams::default(), &cm)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// Runs `kube-ovn-ipsec cleanup` as `fx`'s cleanup Pod on `node`.
+fn cleanup(
+    node: &IpsecNode,
+    fx: &cc::NodeFx,
+    key_dir: &Path,
+    kubeconfig: &Path,
+    wait_secs: u64,
+) -> Output {
+    let sock = format!("unix:{}", node.run_path("openvswitch/db.sock").display());
+    let t = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
+        .args(["cleanup", "--node-name", &fx.name])
+        .args(["--pod-name", &fx.pod_name, "--pod-namespace", cc::NS])
+        .args(["--pod-uid", &fx.pod_uid])
+        .args(["--pod-template-hash", CLEANUP_HASH])
+        .arg("--key-dir")
+        .arg(key_dir)
+        .args(["--ovsdb", &sock])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--ike-rundir")
+        .arg(node.run_path(""))
+        .args(["--xfrm-netns", node.netns().name()])
+        .args(["--wait", &wait_secs.to_string(), "--poll-ms", "200"])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    println!(
+        "cleanup exited {:?} after {:?}",
+        out.status.code(),
+        t.elapsed()
+    );
+    out
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn refused_with(o: &Output, needle: &str) {
+    let log = stderr(o);
+    assert_eq!(
+        o.status.code(),
+        Some(exit_code::CLEANUP_NOT_SAFE),
+        "expected a refusal naming {needle:?}:\n{log}"
+    );
+    assert!(log.contains(needle), "no {needle:?} in:\n{log}");
+}
+
+/// The guards of `mark` are both in the kernel.
+fn guards_present(node: &IpsecNode, mark: u32) -> bool {
+    let dump = node.netns().ip(["xfrm", "policy", "list"]).unwrap();
+    dump.matches(&format!("mark {mark:#x}/0xffffffff")).count() >= 2
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_prove() {
+    let script = prerequisites(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let api = ApiServer::builder().rbac(true).start().await.unwrap();
+    let admin = api.client(ADMIN_TOKEN).await.unwrap();
+    let (fxs, ds_uid) = cc::populate(&api, &admin, 1).await;
+    let fx = &fxs[0];
+    // The controller signs; it coordinates nothing (no OVN addresses).
+    let (controller, _) = support::cluster::start_controller(&api, &admin, &[]).await;
+    let mut mesh = IpsecNode::mesh("koi-cu", &[fx.chassis.as_str(), "chassis-peer"]).unwrap();
+    let peer = mesh.nodes.pop().unwrap();
+    let node = mesh.nodes.pop().unwrap();
+
+    install_foreign(&node);
+    let before = xfrm_dump(&node);
+    let mut n = start_node(
+        node,
+        fx,
+        &api,
+        dir.path(),
+        script,
+        &["--sa-observe-period", "1"],
+    );
+    n.node
+        .vsctl(&[
+            "set",
+            "Open_vSwitch",
+            ".",
+            "external_ids:unrelated=keep-me",
+            "other_config:unrelated=keep-me-too",
+        ])
+        .unwrap();
+    n.wait("armed and active", Duration::from_secs(90), |_| true)
+        .await;
+    let (mark, reqid) = n.lease();
+    println!("lease: mark {mark:#x} reqid {reqid}");
+
+    // A protected tunnel, as the patched ovn-controller sets it: the
+    // monitor routes the conns and charon installs policies under the
+    // lease; the agent records the tunnel.
+    n.node
+        .add_tunnel(&Tunnel {
+            mark,
+            reqid,
+            ..Tunnel::to(&peer, 0)
+        })
+        .unwrap();
+    let observations = n
+        .key_dir
+        .join(kube_ovn_ipsec_runtime::sa::OBSERVATIONS_FILE);
+    wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
+        let policies = n.node.netns().ip(["xfrm", "policy", "list"]).ok()?;
+        let recorded = kube_ovn_ipsec_runtime::sa::load(&n.key_dir).ok()??;
+        (policies.contains(&format!("reqid {reqid}")) && !recorded.tunnels.is_empty()).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no charon policy under the lease, or no tunnel recorded in {}:\n{}\n{}",
+            observations.display(),
+            n.logs(),
+            n.node.diagnostics()
+        )
+    });
+    let orphans = n
+        .node
+        .netns()
+        .ip(["xfrm", "policy", "list"])
+        .unwrap()
+        .matches(&format!("reqid {reqid}"))
+        .count();
+    println!("charon installed {orphans} policies under the lease");
+
+    // The crash: the agent and everything it started die at once.
+    kill_tree(&mut n);
+    assert!(
+        n.node
+            .netns()
+            .ip(["xfrm", "policy", "list"])
+            .unwrap()
+            .contains(&format!("reqid {reqid}")),
+        "charon's policies are the crash orphans this test needs"
+    );
+    let kubeconfig = dir.path().join(&fx.name).join("kubeconfig");
+
+    // Not asked yet: no record at all — exit 0, nothing touched.
+    let o = cleanup(&n.node, fx, &n.key_dir, &kubeconfig, 2);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(guards_present(&n.node, mark));
+
+    let record = release_record(fx, &ds_uid);
+    write_record(&admin, &record).await;
+
+    // The tunnel still carries IPsec intent: wait, then refuse.
+    let o = cleanup(&n.node, fx, &n.key_dir, &kubeconfig, 1);
+    refused_with(&o, "TunnelsNotConverged");
+    assert!(guards_present(&n.node, mark));
+    let tunnel = Tunnel::to(&peer, 0).name;
+    n.node.unprotect_tunnel(&tunnel).unwrap();
+
+    // A control socket answers: the IKE daemon is not gone.
+    let ctl = n.node.run_path("charon.ctl");
+    let _ = std::fs::remove_file(&ctl);
+    let listener = std::os::unix::net::UnixListener::bind(&ctl).unwrap();
+    let o = cleanup(&n.node, fx, &n.key_dir, &kubeconfig, 1);
+    refused_with(&o, "IkeDaemonRunning");
+    drop(listener);
+    std::fs::remove_file(&ctl).unwrap();
+
+    // A foreign policy carrying the lease's mark on a selector this node
+    // never recorded: a foreign owner, named; nothing withdrawn.
+    ip_xfrm(
+        &n.node,
+        &format!(
+            "policy add dir out src 10.96.0.1/32 dst 10.96.0.9/32 priority 50 mark {mark:#x} mask 0xffffffff action block"
+        ),
+    );
+    let o = cleanup(&n.node, fx, &n.key_dir, &kubeconfig, 1);
+    refused_with(&o, "ForeignOwner");
+    assert!(stderr(&o).contains("10.96.0.9"), "{}", stderr(&o));
+    assert!(guards_present(&n.node, mark));
+    assert!(map_of(&n.node, "external_ids").contains_key(ovs::EXTERNAL_ID_PROTECTION_LEASE));
+    ip_xfrm(
+        &n.node,
+        &format!(
+            "policy delete dir out src 10.96.0.1/32 dst 10.96.0.9/32 mark {mark:#x} mask 0xffffffff"
+        ),
+    );
+
+    // Everything holds: exactly the node's own state goes.
+    let leaf = n.leaf();
+    let o = cleanup(&n.node, fx, &n.key_dir, &kubeconfig, 10);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let after = xfrm_dump(&n.node);
+    assert_eq!(
+        after, before,
+        "the XFRM dump differs from the one before the agent ran"
+    );
+    let ext = map_of(&n.node, "external_ids");
+    for k in ovs::PROTECTION_KEYS {
+        assert!(!ext.contains_key(k), "{k} left in external_ids: {ext:?}");
+    }
+    assert_eq!(ext.get("unrelated").map(String::as_str), Some("keep-me"));
+    assert_eq!(
+        ext.get(ovs::EXTERNAL_ID_SYSTEM_ID).map(String::as_str),
+        Some(fx.chassis.as_str())
+    );
+    let other = map_of(&n.node, "other_config");
+    for k in ovs::IDENTITY_KEYS {
+        assert!(
+            !other.contains_key(k),
+            "{k} left in other_config: {other:?}"
+        );
+    }
+    assert_eq!(
+        other.get("unrelated").map(String::as_str),
+        Some("keep-me-too")
+    );
+    assert!(
+        !n.key_dir
+            .join(kube_ovn_ipsec_runtime::lease::LEASE_FILE)
+            .exists()
+    );
+
+    // The release receipt: signed by the node's key, answering the record.
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let annotation = nodes
+        .get(&fx.name)
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove(k8s::ANNOTATION_RELEASE_RECEIPT)
+        .expect("no release receipt on the Node");
+    let receipt: ReleaseReceipt = signed::verify(&annotation, &leaf).unwrap();
+    receipt
+        .check_against(
+            &record,
+            Timestamp::from_unix(receipt.observed.unix()).unwrap(),
+        )
+        .unwrap();
+    assert_eq!(receipt.pod_uid.as_str(), fx.pod_uid);
+    assert_eq!(receipt.template_hash, CLEANUP_HASH);
+    assert!(receipt.status.complete());
+
+    // Run again (the init container restarted): nothing left to withdraw,
+    // nothing touched.
+    let o = cleanup(&n.node, fx, &n.key_dir, &kubeconfig, 5);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(xfrm_dump(&n.node), before);
+
+    // A fresh node: no key directory, no state — exit 0, nothing created.
+    let fresh = dir.path().join("fresh-keys");
+    let o = cleanup(&peer, fx, &fresh, &kubeconfig, 1);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing to release"), "{}", stderr(&o));
+    assert!(!fresh.exists());
+    controller.abort();
+}
