@@ -163,7 +163,7 @@ fn evidence_of_another_node_pod_or_signer_is_refused() {
     c.lease.node_uid = "0b0e6a3c-1111-4222-8333-444455556698".into();
     refused(c.judge(), "belongs to Node UID");
     let mut c = Case::ready();
-    c.pod_uid = "not-a-uid";
+    c.pod_uid = "not a uid";
     refused(c.judge(), "PodUIDInvalid");
     let mut c = Case::ready();
     c.template = None;
