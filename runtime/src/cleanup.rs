@@ -399,15 +399,16 @@ fn keep_guards(
     Ok(())
 }
 
-/// Deletes the lease's SAs and tunnel policies by their full identity and
-/// reads back that they are gone; refuses on any foreign owner of the
-/// lease's mark or reqid before deleting anything.
-fn drain(
-    xfrm: &mut XfrmHandle,
+/// Deletes the lease's SAs and tunnel policies (not the guards) by their
+/// full identity over the recorded `tunnels`, and reads back that they are
+/// gone; refuses on any foreign owner of the lease's mark or reqid before
+/// deleting anything. Returns how many SAs and policies it deleted.
+pub fn drain<X: Xfrm>(
+    xfrm: &mut X,
     lease: &Lease,
     tunnels: &[sa::TunnelEndpoints],
 ) -> Result<(usize, usize), CleanupError> {
-    let dump = |x: &mut XfrmHandle| -> Result<sa::Drain, CleanupError> {
+    let dump = |x: &mut X| -> Result<sa::Drain, CleanupError> {
         let states = x
             .dump_states()
             .map_err(|e| failed("dumping SAs")(e.to_string()))?;

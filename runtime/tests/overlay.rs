@@ -19,6 +19,14 @@
 //!    restart of it does): the guards drop the marked packets
 //!    (`XfrmOutPolBlock` grows), the underlay sees no plaintext Geneve, and
 //!    traffic resumes encrypted once the daemon is back.
+//! 5. Disable with crash orphans (SPEC §8 "Drain", §10): foreign policies
+//!    and ESP states installed before any intent (marks differing only
+//!    under their masks, a reqid neighbour) stay; the IKE daemons are
+//!    SIGKILLed, so their SAs and policies stay in the kernel; intent is
+//!    removed as after the NB flip; cleanup's drain removes exactly the
+//!    lease's SAs and policies (each node's XFRM dump is then byte-identical
+//!    to the one taken before any intent), the guards are withdrawn, and pod
+//!    traffic flows again in plaintext (UDP 6081 on the wire, no ESP).
 //!
 //! On a kernel without those features this prints SKIPPED and returns;
 //! scripts/kernel-tests.sh runs it on a full kernel, where SKIPPED fails.
@@ -128,6 +136,12 @@ async fn encrypted_overlay_end_to_end() {
         "two nodes up (ovsdb, vswitchd, guards, IKE, monitor) after {:?}",
         t0.elapsed()
     );
+
+    // Foreign state that every step must leave alone, then the dump the
+    // disable must come back to.
+    install_foreign(&a, &b);
+    install_foreign(&b, &a);
+    let baseline = [xfrm_dump(&a), xfrm_dump(&b)];
 
     // 1. No IPsec intent: plaintext, unmarked, untouched by the guards.
     guards_present(&mut a);
@@ -269,5 +283,133 @@ async fn encrypted_overlay_end_to_end() {
     assert!(resumed.received >= 4, "{resumed:?}");
     assert_no_plaintext("IKE daemon stopped", &seen);
     assert!(seen.esp > 0, "{seen:?}");
+
+    // 5. Disable with crash orphans.
+    for n in [&mut a, &mut b] {
+        if let Some(m) = n.monitor.as_mut() {
+            m.stop().await.unwrap();
+        }
+        n.monitor = None;
+        let ike = n.ike.as_mut().unwrap();
+        ike.process().signal(Signal::SIGKILL);
+        ike.process().exited().await.unwrap();
+        n.ike = None;
+    }
+    let orphans = |n: &mut Node| {
+        let states = n.keeper.xfrm().dump_states().unwrap();
+        states.iter().filter(|s| s.reqid == n.lease.reqid).count()
+    };
+    let (oa, ob) = (orphans(&mut a), orphans(&mut b));
+    println!("[disable] SAs left by the killed daemons: A {oa}, B {ob}");
+    assert!(oa >= 2 && ob >= 2, "no crash orphans to drain: {oa}, {ob}");
+    // The NB flip, as ovn-controller carries it out: intent and marks go
+    // together.
+    a.node.unprotect_tunnel(&ta.name).unwrap();
+    b.node.unprotect_tunnel(&tb.name).unwrap();
+    let (ip_a, ip_b) = (a.node.ip(), b.node.ip());
+    for (n, peer, base) in [(&mut a, ip_b, &baseline[0]), (&mut b, ip_a, &baseline[1])] {
+        let tunnels = [TunnelEndpoints {
+            local: n.node.ip().into(),
+            remote: peer.into(),
+        }];
+        let lease = n.lease.clone();
+        let (states, policies) =
+            kube_ovn_ipsec_runtime::cleanup::drain(n.keeper.xfrm(), &lease, &tunnels).unwrap();
+        println!(
+            "[disable] {}: drained {states} SAs and {policies} policies",
+            n.node.chassis()
+        );
+        assert!(
+            states >= 2 && policies >= 2,
+            "{states} SAs, {policies} policies"
+        );
+        assert_eq!(
+            &xfrm_dump(n),
+            base,
+            "{}: after the drain the dump differs from the one before any intent",
+            n.node.chassis()
+        );
+        let w = n.keeper.withdraw(&lease).unwrap();
+        assert_eq!(w.removed.len(), 2, "{w:?}");
+        assert!(w.refused.is_empty(), "{w:?}");
+        assert_eq!(
+            xfrm_dump(n),
+            without_guards(base, lease.mark),
+            "{}: after the withdrawal only the guards may be gone",
+            n.node.chassis()
+        );
+    }
+    let cap = capture(&a, "disabled.pcap");
+    let plain = overlay::ping(a.node.netns(), POD_B, 10, PING_INTERVAL).unwrap();
+    let seen = cap.stop().unwrap();
+    println!("[disable] pings after cleanup {plain:?}; wire {seen:?}");
+    assert!(plain.received >= 9, "{plain:?}\n{}", a.node.diagnostics());
+    assert!(
+        seen.geneve > 0,
+        "no plaintext Geneve after the disable: {seen:?}"
+    );
+    assert_eq!(seen.esp, 0, "ESP after the disable: {seen:?}");
     println!("total {:?}", t0.elapsed());
+}
+
+/// `ip xfrm policy list` and `ip xfrm state list` of `n`, verbatim.
+fn xfrm_dump(n: &Node) -> String {
+    let ns = n.node.netns();
+    let p = ns.ip(["xfrm", "policy", "list"]).unwrap();
+    let s = ns.ip(["xfrm", "state", "list"]).unwrap();
+    format!("{p}\n--- states ---\n{s}")
+}
+
+/// `dump` without the stanzas of the two guards of `mark`.
+fn without_guards(dump: &str, mark: u32) -> String {
+    let guard = format!("mark {mark:#x}/0xffffffff");
+    let mut out = String::new();
+    let mut stanza = String::new();
+    let flush = |stanza: &mut String, out: &mut String| {
+        if !(stanza.contains(&guard) && stanza.contains("action block")) {
+            out.push_str(stanza);
+        }
+        stanza.clear();
+    };
+    for line in dump.split_inclusive('\n') {
+        // A stanza starts at an unindented line; a blank line stands alone.
+        if !line.starts_with(char::is_whitespace) || line.trim().is_empty() {
+            flush(&mut stanza, &mut out);
+        }
+        stanza.push_str(line);
+    }
+    flush(&mut stanza, &mut out);
+    out
+}
+
+/// Foreign policies and ESP states in `n`'s namespace, none of them this
+/// project's: the guards' priority and selector with marks that differ
+/// from the lease's only under their masks, and an SA and a policy on the
+/// tunnel's own addresses with a reqid neighbour of the lease's.
+fn install_foreign(n: &Node, peer: &Node) {
+    let (me, other) = (n.node.ip(), peer.node.ip());
+    let mark = n.lease.mark;
+    let reqid = n.lease.reqid.wrapping_add(1).max(1);
+    let run = |args: String| {
+        let args: Vec<&str> = args.split_whitespace().collect();
+        n.node
+            .netns()
+            .ip(&args)
+            .unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+    };
+    run(format!(
+        "xfrm policy add dir out src 0.0.0.0/0 dst 0.0.0.0/0 action block priority 2147483647 mark {:#x} mask 0xffff0000",
+        (mark & 0xffff_0000) ^ 0x0001_0000
+    ));
+    run(format!(
+        "xfrm policy add dir out src 10.97.0.1/32 dst 10.97.0.2/32 priority 100 mark {:#x} mask 0xffffffff tmpl src 10.97.0.1 dst 10.97.0.2 proto esp reqid {reqid} mode transport",
+        mark ^ 1
+    ));
+    run(format!(
+        "xfrm state add src {me} dst {other} proto esp spi 0x5eed0001 reqid {reqid} mode transport mark {:#x} mask 0xffffffff aead rfc4106(gcm(aes)) 0x0102030405060708091011121314151617181920 128",
+        mark ^ 1
+    ));
+    run(format!(
+        "xfrm state add src {me} dst {other} proto esp spi 0x5eed0002 reqid {reqid} mode transport aead rfc4106(gcm(aes)) 0x0102030405060708091011121314151617181920 128"
+    ));
 }
