@@ -33,109 +33,11 @@ use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
-use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
+use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use testbed::ovs::OvnCentral;
 
-struct Setup {
-    c: Cluster,
-    central: OvnCentral,
-    _dir: tempfile::TempDir,
-    responders: Vec<tokio::task::JoinHandle<()>>,
-}
-
-/// The cluster, OVN, the controller with the coordinator on and enable
-/// wanted, and a responder per node except `held` (node `forged`'s signs
-/// with node 0's key). With `late`, the last node has no CNI Pod (the
-/// DaemonSet does not schedule to it yet), no identity and no responder.
-async fn setup_with(
-    nodes: usize,
-    forged: Option<usize>,
-    held: Option<usize>,
-    late: bool,
-) -> (Setup, Vec<Identity>) {
-    let dir = tempfile::tempdir().unwrap();
-    let central = OvnCentral::start(dir.path()).unwrap();
-    let mut c = Cluster::start(nodes).await;
-    let early = nodes - usize::from(late);
-    if late {
-        Api::<Pod>::namespaced(c.admin.clone(), NS)
-            .delete(&c.nodes[early].pod_name, &Default::default())
-            .await
-            .unwrap();
-    }
-    let (nb, sb) = (central.nb.address(), central.sb.address());
-    let config = c.config_with(&flags(&nb, &sb, "controller-0"));
-    c.start_controller(config).await;
-    let mut ids = Vec::new();
-    for n in 0..early {
-        ids.push(identity(&c, n).await);
-    }
-    let responders = (0..early)
-        .filter(|n| Some(*n) != held)
-        .map(|n| {
-            let signer = match forged {
-                Some(f) if f == n => ids[0].key.clone(),
-                _ => ids[n].key.clone(),
-            };
-            tokio::spawn(respond(
-                c.admin.clone(),
-                c.nodes[n].clone(),
-                ids[n].clone(),
-                signer,
-                Arc::new(AtomicBool::new(true)),
-            ))
-        })
-        .collect();
-    (
-        Setup {
-            c,
-            central,
-            _dir: dir,
-            responders,
-        },
-        ids,
-    )
-}
-
-/// [`setup_with`] every node scheduled.
-async fn setup(nodes: usize, forged: Option<usize>, held: Option<usize>) -> (Setup, Vec<Identity>) {
-    setup_with(nodes, forged, held, false).await
-}
-
-/// Polls until the record is `Enabled`, returning the phases seen in order
-/// and the phase the record had when NB first read true.
-async fn until_enabled(
-    s: &Setup,
-    limit: Duration,
-) -> (Vec<CoordinationPhase>, Option<CoordinationPhase>) {
-    let t0 = Instant::now();
-    let mut seen = Vec::new();
-    let mut nb_first_true_in = None;
-    let deadline = Instant::now() + limit;
-    loop {
-        let r = record(&s.c.admin).await;
-        let (nb, sb) = nb_sb(&s.central).await;
-        if let Some(r) = &r {
-            if seen.last() != Some(&r.phase) {
-                println!("{:?} epoch {} after {:?}", r.phase, r.epoch, t0.elapsed());
-                seen.push(r.phase);
-            }
-            if nb && nb_first_true_in.is_none() {
-                nb_first_true_in = Some(r.phase);
-            }
-            if r.phase == CoordinationPhase::Enabled {
-                assert!(nb && sb, "Enabled with NB {nb} SB {sb}");
-                return (seen, nb_first_true_in);
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not Enabled in {limit:?}: {r:?}\nstatus: {}",
-            status(&s.c.admin).await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// The controller binary, for the operator's commands.
+const CONTROLLER: &str = env!("CARGO_BIN_EXE_kube-ovn-ipsec-controller");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enable_walks_prepare_arm_nb_enabled_on_signed_receipts() {
@@ -311,67 +213,6 @@ fn watch_nb_stays_on(central: &OvnCentral) -> (Arc<AtomicBool>, tokio::task::Joi
     (went_off, task)
 }
 
-/// Polls the record until `pred` holds (bounded by `limit`).
-async fn until_record(
-    s: &Setup,
-    what: &str,
-    limit: Duration,
-    pred: impl Fn(&CoordinationRecord) -> bool,
-) -> CoordinationRecord {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(r) = record(&s.c.admin).await
-            && pred(&r)
-        {
-            return r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {limit:?}: {:?}\nstatus: {}",
-            record(&s.c.admin).await,
-            status(&s.c.admin).await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Polls the status until node `n`'s entry satisfies `pred`.
-async fn until_node_status(s: &Setup, n: &str, pred: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let st = status(&s.c.admin).await;
-        if let Some(v) = st["nodes"][n].as_str()
-            && pred(v)
-        {
-            return v.to_owned();
-        }
-        assert!(Instant::now() < deadline, "{n}'s status: {st}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Runs the controller binary against the embedded API server as admin.
-fn controller_cli(s: &Setup, args: &[&str]) -> (bool, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("admin.kubeconfig");
-    s.c.server
-        .write_kubeconfig(&kubeconfig, apiserver::ADMIN_TOKEN)
-        .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec-controller"))
-        .args(["--namespace", NS])
-        .args(args)
-        .env("KUBECONFIG", &kubeconfig)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
 /// A node the DaemonSet starts scheduling to after `Enabled` is admitted
 /// through its own receipts: while only its `Prepare` receipt is in, the
 /// status says why it waits, an Event on its Node names the check, and the
@@ -505,19 +346,27 @@ async fn retire_node_removes_a_recreated_target_which_is_then_admitted() {
         "held, not dropped"
     );
 
-    let (ok, out) = controller_cli(&s, &["retire-node", "node-2", "--uid", &new_uid]);
+    let (ok, out) = controller_cli(
+        CONTROLLER,
+        &s,
+        &["retire-node", "node-2", "--uid", &new_uid],
+    );
     assert!(ok, "{out}");
     assert!(out.contains("will refuse"), "{out}");
     until_node_status(&s, "node-2", |v| v.contains("RetireRefused")).await;
     assert_eq!(record(&s.c.admin).await.unwrap(), before);
-    let (ok, out) = controller_cli(&s, &["status"]);
+    let (ok, out) = controller_cli(CONTROLLER, &s, &["status"]);
     assert!(ok, "{out}");
     assert!(
         out.contains(&format!("retirement requested: node-2 (UID {new_uid})")),
         "{out}"
     );
 
-    let (ok, out) = controller_cli(&s, &["retire-node", "node-2", "--uid", old_uid.as_str()]);
+    let (ok, out) = controller_cli(
+        CONTROLLER,
+        &s,
+        &["retire-node", "node-2", "--uid", old_uid.as_str()],
+    );
     assert!(ok, "{out}");
     let after = until_record(&s, "node-2 re-admitted", Duration::from_secs(30), |r| {
         r.targets

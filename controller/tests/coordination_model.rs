@@ -444,6 +444,7 @@ impl EnableModel {
             daemon_set: LiveDaemonSet {
                 uid: Uid::new("ds-uid-1").unwrap(),
                 template_hash: TEMPLATE.into(),
+                cleanup_shape: false,
             },
             faults,
             in_flight_cap: 2,
@@ -528,13 +529,15 @@ impl EnableModel {
 
     fn observe(&self, s: &State) -> Observation {
         let record = &s.record.0;
+        let scheduled: BTreeMap<String, Uid> = (0..self.scheduled(s))
+            .map(|i| (self.names[i].clone(), self.uids[i].clone()))
+            .collect();
         Observation {
             want_enabled: true,
             daemon_set: Some(self.daemon_set.clone()),
             trust: Some(trust_digest(s.trust)),
-            scheduled: (0..self.scheduled(s))
-                .map(|i| (self.names[i].clone(), self.uids[i].clone()))
-                .collect(),
+            nodes: scheduled.clone(),
+            scheduled,
             receipts: record
                 .targets
                 .keys()
@@ -558,6 +561,10 @@ impl EnableModel {
             retirements: BTreeMap::new(),
             nb_ipsec: Some(s.nb),
             sb_ipsec: Some(s.sb),
+            // The enable side reads no row UUIDs and no release receipts.
+            nb_global_uuid: None,
+            sb_global_uuid: None,
+            releases: BTreeMap::new(),
             fresh_challenge: Challenge::from_bytes([7; 32]),
         }
     }

@@ -1,8 +1,9 @@
 //! A node's receipt judged against the stored record and live objects
 //! (SPEC §7), as pure functions: the shell reads the Node's annotation,
-//! [`peek`]s which CSR and Pod the receipt names, fetches those, and
-//! [`judge`]s. Every refusal names the check ([`Verdict::Refused`]'s
-//! `check`, used as the Event reason) and never panics.
+//! [`peek`]s (or [`peek_release`]s) which CSR and Pod the receipt names,
+//! fetches those, and [`judge`]s (or [`judge_release`]s). Every refusal
+//! names the check ([`Verdict::Refused`]'s `check`, used as the Event
+//! reason) and never panics.
 //!
 //! Order of the checks: what the receipt is (decodable, within the size
 //! cap), whose key signed it (the CSR it names exists with that UID and
@@ -20,13 +21,31 @@
 //! ([`Answer`]). Both go through the same checks; an admission is judged as
 //! the `Arm` barrier that node would have passed, for the record's own
 //! generation and epoch, under the UID its Node has now.
+//!
+//! A *release* receipt (annotation `kube-ovn.io/ipsec-release-receipt`,
+//! the cleanup init container's last act) goes through the same checks of
+//! what it is, whose key signed it and the Pod it names — each one
+//! implementation, its Event reason prefixed `ReleaseReceipt` instead of
+//! `Receipt` so an Event says which annotation failed — with two
+//! differences. The CSR was requested by the node's *old* agent Pod (the
+//! cleanup Pod replaced it and never issues a certificate), so the CSR
+//! must name this node but its requester Pod is not compared; and the
+//! named Pod's `ipsec-cleanup` init container must have terminated with
+//! exit code 0 (`ReleaseInitNotTerminated` while it runs or waits,
+//! `ReleaseInitFailed` with the exit code and reason otherwise). Then
+//! [`ReleaseReceipt::check_against`]: generation, epoch, phase `Release`,
+//! node and UID, template hash, challenge, not in the future, every step
+//! done.
 
 use std::collections::BTreeMap;
 
-use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord, Receipt};
+use kube_ovn_ipsec_api::coordination::{
+    CoordinationPhase, CoordinationRecord, Receipt, ReleaseReceipt,
+};
+use kube_ovn_ipsec_api::digest::Sha256Digest;
 use kube_ovn_ipsec_api::ident::{Chassis, Uid};
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
-use kube_ovn_ipsec_api::signed::{self, Unverified};
+use kube_ovn_ipsec_api::signed::{self, SignedPayload, Unverified};
 use kube_ovn_ipsec_api::time::Timestamp;
 
 use super::machine::Verdict;
@@ -60,6 +79,36 @@ pub struct PodFacts {
     pub live: bool,
 }
 
+/// The state of a Pod's `ipsec-cleanup` init container, from its
+/// `status.initContainerStatuses`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitState {
+    /// Not started yet, or waiting to be restarted: the reason the
+    /// kubelet gives (e.g. `PodInitializing`, `CrashLoopBackOff`; empty
+    /// when it gives none).
+    Waiting(String),
+    /// Running now.
+    Running,
+    /// Ended.
+    Terminated {
+        /// Its exit code.
+        exit_code: i32,
+        /// The kubelet's reason and the container's termination message,
+        /// as far as given.
+        reason: String,
+    },
+}
+
+/// The Pod a release receipt names: its facts and its cleanup init
+/// container's state (`None`: the Pod reports no status for it yet).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CleanupPodFacts {
+    /// What any receipt's Pod is checked for.
+    pub pod: PodFacts,
+    /// The `ipsec-cleanup` init container's state.
+    pub cleanup_init: Option<InitState>,
+}
+
 /// The node whose annotation is judged.
 #[derive(Debug, Clone, Copy)]
 pub struct NodeFacts<'a> {
@@ -91,13 +140,214 @@ fn refused(check: &'static str, message: impl Into<String>) -> Verdict {
     }
 }
 
-/// Decodes a receipt annotation without trusting it, to learn which CSR
-/// and Pod to fetch. `None` annotation: [`Verdict::Missing`].
-pub fn peek(annotation: Option<&str>) -> Result<Unverified<Receipt>, Verdict> {
+/// Which annotation is judged: the shared checks' Event reasons carry it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Doc {
+    /// `kube-ovn.io/ipsec-receipt`.
+    Receipt,
+    /// `kube-ovn.io/ipsec-release-receipt`.
+    Release,
+}
+
+/// A check both kinds of receipt go through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    Malformed,
+    NodeMismatch,
+    CsrMissing,
+    CsrMismatch,
+    CsrNotIssued,
+    CertificateInvalid,
+    CertificateUntrusted,
+    ChassisMismatch,
+    SignatureInvalid,
+    CertificateMismatch,
+    PodMismatch,
+    PodNotLive,
+    TemplateMismatch,
+}
+
+impl Doc {
+    /// The Event reason of `check` for this annotation.
+    fn name(self, check: Check) -> &'static str {
+        use Check::*;
+        match self {
+            Doc::Receipt => match check {
+                Malformed => "ReceiptMalformed",
+                NodeMismatch => "ReceiptNodeMismatch",
+                CsrMissing => "ReceiptCsrMissing",
+                CsrMismatch => "ReceiptCsrMismatch",
+                CsrNotIssued => "ReceiptCsrNotIssued",
+                CertificateInvalid => "ReceiptCertificateInvalid",
+                CertificateUntrusted => "ReceiptCertificateUntrusted",
+                ChassisMismatch => "ReceiptChassisMismatch",
+                SignatureInvalid => "ReceiptSignatureInvalid",
+                CertificateMismatch => "ReceiptCertificateMismatch",
+                PodMismatch => "ReceiptPodMismatch",
+                PodNotLive => "ReceiptPodNotLive",
+                TemplateMismatch => "ReceiptTemplateMismatch",
+            },
+            Doc::Release => match check {
+                Malformed => "ReleaseReceiptMalformed",
+                NodeMismatch => "ReleaseReceiptNodeMismatch",
+                CsrMissing => "ReleaseReceiptCsrMissing",
+                CsrMismatch => "ReleaseReceiptCsrMismatch",
+                CsrNotIssued => "ReleaseReceiptCsrNotIssued",
+                CertificateInvalid => "ReleaseReceiptCertificateInvalid",
+                CertificateUntrusted => "ReleaseReceiptCertificateUntrusted",
+                ChassisMismatch => "ReleaseReceiptChassisMismatch",
+                SignatureInvalid => "ReleaseReceiptSignatureInvalid",
+                CertificateMismatch => "ReleaseReceiptCertificateMismatch",
+                PodMismatch => "ReleaseReceiptPodMismatch",
+                PodNotLive => "ReleaseReceiptPodNotLive",
+                TemplateMismatch => "ReleaseReceiptTemplateMismatch",
+            },
+        }
+    }
+
+    fn refuse(self, check: Check, message: impl Into<String>) -> Verdict {
+        refused(self.name(check), message)
+    }
+}
+
+/// Decodes a signed annotation without trusting it. `None`:
+/// [`Verdict::Missing`].
+fn decode<T: SignedPayload>(doc: Doc, annotation: Option<&str>) -> Result<Unverified<T>, Verdict> {
     let Some(a) = annotation else {
         return Err(Verdict::Missing);
     };
-    signed::decode::<Receipt>(a).map_err(|e| refused("ReceiptMalformed", e.to_string()))
+    signed::decode::<T>(a).map_err(|e| doc.refuse(Check::Malformed, e.to_string()))
+}
+
+/// Decodes a receipt annotation without trusting it, to learn which CSR
+/// and Pod to fetch. `None` annotation: [`Verdict::Missing`].
+pub fn peek(annotation: Option<&str>) -> Result<Unverified<Receipt>, Verdict> {
+    decode(Doc::Receipt, annotation)
+}
+
+/// Decodes a release receipt annotation without trusting it, to learn
+/// which CSR and Pod to fetch. `None` annotation: [`Verdict::Missing`].
+pub fn peek_release(annotation: Option<&str>) -> Result<Unverified<ReleaseReceipt>, Verdict> {
+    decode(Doc::Release, annotation)
+}
+
+/// Which certificate signed a receipt, as far as the live CSR says: the
+/// CSR named `csr_name` exists with UID `csr_uid` and carries an issued
+/// certificate that chains to the trust and names the node's chassis.
+/// Returns that certificate and the CSR.
+fn signer<'c>(
+    doc: Doc,
+    trust: &TrustBundle,
+    node: NodeFacts<'_>,
+    csr: Option<&'c CsrFacts>,
+    (csr_name, csr_uid): (&str, &Uid),
+    now: Timestamp,
+) -> Result<(Certificate, &'c CsrFacts), Verdict> {
+    let Some(csr) = csr else {
+        return Err(doc.refuse(Check::CsrMissing, format!("CSR {csr_name} does not exist")));
+    };
+    if csr.uid != csr_uid.as_str() {
+        return Err(doc.refuse(
+            Check::CsrMismatch,
+            format!(
+                "CSR {csr_name} has UID {}, the receipt names {csr_uid}",
+                csr.uid
+            ),
+        ));
+    }
+    let Some(pem) = &csr.certificate_pem else {
+        return Err(doc.refuse(
+            Check::CsrNotIssued,
+            format!("CSR {csr_name} has no certificate"),
+        ));
+    };
+    let cert = Certificate::from_pem(pem)
+        .map_err(|e| doc.refuse(Check::CertificateInvalid, e.to_string()))?;
+    trust
+        .verify_leaf(&cert, now)
+        .map_err(|e| doc.refuse(Check::CertificateUntrusted, e.to_string()))?;
+    let Some(chassis) = node.chassis else {
+        return Err(doc.refuse(Check::ChassisMismatch, "the Node has no chassis annotation"));
+    };
+    Chassis::new(chassis)
+        .and_then(|c| cert.check_chassis_identity(&c))
+        .map_err(|e| doc.refuse(Check::ChassisMismatch, e.to_string()))?;
+    Ok((cert, csr))
+}
+
+/// The signature verifies with `cert`, and the signed status names that
+/// very certificate (`digest` reads it from the payload).
+fn verified<T: SignedPayload>(
+    doc: Doc,
+    receipt: Unverified<T>,
+    cert: &Certificate,
+    digest: impl Fn(&T) -> &Sha256Digest,
+) -> Result<T, Verdict> {
+    let receipt = receipt
+        .verify(cert)
+        .map_err(|e| doc.refuse(Check::SignatureInvalid, e.to_string()))?;
+    if *digest(&receipt) != cert.digest() {
+        return Err(doc.refuse(
+            Check::CertificateMismatch,
+            "the receipt's status names another certificate than its CSR's",
+        ));
+    }
+    Ok(receipt)
+}
+
+/// The CSR was requested for this node.
+fn csr_for_node(
+    doc: Doc,
+    csr: &CsrFacts,
+    csr_name: &str,
+    node: NodeFacts<'_>,
+) -> Result<(), Verdict> {
+    if csr.node_annotation.as_deref() != Some(node.name) {
+        return Err(doc.refuse(
+            Check::CsrMismatch,
+            format!(
+                "CSR {csr_name} was requested for node {:?}",
+                csr.node_annotation
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The Pod `pod_uid` is live on this node, the frozen DaemonSet's, from
+/// the frozen template.
+fn bound_pod<'p>(
+    doc: Doc,
+    record: &CoordinationRecord,
+    node: NodeFacts<'_>,
+    pod: Option<&'p PodFacts>,
+    pod_uid: &Uid,
+) -> Result<&'p PodFacts, Verdict> {
+    let Some(pod) = pod.filter(|p| p.uid == pod_uid.as_str()) else {
+        return Err(doc.refuse(Check::PodNotLive, format!("Pod {pod_uid} does not exist")));
+    };
+    if !pod.live || pod.node_name != node.name {
+        return Err(doc.refuse(
+            Check::PodNotLive,
+            format!("Pod {} is not live on {}", pod.uid, node.name),
+        ));
+    }
+    if pod.owner_uid.as_deref() != record.daemon_set_uid.as_ref().map(|u| u.as_str()) {
+        return Err(doc.refuse(
+            Check::PodMismatch,
+            format!("Pod {} is not the frozen DaemonSet's", pod.uid),
+        ));
+    }
+    if pod.template_hash.is_none() || pod.template_hash != record.template_hash {
+        return Err(doc.refuse(
+            Check::TemplateMismatch,
+            format!(
+                "Pod {} runs template {:?}, the cohort is frozen at {:?}",
+                pod.uid, pod.template_hash, record.template_hash
+            ),
+        ));
+    }
+    Ok(pod)
 }
 
 /// Judges `receipt` (from [`peek`]) for `node` against the stored record,
@@ -114,111 +364,178 @@ pub fn judge(
     pod: Option<&PodFacts>,
     now: Timestamp,
 ) -> Verdict {
-    let claimed = receipt.peek().clone();
+    match binding(record, trust, node, receipt, csr, pod, now) {
+        Ok(receipt) => claims(record, answer, &receipt, now),
+        Err(v) => v,
+    }
+}
+
+/// [`judge`]'s checks of the signer and the binding; the verified receipt
+/// when they pass.
+fn binding(
+    record: &CoordinationRecord,
+    trust: &TrustBundle,
+    node: NodeFacts<'_>,
+    receipt: Unverified<Receipt>,
+    csr: Option<&CsrFacts>,
+    pod: Option<&PodFacts>,
+    now: Timestamp,
+) -> Result<Receipt, Verdict> {
+    let doc = Doc::Receipt;
+    let claimed = receipt.peek();
     if claimed.node_name != node.name {
-        return refused(
-            "ReceiptNodeMismatch",
+        return Err(doc.refuse(
+            Check::NodeMismatch,
             format!("the receipt names node {}", claimed.node_name),
-        );
+        ));
     }
-    // Whose key: the CSR's issued certificate, chained and named.
-    let Some(csr) = csr else {
-        return refused(
-            "ReceiptCsrMissing",
-            format!("CSR {} does not exist", claimed.csr_name),
-        );
-    };
-    if csr.uid != claimed.csr_uid.as_str() {
-        return refused(
-            "ReceiptCsrMismatch",
-            format!(
-                "CSR {} has UID {}, the receipt names {}",
-                claimed.csr_name, csr.uid, claimed.csr_uid
-            ),
-        );
-    }
-    let Some(pem) = &csr.certificate_pem else {
-        return refused(
-            "ReceiptCsrNotIssued",
-            format!("CSR {} has no certificate", claimed.csr_name),
-        );
-    };
-    let cert = match Certificate::from_pem(pem) {
-        Ok(c) => c,
-        Err(e) => return refused("ReceiptCertificateInvalid", e.to_string()),
-    };
-    if let Err(e) = trust.verify_leaf(&cert, now) {
-        return refused("ReceiptCertificateUntrusted", e.to_string());
-    }
-    let Some(chassis) = node.chassis else {
-        return refused(
-            "ReceiptChassisMismatch",
-            "the Node has no chassis annotation",
-        );
-    };
-    let named = Chassis::new(chassis).and_then(|c| cert.check_chassis_identity(&c));
-    if let Err(e) = named {
-        return refused("ReceiptChassisMismatch", e.to_string());
-    }
-    let receipt = match receipt.verify(&cert) {
-        Ok(r) => r,
-        Err(e) => return refused("ReceiptSignatureInvalid", e.to_string()),
-    };
-    if receipt.status.certificate_digest != cert.digest() {
-        return refused(
-            "ReceiptCertificateMismatch",
-            "the receipt's status names another certificate than its CSR's",
-        );
-    }
+    let named = (claimed.csr_name.as_str(), &claimed.csr_uid);
+    let (cert, csr) = signer(doc, trust, node, csr, named, now)?;
+    let receipt = verified(doc, receipt, &cert, |r| &r.status.certificate_digest)?;
     // Whom it binds: the CSR's requester is the receipt's Pod, that Pod is
     // the frozen DaemonSet's, from the frozen template, live on this node.
     if csr.requester_pod_uid.as_deref() != Some(receipt.pod_uid.as_str()) {
-        return refused(
-            "ReceiptPodMismatch",
+        return Err(doc.refuse(
+            Check::PodMismatch,
             format!(
                 "CSR {} was requested by Pod {:?}, the receipt names Pod {}",
                 receipt.csr_name, csr.requester_pod_uid, receipt.pod_uid
             ),
-        );
+        ));
     }
-    if csr.node_annotation.as_deref() != Some(node.name) {
-        return refused(
-            "ReceiptCsrMismatch",
-            format!(
-                "CSR {} was requested for node {:?}",
-                receipt.csr_name, csr.node_annotation
-            ),
-        );
+    csr_for_node(doc, csr, &receipt.csr_name, node)?;
+    bound_pod(doc, record, node, pod, &receipt.pod_uid)?;
+    Ok(receipt)
+}
+
+/// Judges a release receipt (from [`peek_release`]) for `node` against the
+/// stored `Release` record, the trust, and the CSR and cleanup Pod it
+/// names as they are live now (see the module doc for how it differs
+/// from [`judge`]).
+pub fn judge_release(
+    record: &CoordinationRecord,
+    trust: &TrustBundle,
+    node: NodeFacts<'_>,
+    receipt: Unverified<ReleaseReceipt>,
+    csr: Option<&CsrFacts>,
+    pod: Option<&CleanupPodFacts>,
+    now: Timestamp,
+) -> Verdict {
+    match release_binding(record, trust, node, receipt, csr, pod, now) {
+        Ok(receipt) => release_claims(record, &receipt, now),
+        Err(v) => v,
     }
-    let Some(pod) = pod.filter(|p| p.uid == receipt.pod_uid.as_str()) else {
-        return refused(
-            "ReceiptPodNotLive",
-            format!("Pod {} does not exist", receipt.pod_uid),
-        );
+}
+
+/// [`judge_release`]'s checks of the signer, the binding and the init
+/// container; the verified release receipt when they pass.
+fn release_binding(
+    record: &CoordinationRecord,
+    trust: &TrustBundle,
+    node: NodeFacts<'_>,
+    receipt: Unverified<ReleaseReceipt>,
+    csr: Option<&CsrFacts>,
+    pod: Option<&CleanupPodFacts>,
+    now: Timestamp,
+) -> Result<ReleaseReceipt, Verdict> {
+    let doc = Doc::Release;
+    let claimed = receipt.peek();
+    if claimed.node_name != node.name {
+        return Err(doc.refuse(
+            Check::NodeMismatch,
+            format!("the release receipt names node {}", claimed.node_name),
+        ));
+    }
+    let named = (claimed.csr_name.as_str(), &claimed.csr_uid);
+    let (cert, csr) = signer(doc, trust, node, csr, named, now)?;
+    let receipt = verified(doc, receipt, &cert, |r| &r.status.certificate_digest)?;
+    // The CSR was the node's old agent Pod's: it must name this node, but
+    // its requester is not the cleanup Pod the receipt names.
+    csr_for_node(doc, csr, &receipt.csr_name, node)?;
+    bound_pod(doc, record, node, pod.map(|p| &p.pod), &receipt.pod_uid)?;
+    let init = pod.and_then(|p| p.cleanup_init.as_ref());
+    match init_refusal(&receipt.pod_uid, init) {
+        Some(v) => Err(v),
+        None => Ok(receipt),
+    }
+}
+
+/// Why the cleanup Pod's init container does not show a finished,
+/// successful run, if it does not.
+fn init_refusal(pod_uid: &Uid, init: Option<&InitState>) -> Option<Verdict> {
+    let container = kube_ovn_ipsec_api::names::k8s::INIT_CONTAINER_CLEANUP;
+    let not_terminated = |what: String| {
+        Some(refused(
+            "ReleaseInitNotTerminated",
+            format!("Pod {pod_uid}: {container} {what}"),
+        ))
     };
-    if !pod.live || pod.node_name != node.name {
-        return refused(
-            "ReceiptPodNotLive",
-            format!("Pod {} is not live on {}", pod.uid, node.name),
-        );
+    match init {
+        None => not_terminated("has no status yet".into()),
+        Some(InitState::Running) => not_terminated("is running".into()),
+        Some(InitState::Waiting(reason)) if reason.is_empty() => {
+            not_terminated("is waiting".into())
+        }
+        Some(InitState::Waiting(reason)) => not_terminated(format!("is waiting ({reason})")),
+        Some(InitState::Terminated { exit_code: 0, .. }) => None,
+        Some(InitState::Terminated { exit_code, reason }) => Some(refused(
+            "ReleaseInitFailed",
+            format!("Pod {pod_uid}: {container} exited with code {exit_code}: {reason}"),
+        )),
     }
-    if pod.owner_uid.as_deref() != record.daemon_set_uid.as_ref().map(|u| u.as_str()) {
-        return refused(
-            "ReceiptPodMismatch",
-            format!("Pod {} is not the frozen DaemonSet's", pod.uid),
-        );
-    }
-    if pod.template_hash.is_none() || pod.template_hash != record.template_hash {
-        return refused(
-            "ReceiptTemplateMismatch",
-            format!(
-                "Pod {} runs template {:?}, the cohort is frozen at {:?}",
-                pod.uid, pod.template_hash, record.template_hash
-            ),
-        );
-    }
-    // What it says, against the record.
-    claims(record, answer, &receipt, now)
+}
+
+/// The record-side checks of a verified release receipt
+/// ([`ReleaseReceipt::check_against`], what [`judge_release`] ends with),
+/// each failure named as its Event reason.
+pub fn release_claims(
+    record: &CoordinationRecord,
+    receipt: &ReleaseReceipt,
+    now: Timestamp,
+) -> Verdict {
+    let Err(e) = receipt.check_against(record, now) else {
+        return Verdict::Satisfied;
+    };
+    let check = match &e {
+        kube_ovn_ipsec_api::Error::ReceiptNotFresh { .. } => "ReleaseReceiptInFuture",
+        kube_ovn_ipsec_api::Error::ReceiptMismatch { field: "status" } => {
+            "ReleaseReceiptIncomplete"
+        }
+        kube_ovn_ipsec_api::Error::ReceiptMismatch { field: "challenge" } => {
+            "ReleaseReceiptChallengeMismatch"
+        }
+        kube_ovn_ipsec_api::Error::ReceiptMismatch { field }
+            if *field == "epoch" || *field == "generation" || *field == "phase" =>
+        {
+            "ReleaseReceiptEpochMismatch"
+        }
+        _ => "ReleaseReceiptMismatch",
+    };
+    // Which cycle and challenge it answers is what an operator needs to
+    // tell a stale receipt (the cleanup must run again) from a foreign one.
+    let short = |c: Option<&kube_ovn_ipsec_api::coordination::Challenge>| {
+        c.and_then(|c| c.to_string().get(..12).map(str::to_owned))
+            .unwrap_or_else(|| "none".into())
+    };
+    let detail = match check {
+        "ReleaseReceiptEpochMismatch" => format!(
+            " (the receipt answers generation {} epoch {} {}; the record is generation {} \
+             epoch {} {})",
+            receipt.generation,
+            receipt.epoch,
+            receipt.phase,
+            record.generation,
+            record.epoch,
+            record.phase
+        ),
+        "ReleaseReceiptChallengeMismatch" => format!(
+            " (the receipt answers challenge {}…, the record's is {}…)",
+            short(Some(&receipt.challenge)),
+            short(record.challenge.as_ref())
+        ),
+        _ => String::new(),
+    };
+    refused(check, format!("{e}{detail}"))
 }
 
 /// The record-side checks of a verified receipt, as `answer` (what

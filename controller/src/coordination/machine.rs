@@ -1,15 +1,19 @@
-//! The coordinator's decision, as a pure function (SPEC §7, enable side):
-//! the record as stored and what the controller observed in one pass go
-//! in, one [`Decision`] comes out. The shell (the leader's loop) performs
-//! it — a record write with a resourceVersion precondition, or the NB
-//! write — and observes again; nothing here reads a clock or the API.
+//! The coordinator's decision, as a pure function (SPEC §7): the record
+//! as stored and what the controller observed in one pass go in, one
+//! [`Decision`] comes out. The shell (the leader's loop) performs it — a
+//! record write with a resourceVersion precondition, or the NB write — and
+//! observes again; nothing here reads a clock or the API.
 //!
 //! One decision per pass keeps every side effect after the write that
-//! justifies it: `NB_Global.ipsec` is set only while the stored record is
-//! `Arm` with every target's `Arm` receipt verified, and `Enabled` is
-//! written only after NB and SB both read true. A controller killed between
-//! any two passes resumes from the stored record and repeats at most an
-//! idempotent step (setting NB to the value it already has is no flip).
+//! justifies it: `NB_Global.ipsec` is set true only while the stored record
+//! is `Arm` with every target's `Arm` receipt verified, and `Enabled` is
+//! written only after NB and SB both read true; it is set false only while
+//! the stored record is `Disabling`, which carries the disable's challenge.
+//! A controller killed between any two passes resumes from the stored
+//! record and repeats at most an idempotent step (setting NB to the value
+//! it already has is no flip).
+//!
+//! # Enable side
 //!
 //! Cohort rules (where SPEC §7 leaves a choice, docs/coordination.md):
 //! - a change of the DaemonSet (UID), its template or the trust during
@@ -45,12 +49,53 @@
 //!
 //! `Enabled → Enabled` is not a phase transition (the record's table has
 //! none): only the epoch moves, and NB stays true throughout.
+//!
+//! # Disable side
+//!
+//! Intent off in any enable-side phase writes `Disabling` with a fresh
+//! challenge before NB is touched. Then, one step per pass:
+//! - `Disabling`: NB read true → set it false; NB false but SB not (yet)
+//!   false, or either unreadable → hold, naming it. Both false → wait for
+//!   the live DaemonSet's *cleanup shape* (its Pod template has the
+//!   `ipsec-cleanup` init container and no `ipsec` container: the chart
+//!   with IPsec disabled). Then write `Cleanup`, recording the `NB_Global`
+//!   and `SB_Global` row UUIDs (read in the same select as `ipsec`), the
+//!   DaemonSet's UID and template hash; the targets are the frozen ones
+//!   whose Node still exists (a Node that is gone holds no state anyone can
+//!   reach; the write names it).
+//! - `Cleanup` → `Release` on the next pass, if NB and SB still read false
+//!   and the rows, the DaemonSet and its template are still the recorded
+//!   ones with the cleanup shape.
+//! - `Release`: a barrier on every target's verified release receipt
+//!   ([`Observation::releases`]), then `Disabled`. A target whose Node is
+//!   gone is dropped and an operator's retirement applies, both *without
+//!   moving the epoch*: a release receipt answers the `Release` epoch and a
+//!   completed init container never runs again for a new one, so the epoch
+//!   stays put for as long as the record is `Release`. A re-created Node
+//!   holds as `NodeUIDChanged` until retired.
+//! - In `Cleanup` and `Release`, NB or SB reading true, another
+//!   `NB_Global`/`SB_Global` row, another DaemonSet or template, or a
+//!   DaemonSet that lost the cleanup shape sends the record back to
+//!   `Disabling` with a fresh challenge (the write names why); a receipt for
+//!   the old challenge never counts again.
+//! - Intent on again in any disable-side phase writes a fresh `Prepare`
+//!   (new generation) at once: a re-enable never waits for the cleanup it
+//!   abandons (the `Prepare`/`Arm` barriers re-arm every node before NB
+//!   turns on).
+//!
+//! On the disable side a target "leaves" only when its **Node is gone**,
+//! not when the DaemonSet has no Pod on it: the DaemonSet's own rollout to
+//! the cleanup shape deletes each node's Pod before it creates the new one,
+//! and a target dropped in that gap would never be asked for its release.
+//! A node the DaemonSet no longer schedules to at all holds `Release`,
+//! saying so, until an operator retires it.
 
 use std::collections::BTreeMap;
 
 use kube_ovn_ipsec_api::coordination::{Challenge, CoordinationPhase, CoordinationRecord};
 use kube_ovn_ipsec_api::digest::Sha256Digest;
 use kube_ovn_ipsec_api::ident::Uid;
+use uuid::Uuid;
 
 use crate::error::{Error, Result};
 
@@ -62,6 +107,10 @@ pub struct LiveDaemonSet {
     /// The current template hash (the newest ControllerRevision's
     /// `controller-revision-hash`).
     pub template_hash: String,
+    /// The Pod template has the `ipsec-cleanup` init container and no
+    /// `ipsec` container: the chart's shape with IPsec disabled, which the
+    /// disable waits for before it records `Cleanup`.
+    pub cleanup_shape: bool,
 }
 
 /// What one node's receipt annotation came to for the stored record.
@@ -104,6 +153,9 @@ pub struct Observation {
     pub trust: Option<Sha256Digest>,
     /// The nodes the DaemonSet schedules to now: name → Node UID.
     pub scheduled: BTreeMap<String, Uid>,
+    /// Every Node that exists now: name → UID. On the disable side a
+    /// target leaves only when its Node is gone (see the module doc).
+    pub nodes: BTreeMap<String, Uid>,
     /// Per target of the stored record, its receipt's verdict against it.
     /// A target absent here counts as [`Verdict::Missing`].
     pub receipts: BTreeMap<String, Verdict>,
@@ -119,6 +171,15 @@ pub struct Observation {
     pub nb_ipsec: Option<bool>,
     /// `SB_Global.ipsec` likewise.
     pub sb_ipsec: Option<bool>,
+    /// The `_uuid` of the `NB_Global` row, from the same read as
+    /// `nb_ipsec` (`None`: unreadable).
+    pub nb_global_uuid: Option<Uuid>,
+    /// The `_uuid` of the `SB_Global` row, from the same read as
+    /// `sb_ipsec`.
+    pub sb_global_uuid: Option<Uuid>,
+    /// While the stored record is `Release`: per target, its release
+    /// receipt's verdict against it. Absent counts as [`Verdict::Missing`].
+    pub releases: BTreeMap<String, Verdict>,
     /// A fresh random challenge, used only if this pass starts a disable.
     pub fresh_challenge: Challenge,
 }
@@ -253,14 +314,18 @@ fn frozen_change(
     None
 }
 
-/// Per target whose Node was re-created (scheduled under the same name
-/// with another UID), why it holds.
-fn recreated(record: &CoordinationRecord, o: &Observation) -> BTreeMap<String, String> {
+/// Per target whose Node was re-created (in `live` under the same name
+/// with another UID), why it holds. `live` is what the DaemonSet schedules
+/// to on the enable side, every Node on the disable side.
+fn recreated(
+    record: &CoordinationRecord,
+    live: &BTreeMap<String, Uid>,
+) -> BTreeMap<String, String> {
     record
         .targets
         .iter()
         .filter_map(|(name, frozen)| {
-            let live = o.scheduled.get(name).filter(|live| *live != frozen)?;
+            let live = live.get(name).filter(|live| *live != frozen)?;
             Some((
                 name.clone(),
                 format!(
@@ -380,36 +445,47 @@ fn waiting(record: &CoordinationRecord, o: &Observation) -> BTreeMap<String, Str
 /// the `stored` record to `next` (the same record when nothing was
 /// written): `ok`, or why the node waits. The verdicts in `o` were judged
 /// against `stored`, so after a write of a new epoch a barrier's targets
-/// and `Enabled`'s joiners have "no receipt yet" for it.
+/// and `Enabled`'s joiners have "no receipt yet" for it. On the disable
+/// side: before `Release` each target's release is pending; in `Release`
+/// a target is `ok` once its release receipt is verified, otherwise why
+/// not; after it, `released`.
 pub fn node_status(
     stored: &CoordinationRecord,
     next: &CoordinationRecord,
     o: &Observation,
 ) -> BTreeMap<String, String> {
+    use CoordinationPhase::*;
     let judged = next.epoch == stored.epoch;
-    let barrier = matches!(
-        next.phase,
-        CoordinationPhase::Prepare | CoordinationPhase::Arm
-    );
     let missing = || Verdict::Missing.waiting_reason().unwrap_or_default();
-    let mut out: BTreeMap<String, String> = next
-        .targets
-        .keys()
-        .map(|n| {
-            let s = match (barrier, judged.then(|| o.receipts.get(n)).flatten()) {
-                (false, _) => "ok".into(),
-                (true, None) => missing(),
-                (true, Some(v)) => v.waiting_reason().unwrap_or_else(|| "ok".into()),
-            };
-            (n.clone(), s)
-        })
-        .collect();
-    if !next.phase.is_enable_side() {
-        return out;
+    let each_target = |why: &dyn Fn(&String) -> String| -> BTreeMap<String, String> {
+        next.targets.keys().map(|n| (n.clone(), why(n))).collect()
+    };
+    match next.phase {
+        Disabling | Cleanup => {
+            return each_target(&|_| format!("release pending: the cohort is {}", next.phase));
+        }
+        Disabled => return each_target(&|_| "released".into()),
+        Release => {
+            let mut out = each_target(&|_| "ok".into());
+            out.extend(release_waiting(next, o, judged));
+            if stored.phase == Release {
+                merge(&mut out, retirements(stored, o).refused);
+            }
+            return out;
+        }
+        Prepare | Arm | Enabled => {}
     }
-    out.extend(recreated(next, o));
+    let barrier = next.phase != Enabled;
+    let mut out = each_target(
+        &|n| match (barrier, judged.then(|| o.receipts.get(n)).flatten()) {
+            (false, _) => "ok".into(),
+            (true, None) => missing(),
+            (true, Some(v)) => v.waiting_reason().unwrap_or_else(|| "ok".into()),
+        },
+    );
+    out.extend(recreated(next, &o.scheduled));
     for name in joiners(next, o) {
-        let why = if judged || next.phase != CoordinationPhase::Enabled {
+        let why = if judged || next.phase != Enabled {
             joiner_reason(next, o, name)
         } else {
             format!("admission: {}", missing())
@@ -435,33 +511,260 @@ fn merge(into: &mut BTreeMap<String, String>, more: BTreeMap<String, String>) {
 pub fn decide(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
     use CoordinationPhase::*;
     match record.phase {
-        Disabled => {
-            if !o.want_enabled {
-                return Ok(Decision::Idle);
-            }
-            let Some(ds) = &o.daemon_set else {
-                return Ok(hold(
-                    "enable wanted: the kube-ovn-cni DaemonSet does not exist",
-                ));
-            };
-            let Some(trust) = o.trust else {
-                return Ok(hold("enable wanted: the trust bundle is not readable"));
-            };
-            if o.scheduled.is_empty() {
-                return Ok(hold("enable wanted: the DaemonSet schedules to no node"));
-            }
-            write(
-                prepare(record, ds, trust, o.scheduled.clone())?,
-                "enable: Prepare",
-            )
-        }
+        Disabled if !o.want_enabled => Ok(Decision::Idle),
+        Disabled => enable(record, o),
         Prepare | Arm => barrier(record, o),
         Enabled => enabled(record, o),
-        Disabling | Cleanup | Release => Ok(hold(format!(
-            "{}: the disable side is not coordinated by this build",
-            record.phase
-        ))),
+        Disabling => disabling(record, o),
+        Cleanup | Release => cleanup_or_release(record, o),
     }
+}
+
+/// A fresh `Prepare` (new generation) from `Disabled`, or from a disable
+/// the operator abandoned: the DaemonSet, template and trust frozen as
+/// they are live now, the nodes the DaemonSet schedules to as the cohort.
+fn enable(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
+    let Some(ds) = &o.daemon_set else {
+        return Ok(hold(
+            "enable wanted: the kube-ovn-cni DaemonSet does not exist",
+        ));
+    };
+    let Some(trust) = o.trust else {
+        return Ok(hold("enable wanted: the trust bundle is not readable"));
+    };
+    if o.scheduled.is_empty() {
+        return Ok(hold("enable wanted: the DaemonSet schedules to no node"));
+    }
+    let why = if record.phase == CoordinationPhase::Disabled {
+        "enable: Prepare".to_owned()
+    } else {
+        format!(
+            "enable wanted during {}: Prepare (the unfinished disable is abandoned)",
+            record.phase
+        )
+    };
+    write(prepare(record, ds, trust, o.scheduled.clone())?, why)
+}
+
+/// The hold while NB and SB read false and the DaemonSet does not (yet)
+/// run the cleanup: what the operator has to do.
+const WAITING_FOR_CLEANUP_SHAPE: &str = "Disabling: NB_Global.ipsec and SB_Global.ipsec read false; \
+     waiting for the kube-ovn-cni DaemonSet to run the ipsec-cleanup init container \
+     instead of the ipsec container (disable IPsec in the chart)";
+
+/// `Disabling`: NB off, confirmed in NB and SB, then the DaemonSet's
+/// cleanup shape; then `Cleanup`, recording the rows, the DaemonSet and
+/// its template.
+fn disabling(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
+    use CoordinationPhase::*;
+    if o.want_enabled {
+        return enable(record, o);
+    }
+    let nb_row = match (o.nb_ipsec, o.nb_global_uuid) {
+        (Some(true), _) => return Ok(Decision::SetNb(false)),
+        (Some(false), Some(row)) => row,
+        _ => return Ok(hold("Disabling: NB_Global is not readable")),
+    };
+    let (Some(false), Some(sb_row)) = (o.sb_ipsec, o.sb_global_uuid) else {
+        let read = match o.sb_global_uuid.and(o.sb_ipsec) {
+            Some(v) => format!("it reads {v}"),
+            None => "it is not readable".to_owned(),
+        };
+        return Ok(hold(format!(
+            "Disabling: NB_Global.ipsec reads false; waiting for SB_Global.ipsec to read false \
+             ({read})"
+        )));
+    };
+    let Some(ds) = o.daemon_set.as_ref().filter(|d| d.cleanup_shape) else {
+        if o.daemon_set.is_none() {
+            return Ok(hold(format!(
+                "{WAITING_FOR_CLEANUP_SHAPE}; the DaemonSet does not exist"
+            )));
+        }
+        return Ok(hold(WAITING_FOR_CLEANUP_SHAPE));
+    };
+    let mut next = record
+        .transition(Cleanup, None)
+        .map_err(Error::Coordination)?;
+    next.nb_global_uuid = Some(nb_row);
+    next.sb_global_uuid = Some(sb_row);
+    next.daemon_set_uid = Some(ds.uid.clone());
+    next.template_hash = Some(ds.template_hash.clone());
+    next.targets.retain(|n, _| o.nodes.contains_key(n));
+    let mut why = format!(
+        "NB and SB read false, the DaemonSet runs the ipsec-cleanup init container \
+         (template {}): Cleanup",
+        ds.template_hash
+    );
+    let gone = gone(record, o);
+    if !gone.is_empty() {
+        why.push_str(&format!(
+            "; dropped {}: the Node is gone (no state anyone can reach)",
+            names(gone)
+        ));
+    }
+    write(next, why)
+}
+
+/// Targets whose Node no longer exists.
+fn gone<'a>(record: &'a CoordinationRecord, o: &Observation) -> Vec<&'a String> {
+    record
+        .targets
+        .keys()
+        .filter(|n| !o.nodes.contains_key(*n))
+        .collect()
+}
+
+/// While `Cleanup`/`Release`: why the disable must start over from
+/// `Disabling` with a fresh challenge, if it must; `Err` with the hold
+/// when NB or SB cannot be read.
+fn disable_moved(
+    record: &CoordinationRecord,
+    o: &Observation,
+) -> std::result::Result<Option<String>, Decision> {
+    let (Some(nb), Some(nb_row), Some(sb), Some(sb_row)) =
+        (o.nb_ipsec, o.nb_global_uuid, o.sb_ipsec, o.sb_global_uuid)
+    else {
+        return Err(hold(format!(
+            "{}: NB_Global or SB_Global is not readable",
+            record.phase
+        )));
+    };
+    let row = |what: &str, recorded: Option<Uuid>, live: Uuid| {
+        let recorded = recorded.map_or_else(|| "none".to_owned(), |u| u.to_string());
+        format!("the {what} row was replaced (UUID {recorded} recorded, {live} live)")
+    };
+    let why = if nb {
+        "NB_Global.ipsec reads true again".to_owned()
+    } else if sb {
+        "SB_Global.ipsec reads true again".to_owned()
+    } else if record.nb_global_uuid != Some(nb_row) {
+        row("NB_Global", record.nb_global_uuid, nb_row)
+    } else if record.sb_global_uuid != Some(sb_row) {
+        row("SB_Global", record.sb_global_uuid, sb_row)
+    } else {
+        match &o.daemon_set {
+            None => "the kube-ovn-cni DaemonSet is gone".to_owned(),
+            Some(ds) if record.daemon_set_uid.as_ref() != Some(&ds.uid) => {
+                "the DaemonSet was re-created".to_owned()
+            }
+            Some(ds) if record.template_hash.as_deref() != Some(ds.template_hash.as_str()) => {
+                format!("the DaemonSet template changed to {}", ds.template_hash)
+            }
+            Some(ds) if !ds.cleanup_shape => {
+                "the DaemonSet no longer runs the ipsec-cleanup init container".to_owned()
+            }
+            Some(_) => return Ok(None),
+        }
+    };
+    Ok(Some(why))
+}
+
+/// `Cleanup` and `Release`: back to `Disabling` if anything recorded
+/// moved; `Cleanup` then goes on to `Release`, `Release` keeps its cohort
+/// current (same epoch) and passes its barrier into `Disabled`.
+fn cleanup_or_release(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
+    use CoordinationPhase::*;
+    if o.want_enabled {
+        return enable(record, o);
+    }
+    match disable_moved(record, o) {
+        Err(hold) => return Ok(hold),
+        Ok(Some(why)) => {
+            let next = record
+                .transition(Disabling, Some(o.fresh_challenge))
+                .map_err(Error::Coordination)?;
+            let rerun = if record.phase == Release {
+                "; the ipsec-cleanup init container must run again for the new challenge \
+                 (delete the kube-ovn-cni Pods that completed it, or restart the DaemonSet)"
+            } else {
+                ""
+            };
+            return write(
+                next,
+                format!("back to Disabling with a new challenge: {why}{rerun}"),
+            );
+        }
+        Ok(None) => {}
+    }
+    if record.phase == Cleanup {
+        let next = record
+            .transition(Release, None)
+            .map_err(Error::Coordination)?;
+        return write(next, "NB and SB still read false: Release");
+    }
+    let retire = retirements(record, o);
+    let gone = gone(record, o);
+    if !retire.apply.is_empty() || !gone.is_empty() {
+        // Same epoch: the receipts already in answer it, and the cleanup
+        // that wrote them will not run again for another.
+        let mut next = record.clone();
+        next.targets
+            .retain(|n, _| !retire.apply.contains_key(n) && o.nodes.contains_key(n));
+        let mut why = Vec::new();
+        if !retire.apply.is_empty() {
+            why.push(format!(
+                "retired {} on the operator's request",
+                names(retire.apply.keys())
+            ));
+        }
+        if !gone.is_empty() {
+            why.push(format!("dropped {}: the Node is gone", names(gone)));
+        }
+        return write(next, format!("Release (same epoch): {}", why.join("; ")));
+    }
+    let mut waiting = release_waiting(record, o, true);
+    if waiting.is_empty() {
+        let next = record
+            .transition(Disabled, None)
+            .map_err(Error::Coordination)?;
+        return write(next, "every target's release receipt verified: Disabled");
+    }
+    merge(&mut waiting, retire.refused);
+    let reason = if o.trust.is_none() {
+        "Release barrier: the trust bundle is not readable, so no release receipt can be verified"
+    } else {
+        "Release barrier: waiting for release receipts"
+    };
+    Ok(Decision::Hold {
+        reason: reason.into(),
+        waiting,
+    })
+}
+
+/// Per target of a `Release` record, why it holds the barrier (empty:
+/// complete). `judged`: whether `o.releases` answer this record's epoch.
+fn release_waiting(
+    record: &CoordinationRecord,
+    o: &Observation,
+    judged: bool,
+) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = record
+        .targets
+        .iter()
+        .filter_map(|(name, frozen)| {
+            let verdict = judged.then(|| o.releases.get(name)).flatten();
+            let why = match verdict.unwrap_or(&Verdict::Missing) {
+                Verdict::Satisfied => return None,
+                Verdict::Missing => "no release receipt yet".to_owned(),
+                refused => refused.waiting_reason()?,
+            };
+            if o.scheduled.contains_key(name) {
+                return Some((name.clone(), why));
+            }
+            Some((
+                name.clone(),
+                format!(
+                    "{why}; the DaemonSet has no Pod on it now (rolling? if it no longer \
+                     schedules to it, retire it with \
+                     `kube-ovn-ipsec-controller retire-node {name} --uid {frozen}`)"
+                ),
+            ))
+        })
+        .collect();
+    // A re-created Node's release cannot be told from a replay either.
+    out.extend(recreated(record, &o.nodes));
+    out
 }
 
 /// `Prepare` and `Arm`: the cohort's changes first (each a restart from
@@ -490,7 +793,7 @@ fn barrier(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
             ),
         );
     }
-    let recreated = recreated(record, o);
+    let recreated = recreated(record, &o.scheduled);
     if !recreated.is_empty() {
         let mut waiting = recreated;
         merge(&mut waiting, retire.refused);
@@ -635,7 +938,7 @@ fn enabled(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
             format!("Enabled: admitted {} on its Arm receipt", names(admitted)),
         );
     }
-    let mut waiting = recreated(record, o);
+    let mut waiting = recreated(record, &o.scheduled);
     for name in joined {
         waiting.insert(name.clone(), joiner_reason(record, o, name));
     }

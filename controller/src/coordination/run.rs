@@ -31,7 +31,10 @@ use kube_ovn_ipsec_api::names::k8s;
 use kube_ovn_ipsec_api::pki::TrustBundle;
 use serde::Serialize;
 
-use super::evidence::{self, Answer, CsrFacts, NodeFacts, PodFacts};
+use ovsdb::{Datum, OVN_NORTHBOUND, OVN_SOUTHBOUND};
+use uuid::Uuid;
+
+use super::evidence::{self, Answer, CleanupPodFacts, CsrFacts, InitState, NodeFacts, PodFacts};
 use super::leader::{Elector, Role};
 use super::machine::{
     Decision, LiveDaemonSet, Observation, Verdict, decide, node_status, retirements_done,
@@ -47,6 +50,8 @@ pub const STATE_KEY: &str = "state";
 pub const STATUS_KEY: &str = "status";
 /// Node annotation carrying the node's receipt.
 pub const RECEIPT_ANNOTATION: &str = "kube-ovn.io/ipsec-receipt";
+/// Node annotation carrying the node's release receipt.
+pub const RELEASE_RECEIPT_ANNOTATION: &str = k8s::ANNOTATION_RELEASE_RECEIPT;
 /// Annotation on the coordination ConfigMap holding the operator's
 /// retirement requests: a JSON object, Node name → the UID the cohort
 /// froze for it.
@@ -205,17 +210,25 @@ impl Coordinator {
         slot.as_ref()
     }
 
-    /// A synchronous read of `NB_Global.ipsec` (or SB's); a failed read
-    /// drops the connection so the next pass reconnects.
-    async fn read_switch(&mut self, south: bool) -> Option<bool> {
+    /// A synchronous read of `NB_Global.ipsec` (or SB's) and of the row's
+    /// `_uuid`, in one select so the disable records the UUID of the very
+    /// row it read false in; a failed read drops the connection so the
+    /// next pass reconnects.
+    async fn read_switch(&mut self, south: bool) -> Option<(bool, Uuid)> {
         let client = self.ovn(south).await?;
-        let read = if south {
-            client.read_sb_ipsec().await
+        let (db, table) = if south {
+            (OVN_SOUTHBOUND, "SB_Global")
         } else {
-            client.read_nb_ipsec().await
+            (OVN_NORTHBOUND, "NB_Global")
         };
-        match read {
-            Ok(v) => Some(v),
+        match client.select_single(db, table, &["ipsec"]).await {
+            Ok((uuid, row)) => {
+                let value = row.get("ipsec").and_then(Datum::as_bool);
+                if value.is_none() {
+                    tracing::warn!(table, "the ipsec column is not a boolean");
+                }
+                value.map(|v| (v, uuid))
+            }
             Err(e) => {
                 tracing::warn!(error = %e, south, "reading the OVN ipsec switch failed");
                 if south {
@@ -290,31 +303,48 @@ impl Coordinator {
                 _ => {}
             }
         }
+        let mut releases = BTreeMap::new();
+        if let (Some(trust), CoordinationPhase::Release) = (&trust, record.phase) {
+            for name in record.targets.keys() {
+                let v = self
+                    .release_verdict(record, trust, nodes.get(name), &pods, now)
+                    .await?;
+                releases.insert(name.clone(), v);
+            }
+        }
         // NB also in `Prepare`: whether it may already be true decides if a
-        // joiner enters the barrier (docs/coordination.md).
-        let nb_ipsec = if record.phase.is_enable_side() {
-            self.read_switch(false).await
-        } else {
-            None
+        // joiner enters the barrier (docs/coordination.md). Both throughout
+        // the disable, which confirms them off before and while it cleans
+        // up.
+        use CoordinationPhase::*;
+        let nb = match record.phase {
+            Disabled => None,
+            _ => self.read_switch(false).await,
         };
-        let sb_ipsec = if matches!(
-            record.phase,
-            CoordinationPhase::Arm | CoordinationPhase::Enabled
-        ) {
-            self.read_switch(true).await
-        } else {
-            None
+        let sb = match record.phase {
+            Arm | Enabled | Disabling | Cleanup | Release => self.read_switch(true).await,
+            Disabled | Prepare => None,
         };
         let observation = Observation {
             want_enabled: self.config.want_enabled,
             daemon_set,
             trust: trust.as_ref().map(TrustBundle::digest),
             scheduled,
+            nodes: nodes
+                .iter()
+                .filter_map(|(name, n)| {
+                    let uid = Uid::new(n.metadata.uid.clone()?).ok()?;
+                    Some((name.clone(), uid))
+                })
+                .collect(),
             receipts,
             admissions,
             retirements: retire,
-            nb_ipsec,
-            sb_ipsec,
+            nb_ipsec: nb.map(|(v, _)| v),
+            sb_ipsec: sb.map(|(v, _)| v),
+            nb_global_uuid: nb.map(|(_, u)| u),
+            sb_global_uuid: sb.map(|(_, u)| u),
+            releases,
             fresh_challenge: random_challenge()?,
         };
         self.report_refusals(&observation).await;
@@ -457,6 +487,7 @@ impl Coordinator {
             Some(LiveDaemonSet {
                 uid: Uid::new(uid).ok()?,
                 template_hash: hash,
+                cleanup_shape: cleanup_shape(&ds),
             })
         });
         Ok((live, owned))
@@ -508,10 +539,60 @@ impl Coordinator {
         ))
     }
 
+    /// Judges `node`'s release receipt against the `Release` record (a
+    /// Node that is gone has none): the CSR it names, and the Pod it names
+    /// among the DaemonSet's with its cleanup init container's state.
+    async fn release_verdict(
+        &self,
+        record: &CoordinationRecord,
+        trust: &TrustBundle,
+        node: Option<&Node>,
+        pods: &[Pod],
+        now: kube_ovn_ipsec_api::time::Timestamp,
+    ) -> Result<Verdict> {
+        let Some(node) = node else {
+            return Ok(Verdict::Missing);
+        };
+        let name = node.name_any();
+        let annotations = node.annotations();
+        let annotation = annotations
+            .get(RELEASE_RECEIPT_ANNOTATION)
+            .map(String::as_str);
+        let unverified = match evidence::peek_release(annotation) {
+            Ok(u) => u,
+            Err(v) => return Ok(v),
+        };
+        let claimed = unverified.peek().clone();
+        let csr = Api::<CertificateSigningRequest>::all(self.client.clone())
+            .get_opt(&claimed.csr_name)
+            .await?
+            .map(|c| csr_facts(&c));
+        let pod = pods
+            .iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(claimed.pod_uid.as_str()))
+            .map(cleanup_pod_facts);
+        let chassis = annotations
+            .get(names::NODE_CHASSIS_ANNOTATION)
+            .map(String::as_str);
+        Ok(evidence::judge_release(
+            record,
+            trust,
+            NodeFacts {
+                name: &name,
+                chassis,
+            },
+            unverified,
+            csr.as_ref(),
+            pod.as_ref(),
+            now,
+        ))
+    }
+
     /// One Event per node per change of refusal reason (a target's
-    /// barrier receipt or a joiner's admission receipt).
+    /// barrier or release receipt, or a joiner's admission receipt).
     async fn report_refusals(&mut self, o: &Observation) {
-        for (node, verdict) in o.receipts.iter().chain(&o.admissions) {
+        let verdicts = o.receipts.iter().chain(&o.admissions).chain(&o.releases);
+        for (node, verdict) in verdicts {
             match verdict {
                 Verdict::Refused { check, message } => {
                     if self.reported.get(node) == Some(check) {
@@ -664,6 +745,68 @@ fn csr_facts(csr: &CertificateSigningRequest) -> CsrFacts {
     }
 }
 
+/// Whether `ds`'s Pod template is the chart's shape with IPsec disabled:
+/// the `ipsec-cleanup` init container, and no `ipsec` container.
+fn cleanup_shape(ds: &DaemonSet) -> bool {
+    let Some(spec) = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()) else {
+        return false;
+    };
+    let cleanup = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .any(|c| c.name == k8s::INIT_CONTAINER_CLEANUP);
+    let agent = spec
+        .containers
+        .iter()
+        .any(|c| c.name == k8s::CONTAINER_IPSEC);
+    cleanup && !agent
+}
+
+/// A Pod's facts with the state of its `ipsec-cleanup` init container.
+fn cleanup_pod_facts(pod: &Pod) -> CleanupPodFacts {
+    let state = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .and_then(|all| all.iter().find(|c| c.name == k8s::INIT_CONTAINER_CLEANUP))
+        .map(|c| init_state(c.state.as_ref()));
+    CleanupPodFacts {
+        pod: pod_facts(pod),
+        cleanup_init: state,
+    }
+}
+
+/// An init container's state as the release receipt's judgement needs it.
+/// No state at all is a container not started yet.
+fn init_state(state: Option<&k8s_openapi::api::core::v1::ContainerState>) -> InitState {
+    let Some(state) = state else {
+        return InitState::Waiting(String::new());
+    };
+    if let Some(t) = &state.terminated {
+        let reason = [t.reason.as_deref(), t.message.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join(": ");
+        return InitState::Terminated {
+            exit_code: t.exit_code,
+            reason,
+        };
+    }
+    if state.running.is_some() {
+        return InitState::Running;
+    }
+    InitState::Waiting(
+        state
+            .waiting
+            .as_ref()
+            .and_then(|w| w.reason.clone())
+            .unwrap_or_default(),
+    )
+}
+
 fn pod_facts(pod: &Pod) -> PodFacts {
     let v = live::pod_view(pod);
     PodFacts {
@@ -673,6 +816,34 @@ fn pod_facts(pod: &Pod) -> PodFacts {
         template_hash: v.template_hash,
         live: !v.terminating && !v.finished,
     }
+}
+
+/// What a disable-side record holds besides the cohort: the step it is
+/// at, the challenge (abbreviated: enough to match a receipt by eye), and
+/// from `Cleanup` on what it recorded.
+fn disable_line(r: &CoordinationRecord) -> String {
+    let step = match r.phase {
+        CoordinationPhase::Disabling => {
+            "turning NB_Global.ipsec off, then waiting for NB and SB to read false and for \
+             the DaemonSet's ipsec-cleanup init container"
+        }
+        CoordinationPhase::Cleanup => "NB and SB off, cleanup shape recorded",
+        _ => "waiting for every target's release receipt",
+    };
+    let challenge = r
+        .challenge
+        .and_then(|c| c.to_string().get(..12).map(str::to_owned))
+        .unwrap_or_default();
+    let mut line = format!("disable: {step}; challenge {challenge}…");
+    if let (Some(nb), Some(sb)) = (r.nb_global_uuid, r.sb_global_uuid) {
+        line.push_str(&format!("  NB_Global {nb}  SB_Global {sb}"));
+    }
+    if r.phase != CoordinationPhase::Disabling
+        && let (Some(uid), Some(hash)) = (&r.daemon_set_uid, &r.template_hash)
+    {
+        line.push_str(&format!("  DaemonSet {uid} template {hash}"));
+    }
+    line
 }
 
 /// The cohort as `kube-ovn-ipsec-controller status` prints it: the record's
@@ -703,6 +874,9 @@ pub async fn describe(client: &Client, namespace: &str) -> Result<String> {
                 r.epoch,
                 r.targets.len()
             );
+            if r.phase.is_disable_side() {
+                let _ = writeln!(out, "{}", disable_line(&r));
+            }
         }
         Some(Err(e)) => {
             let _ = writeln!(out, "the record does not decode: {e}");
@@ -741,3 +915,6 @@ pub async fn describe(client: &Client, namespace: &str) -> Result<String> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests;

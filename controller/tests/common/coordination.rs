@@ -1,8 +1,10 @@
-//! The enable coordinator's other side, shared by the coordination tests:
-//! node identities issued by the controller through each node's Pod-bound
+//! The coordinator's other side, shared by the coordination tests: node
+//! identities issued by the controller through each node's Pod-bound
 //! token, responders that follow the record as an agent would and publish
-//! real signed receipts with that token, and direct reads of the record,
-//! the status and OVN's `ipsec` switches.
+//! real signed receipts with that token, release receipts as the cleanup
+//! init container publishes them, direct reads of the record, the status
+//! and OVN's `ipsec` switches, and the setting the tests share ([`Setup`]:
+//! the cluster, OVN with ovn-northd, the controller, the responders).
 //!
 //! Responders stand in for agents (the agent's own coordinator is built
 //! separately), so what these tests prove is the controller's half of the
@@ -14,11 +16,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_ovn_ipsec_api::clock::{Clock, SystemClock, timestamp};
 use kube_ovn_ipsec_api::coordination::{
-    CoordinationPhase, CoordinationRecord, Receipt, ReceiptStatus,
+    CoordinationPhase, CoordinationRecord, Receipt, ReceiptStatus, ReleaseReceipt, ReleaseStatus,
 };
 use kube_ovn_ipsec_api::digest::Sha256Digest;
 use kube_ovn_ipsec_api::ident::Uid;
@@ -26,6 +29,8 @@ use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_api::signed::{self, SigningKey};
 use rcgen::{KeyPair, PKCS_ECDSA_P256_SHA256};
 use testbed::ovs::OvnCentral;
+
+use tokio::time::Instant;
 
 use super::{Cluster, HASH, NS, NodeFx, Outcome, csr_object, request_pem, wait_outcome};
 
@@ -48,9 +53,15 @@ pub struct Identity {
 /// Has the controller issue node `n` a certificate through its own token
 /// (a controller must be running and signing).
 pub async fn identity(c: &Cluster, n: usize) -> Identity {
+    identity_as(c, n, &format!("ovn-ipsec-{}", c.nodes[n].name)).await
+}
+
+/// [`identity`] through a CSR named `name` (a node's second identity, e.g.
+/// its new agent Pod's after a re-enable, needs another name).
+pub async fn identity_as(c: &Cluster, n: usize, name: &str) -> Identity {
     let node = &c.nodes[n];
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
-    let name = format!("ovn-ipsec-{}", node.name);
+    let name = name.to_owned();
     let created = Api::<CertificateSigningRequest>::all(node.client.clone())
         .create(
             &PostParams::default(),
@@ -111,9 +122,14 @@ pub async fn nb_sb(central: &OvnCentral) -> (bool, bool) {
 /// as replica `pod`: enable wanted, a 1 s period and a 3 s Lease so a
 /// test sees several passes and a takeover within seconds.
 pub fn flags<'a>(nb: &'a str, sb: &'a str, pod: &'a str) -> Vec<&'a str> {
+    flags_wanting(true, nb, sb, pod)
+}
+
+/// [`flags`] with the operator's intent `enable` (`--enable-ipsec`).
+pub fn flags_wanting<'a>(enable: bool, nb: &'a str, sb: &'a str, pod: &'a str) -> Vec<&'a str> {
     vec![
         "--enable-ipsec",
-        "true",
+        if enable { "true" } else { "false" },
         "--ovn-nb",
         nb,
         "--ovn-sb",
@@ -237,4 +253,286 @@ pub fn responder(c: &Cluster, n: usize, id: &Identity) -> tokio::task::JoinHandl
         id.key.clone(),
         Arc::new(AtomicBool::new(true)),
     ))
+}
+
+/// Node `n`'s signed release receipt for the stored `Release` record, as
+/// the cleanup init container of its current Pod publishes it (SPEC §8):
+/// the record's generation, epoch and challenge, the Node's UID and the
+/// Pod's template hash as they are live, signed with the key of `id` (the
+/// node's last identity, issued through its old agent Pod) — after
+/// `tweak` — and published on the Node with the Pod's token. Returns the
+/// receipt as published.
+pub async fn publish_release(
+    c: &Cluster,
+    n: usize,
+    id: &Identity,
+    tweak: impl FnOnce(&mut ReleaseReceipt),
+) -> ReleaseReceipt {
+    let node = &c.nodes[n];
+    let r = record(&c.admin).await.unwrap();
+    assert_eq!(r.phase, CoordinationPhase::Release, "{r:?}");
+    let nodes: Api<Node> = Api::all(node.client.clone());
+    let live = nodes.get(&node.name).await.unwrap();
+    let pod = Api::<Pod>::namespaced(c.admin.clone(), NS)
+        .get(&node.pod_name)
+        .await
+        .unwrap();
+    let trust = Api::<ConfigMap>::namespaced(node.client.clone(), NS)
+        .get("ovn-ipsec-trust")
+        .await
+        .unwrap();
+    let trust = TrustBundle::from_pem(trust.data.unwrap()["ca.crt"].as_bytes()).unwrap();
+    let mut receipt = ReleaseReceipt {
+        generation: r.generation,
+        epoch: r.epoch,
+        phase: CoordinationPhase::Release,
+        node_name: node.name.clone(),
+        node_uid: Uid::new(live.uid().unwrap()).unwrap(),
+        pod_uid: Uid::new(node.pod_uid.clone()).unwrap(),
+        csr_name: id.csr_name.clone(),
+        csr_uid: Uid::new(id.csr_uid.clone()).unwrap(),
+        template_hash: pod.labels()["controller-revision-hash"].clone(),
+        trust_hash: trust.digest(),
+        observed: timestamp(SystemClock.now()).unwrap(),
+        challenge: r.challenge.unwrap(),
+        status: ReleaseStatus {
+            lease_withdrawn: true,
+            guards_removed: true,
+            identity_cleared: true,
+            drained: true,
+            boot_id: "6f1d4b9e-2c1a-4a57-9c3e-0d9b5e1f7a21".parse().unwrap(),
+            certificate_digest: id.certificate.digest(),
+        },
+    };
+    tweak(&mut receipt);
+    let annotation = signed::sign(&receipt, &id.key).unwrap();
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        "kube-ovn.io/ipsec-release-receipt": annotation}}});
+    nodes
+        .patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    receipt
+}
+
+/// Whether a Warning Event on Node `node` has reason `reason`.
+pub async fn node_event(admin: &Client, node: &str, reason: &str) -> bool {
+    Api::<Event>::namespaced(admin.clone(), "default")
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .any(|e| {
+            e.reason.as_deref() == Some(reason) && e.involved_object.name.as_deref() == Some(node)
+        })
+}
+
+/// The cluster, OVN with ovn-northd, the in-process controller with the
+/// coordinator on, and the responders standing in for agents.
+pub struct Setup {
+    /// The cluster and its controller.
+    pub c: Cluster,
+    /// NB and SB with ovn-northd.
+    pub central: OvnCentral,
+    /// Where OVN keeps its databases.
+    pub dir: tempfile::TempDir,
+    /// The enable-side responders (abort them before `c.stop()`).
+    pub responders: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// A [`Setup`] of `nodes` nodes with enable wanted, and an identity and a
+/// responder per node except `held` (node `forged`'s signs with node 0's
+/// key). With `late`, the last node has no CNI Pod (the DaemonSet does not
+/// schedule to it yet), no identity and no responder.
+pub async fn setup_with(
+    nodes: usize,
+    forged: Option<usize>,
+    held: Option<usize>,
+    late: bool,
+) -> (Setup, Vec<Identity>) {
+    let dir = tempfile::tempdir().unwrap();
+    let central = OvnCentral::start(dir.path()).unwrap();
+    let mut c = Cluster::start(nodes).await;
+    let early = nodes - usize::from(late);
+    if late {
+        Api::<Pod>::namespaced(c.admin.clone(), NS)
+            .delete(&c.nodes[early].pod_name, &Default::default())
+            .await
+            .unwrap();
+    }
+    let (nb, sb) = (central.nb.address(), central.sb.address());
+    let config = c.config_with(&flags(&nb, &sb, "controller-0"));
+    c.start_controller(config).await;
+    let mut ids = Vec::new();
+    for n in 0..early {
+        ids.push(identity(&c, n).await);
+    }
+    let responders = (0..early)
+        .filter(|n| Some(*n) != held)
+        .map(|n| {
+            let signer = match forged {
+                Some(f) if f == n => ids[0].key.clone(),
+                _ => ids[n].key.clone(),
+            };
+            tokio::spawn(respond(
+                c.admin.clone(),
+                c.nodes[n].clone(),
+                ids[n].clone(),
+                signer,
+                Arc::new(AtomicBool::new(true)),
+            ))
+        })
+        .collect();
+    (
+        Setup {
+            c,
+            central,
+            dir,
+            responders,
+        },
+        ids,
+    )
+}
+
+/// [`setup_with`] every node scheduled.
+pub async fn setup(
+    nodes: usize,
+    forged: Option<usize>,
+    held: Option<usize>,
+) -> (Setup, Vec<Identity>) {
+    setup_with(nodes, forged, held, false).await
+}
+
+impl Setup {
+    /// Restarts the controller (same replica name: it renews its own Lease
+    /// at once) with the operator's intent `enable`, as a chart upgrade
+    /// that flips `--enable-ipsec` does.
+    pub async fn restart_controller(&mut self, enable: bool) {
+        self.c.kill_controller();
+        let (nb, sb) = (self.central.nb.address(), self.central.sb.address());
+        let config = self
+            .c
+            .config_with(&flags_wanting(enable, &nb, &sb, "controller-0"));
+        self.c.start_controller(config).await;
+    }
+
+    /// Stops the responders, the controller and the API server.
+    pub async fn stop(self) {
+        for h in self.responders {
+            h.abort();
+        }
+        self.c.stop().await;
+    }
+}
+
+/// Polls until the record is `Enabled`, returning the phases seen in order
+/// (from the first record seen) and the phase the record had when NB
+/// first read true.
+pub async fn until_enabled(
+    s: &Setup,
+    limit: Duration,
+) -> (Vec<CoordinationPhase>, Option<CoordinationPhase>) {
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    let mut nb_first_true_in = None;
+    let deadline = Instant::now() + limit;
+    loop {
+        let r = record(&s.c.admin).await;
+        let (nb, sb) = nb_sb(&s.central).await;
+        if let Some(r) = &r {
+            if seen.last() != Some(&r.phase) {
+                println!("{:?} epoch {} after {:?}", r.phase, r.epoch, t0.elapsed());
+                seen.push(r.phase);
+            }
+            if nb && nb_first_true_in.is_none() {
+                nb_first_true_in = Some(r.phase);
+            }
+            if r.phase == CoordinationPhase::Enabled {
+                assert!(nb && sb, "Enabled with NB {nb} SB {sb}");
+                return (seen, nb_first_true_in);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not Enabled in {limit:?}: {r:?}\nstatus: {}",
+            status(&s.c.admin).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls the record until `pred` holds (bounded by `limit`).
+pub async fn until_record(
+    s: &Setup,
+    what: &str,
+    limit: Duration,
+    pred: impl Fn(&CoordinationRecord) -> bool,
+) -> CoordinationRecord {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(r) = record(&s.c.admin).await
+            && pred(&r)
+        {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {limit:?}: {:?}\nstatus: {}",
+            record(&s.c.admin).await,
+            status(&s.c.admin).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls the status until node `n`'s entry satisfies `pred` (30 s).
+pub async fn until_node_status(s: &Setup, n: &str, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = status(&s.c.admin).await;
+        if let Some(v) = st["nodes"][n].as_str()
+            && pred(v)
+        {
+            return v.to_owned();
+        }
+        assert!(Instant::now() < deadline, "{n}'s status: {st}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls the status until its reason satisfies `pred` (30 s).
+pub async fn until_reason(s: &Setup, pred: impl Fn(&str) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = status(&s.c.admin).await;
+        if st["reason"].as_str().is_some_and(&pred) {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "status reason: {st}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs the controller binary `bin` (the test's
+/// `env!("CARGO_BIN_EXE_kube-ovn-ipsec-controller")`) against the
+/// embedded API server as admin: whether it succeeded, and its output.
+pub fn controller_cli(bin: &str, s: &Setup, args: &[&str]) -> (bool, String) {
+    let kubeconfig = s.dir.path().join("admin.kubeconfig");
+    s.c.server
+        .write_kubeconfig(&kubeconfig, apiserver::ADMIN_TOKEN)
+        .unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["--namespace", NS])
+        .args(args)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
 }

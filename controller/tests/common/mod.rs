@@ -7,8 +7,11 @@
 //! kubelet asks for it: a `TokenRequest` bound to the node's CNI Pod.
 //! Shared by the integration tests, `benches/src/bin/csr_e2e.rs` and the
 //! agent's end-to-end test with the real controller. [`coordination`]
-//! holds the enable coordinator's other side: node identities, receipt
-//! responders, reads of the record and of OVN's switches.
+//! holds the coordinator's other side: node identities, receipt
+//! responders, release receipts, reads of the record and of OVN's
+//! switches. [`Cluster::roll_daemon_set`] plays the DaemonSet controller's
+//! and the kubelets' part when the chart changes the Pod template (no such
+//! controller runs here).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -16,8 +19,10 @@ use std::time::Duration;
 
 use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerBuilder, ApiServerHandle, Identity};
 use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -254,7 +259,138 @@ pub async fn add_node(server: &ApiServerHandle, admin: &Client, ds_uid: &str, i:
     }
 }
 
+/// The kube-ovn-cni DaemonSet's Pod template as the chart renders it
+/// (SPEC §9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// IPsec enabled: the `ipsec` agent container beside the CNI server.
+    Ipsec,
+    /// IPsec disabled after it was enabled: the `ipsec-cleanup` init
+    /// container instead of the agent.
+    Cleanup,
+}
+
+impl Shape {
+    /// The Pod spec's containers of this shape.
+    fn containers(self) -> Value {
+        let c = |name: &str| json!({"name": name, "image": "kube-ovn"});
+        match self {
+            Shape::Ipsec => json!({"containers": [c("cni-server"), c("ipsec")]}),
+            Shape::Cleanup => json!({
+                "initContainers": [c("ipsec-cleanup")],
+                "containers": [c("cni-server")],
+            }),
+        }
+    }
+}
+
 impl Cluster {
+    /// Changes the DaemonSet's Pod template to `shape` under template hash
+    /// `hash` and rolls every node onto it, as the DaemonSet controller and
+    /// the kubelets would: the template, the ControllerRevision
+    /// `kube-ovn-cni-<hash>` made the newest (an existing one, as for a
+    /// template reverted to, gets the next revision number), then on each
+    /// node in turn the old Pod deleted and a new one created
+    /// ([`Self::replace_pod`]).
+    pub async fn roll_daemon_set(&mut self, shape: Shape, hash: &str) {
+        let sets: Api<DaemonSet> = Api::namespaced(self.admin.clone(), NS);
+        let template = json!({"spec": {"template": {"spec": shape.containers()}}});
+        sets.patch(
+            "kube-ovn-cni",
+            &PatchParams::default(),
+            &Patch::Merge(&template),
+        )
+        .await
+        .unwrap();
+        let revisions: Api<ControllerRevision> = Api::namespaced(self.admin.clone(), NS);
+        let newest = revisions
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|r| r.revision)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let name = format!("kube-ovn-cni-{hash}");
+        if revisions.get_opt(&name).await.unwrap().is_some() {
+            let bump = json!({"revision": newest});
+            revisions
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&bump))
+                .await
+                .unwrap();
+        } else {
+            create(
+                &self.admin,
+                json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
+                    "metadata": {"name": name, "namespace": NS,
+                                 "labels": {"app": "kube-ovn-cni", "controller-revision-hash": hash},
+                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                     "name": "kube-ovn-cni", "uid": self.ds_uid, "controller": true}]},
+                    "revision": newest}),
+            )
+            .await;
+        }
+        for n in 0..self.nodes.len() {
+            self.replace_pod(n, shape, hash).await;
+        }
+    }
+
+    /// Deletes node `n`'s CNI Pod and creates a new one of template `hash`
+    /// in `shape` (what deleting a Pod under the DaemonSet controller
+    /// amounts to), with a token bound to it: `nodes[n]` names the new Pod.
+    pub async fn replace_pod(&mut self, n: usize, shape: Shape, hash: &str) {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NS);
+        let node = &self.nodes[n];
+        let _ = pods.delete(&node.pod_name, &Default::default()).await;
+        let mut spec = shape.containers();
+        spec["nodeName"] = json!(node.name);
+        spec["serviceAccountName"] = json!(CNI_SA);
+        let pod = create(
+            &self.admin,
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"generateName": format!("kube-ovn-cni-{n}-"), "namespace": NS,
+                             "labels": {"app": "kube-ovn-cni", "controller-revision-hash": hash},
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                 "name": "kube-ovn-cni", "uid": self.ds_uid, "controller": true}]},
+                "spec": spec}),
+        )
+        .await;
+        let pod_name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+        let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
+        let token = mint_token(&self.admin, CNI_SA, Some((&pod_name, &pod_uid))).await;
+        let client = self.server.client(&token).await.unwrap();
+        let node = &mut self.nodes[n];
+        node.pod_name = pod_name;
+        node.pod_uid = pod_uid;
+        node.token = token;
+        node.client = client;
+    }
+
+    /// The kubelet's report of node `n`'s `ipsec-cleanup` init container
+    /// (a `pods/status` write): terminated with `exit` when given, running
+    /// otherwise.
+    pub async fn set_cleanup_init(&self, n: usize, exit: Option<i32>) {
+        let state = match exit {
+            Some(0) => json!({"terminated": {"exitCode": 0, "reason": "Completed"}}),
+            Some(code) => json!({"terminated": {"exitCode": code, "reason": "Error",
+                                                "message": "a foreign owner holds the lease's mark"}}),
+            None => json!({"running": {}}),
+        };
+        let status = json!({"status": {"initContainerStatuses": [{
+            "name": "ipsec-cleanup", "image": "kube-ovn", "imageID": "", "ready": exit == Some(0),
+            "restartCount": 0, "state": state}]}});
+        Api::<Pod>::namespaced(self.admin.clone(), NS)
+            .patch_status(
+                &self.nodes[n].pod_name,
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .await
+            .unwrap();
+    }
+
     /// Starts the server and creates the DaemonSet, revision, nodes and pods.
     pub async fn start(nodes: usize) -> Cluster {
         Self::start_with(ApiServer::builder(), nodes).await

@@ -365,3 +365,288 @@ fn no_admission_outside_enabled() {
         "ReceiptEpochMismatch"
     );
 }
+
+// ---- Release receipts ----
+
+use kube_ovn_ipsec_api::coordination::{Challenge, ReleaseStatus};
+
+/// A `Release` record for node-a (template `c1`, the cleanup shape), the
+/// node's identity issued through its old agent Pod's CSR, and the live
+/// cleanup Pod whose init container exited 0.
+struct Rel {
+    ca: TestCa,
+    leaf: TestLeaf,
+    record: CoordinationRecord,
+    csr: CsrFacts,
+    pod: CleanupPodFacts,
+}
+
+impl Rel {
+    fn new() -> Self {
+        let Fx { ca, leaf, csr, .. } = Fx::new();
+        let mut record = CoordinationRecord::initial();
+        record.generation = 2;
+        record.epoch = 7;
+        record.phase = CoordinationPhase::Release;
+        record.daemon_set_uid = Some(uid("ds-uid"));
+        record.template_hash = Some("c1".into());
+        record.trust_hash = Some(ca.trust_bundle().digest());
+        record.targets.insert("node-a".into(), uid("node-a-uid"));
+        record.challenge = Some(Challenge::from_bytes([3; 32]));
+        record.nb_global_uuid = Some(uuid::Uuid::from_u128(1));
+        record.sb_global_uuid = Some(uuid::Uuid::from_u128(2));
+        record.validate().unwrap();
+        let pod = CleanupPodFacts {
+            pod: PodFacts {
+                uid: "cleanup-pod".into(),
+                node_name: "node-a".into(),
+                owner_uid: Some("ds-uid".into()),
+                template_hash: Some("c1".into()),
+                live: true,
+            },
+            cleanup_init: Some(InitState::Terminated {
+                exit_code: 0,
+                reason: "Completed".into(),
+            }),
+        };
+        Rel {
+            ca,
+            leaf,
+            record,
+            // The CSR's requester is the agent Pod the cleanup Pod replaced.
+            csr,
+            pod,
+        }
+    }
+
+    fn receipt(&self) -> ReleaseReceipt {
+        ReleaseReceipt {
+            generation: 2,
+            epoch: 7,
+            phase: CoordinationPhase::Release,
+            node_name: "node-a".into(),
+            node_uid: uid("node-a-uid"),
+            pod_uid: uid("cleanup-pod"),
+            csr_name: "ovn-ipsec-node-a".into(),
+            csr_uid: uid("csr-uid"),
+            template_hash: "c1".into(),
+            trust_hash: self.record.trust_hash.unwrap(),
+            // Written once, long before the last node of a serial rollout
+            // is done: no age limit.
+            observed: ts(NOW - 86400),
+            challenge: Challenge::from_bytes([3; 32]),
+            status: ReleaseStatus {
+                lease_withdrawn: true,
+                guards_removed: true,
+                identity_cleared: true,
+                drained: true,
+                boot_id: uuid::Uuid::from_u128(42),
+                certificate_digest: self.leaf.certificate.digest(),
+            },
+        }
+    }
+
+    fn signed(&self, r: &ReleaseReceipt) -> String {
+        signed::sign(r, &self.leaf.signing_key()).unwrap()
+    }
+
+    fn judge_with(&self, annotation: &str, chassis: Option<&str>) -> Verdict {
+        let unverified = match peek_release(Some(annotation)) {
+            Ok(u) => u,
+            Err(v) => return v,
+        };
+        judge_release(
+            &self.record,
+            &self.ca.trust_bundle(),
+            NodeFacts {
+                name: "node-a",
+                chassis,
+            },
+            unverified,
+            Some(&self.csr),
+            Some(&self.pod),
+            ts(NOW),
+        )
+    }
+
+    fn judge(&self, annotation: &str) -> Verdict {
+        self.judge_with(annotation, Some("chassis-a"))
+    }
+
+    /// The verdict on a good receipt once `tweak` changed it (before it
+    /// is signed).
+    fn claiming(&self, tweak: impl FnOnce(&mut ReleaseReceipt)) -> Verdict {
+        let mut r = self.receipt();
+        tweak(&mut r);
+        self.judge(&self.signed(&r))
+    }
+}
+
+/// The check a good release receipt fails once `tweak` changed the live
+/// facts.
+fn release_after(tweak: fn(&mut Rel)) -> Verdict {
+    let mut f = Rel::new();
+    let good = f.signed(&f.receipt());
+    tweak(&mut f);
+    f.judge(&good)
+}
+
+fn message_of(v: &Verdict) -> &str {
+    match v {
+        Verdict::Refused { message, .. } => message,
+        _ => "",
+    }
+}
+
+#[test]
+fn a_release_receipt_of_the_live_cleanup_pod_satisfies_release() {
+    let f = Rel::new();
+    assert_eq!(f.judge(&f.signed(&f.receipt())), Verdict::Satisfied);
+    // The CSR was requested by the old agent Pod, not the cleanup Pod: the
+    // requester is not compared for a release.
+    assert_eq!(f.csr.requester_pod_uid.as_deref(), Some("pod-uid"));
+}
+
+#[test]
+fn a_missing_malformed_or_challenge_less_release_receipt_is_not_one() {
+    assert_eq!(peek_release(None).unwrap_err(), Verdict::Missing);
+    let f = Rel::new();
+    assert_eq!(check_of(&f.judge("garbage")), "ReleaseReceiptMalformed");
+    assert_eq!(
+        check_of(&f.judge(&"a".repeat(64 * 1024))),
+        "ReleaseReceiptMalformed"
+    );
+    // The same payload without its challenge, properly signed under the
+    // release domain, does not even decode.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[serde(transparent)]
+    struct Raw(serde_json::Value);
+    impl SignedPayload for Raw {
+        const DOMAIN: &'static [u8] = kube_ovn_ipsec_api::coordination::RELEASE_RECEIPT_DOMAIN;
+        const MAX_ENCODED_LEN: usize = 8192;
+    }
+    let mut raw = serde_json::to_value(f.receipt()).unwrap();
+    raw.as_object_mut().unwrap().remove("challenge");
+    let unchallenged = signed::sign(&Raw(raw), &f.leaf.signing_key()).unwrap();
+    assert_eq!(check_of(&f.judge(&unchallenged)), "ReleaseReceiptMalformed");
+    // A barrier receipt is no release receipt.
+    let barrier = Fx::new();
+    let receipt = barrier.signed(&barrier.receipt());
+    assert_eq!(check_of(&f.judge(&receipt)), "ReleaseReceiptMalformed");
+}
+
+#[test]
+fn a_release_receipt_signed_by_another_key_or_certificate_is_refused() {
+    let f = Rel::new();
+    let other = f.ca.leaf("chassis-a").key(TestKeyAlg::P256).issue();
+    let forged = signed::sign(&f.receipt(), &other.signing_key()).unwrap();
+    assert_eq!(
+        check_of(&f.judge(&forged)),
+        "ReleaseReceiptSignatureInvalid"
+    );
+    let good = f.signed(&f.receipt());
+    assert_eq!(
+        check_of(&f.judge_with(&good, Some("chassis-b"))),
+        "ReleaseReceiptChassisMismatch"
+    );
+    let v = f.claiming(|r| r.status.certificate_digest = other.certificate.digest());
+    assert_eq!(check_of(&v), "ReleaseReceiptCertificateMismatch");
+    let v = release_after(|f| {
+        let stranger = CaSpec::new("someone else").self_signed();
+        let leaf = stranger.leaf("chassis-a").key(TestKeyAlg::P256).issue();
+        f.csr.certificate_pem = Some(leaf.cert_pem().into_bytes());
+    });
+    assert_eq!(check_of(&v), "ReleaseReceiptCertificateUntrusted");
+    let v = release_after(|f| f.csr.uid = "another".into());
+    assert_eq!(check_of(&v), "ReleaseReceiptCsrMismatch");
+    let v = release_after(|f| f.csr.node_annotation = Some("node-b".into()));
+    assert_eq!(check_of(&v), "ReleaseReceiptCsrMismatch");
+    let v = release_after(|f| f.csr.certificate_pem = None);
+    assert_eq!(check_of(&v), "ReleaseReceiptCsrNotIssued");
+    let v = f.claiming(|r| r.node_name = "node-b".into());
+    assert_eq!(check_of(&v), "ReleaseReceiptNodeMismatch");
+}
+
+#[test]
+fn a_release_receipt_for_another_pod_than_the_live_cleanup_pod_is_refused() {
+    let f = Rel::new();
+    // The old agent Pod (gone), or any Pod that is not the live one here.
+    let v = f.claiming(|r| r.pod_uid = uid("pod-uid"));
+    assert_eq!(check_of(&v), "ReleaseReceiptPodNotLive");
+    assert!(message_of(&v).contains("pod-uid"), "{v:?}");
+    let v = release_after(|f| f.pod.pod.node_name = "node-b".into());
+    assert_eq!(check_of(&v), "ReleaseReceiptPodNotLive");
+    let v = release_after(|f| f.pod.pod.live = false);
+    assert_eq!(check_of(&v), "ReleaseReceiptPodNotLive");
+    let v = release_after(|f| f.pod.pod.owner_uid = Some("other-ds".into()));
+    assert_eq!(check_of(&v), "ReleaseReceiptPodMismatch");
+    // The agent's template, not the recorded cleanup one.
+    let v = release_after(|f| f.pod.pod.template_hash = Some("h1".into()));
+    assert_eq!(check_of(&v), "ReleaseReceiptTemplateMismatch");
+}
+
+#[test]
+fn only_an_init_container_that_exited_zero_satisfies_release() {
+    let v = release_after(|f| f.pod.cleanup_init = None);
+    assert_eq!(check_of(&v), "ReleaseInitNotTerminated");
+    let v = release_after(|f| f.pod.cleanup_init = Some(InitState::Running));
+    assert_eq!(check_of(&v), "ReleaseInitNotTerminated");
+    assert!(message_of(&v).contains("ipsec-cleanup is running"), "{v:?}");
+    let v =
+        release_after(|f| f.pod.cleanup_init = Some(InitState::Waiting("CrashLoopBackOff".into())));
+    assert_eq!(check_of(&v), "ReleaseInitNotTerminated");
+    assert!(message_of(&v).contains("CrashLoopBackOff"), "{v:?}");
+    let v = release_after(|f| {
+        f.pod.cleanup_init = Some(InitState::Terminated {
+            exit_code: 1,
+            reason: "Error: a foreign owner holds the lease's reqid".into(),
+        })
+    });
+    assert_eq!(check_of(&v), "ReleaseInitFailed");
+    assert!(
+        message_of(&v).contains("exited with code 1: Error: a foreign owner"),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn a_release_receipt_for_another_epoch_challenge_node_or_template_is_refused() {
+    let f = Rel::new();
+    type Case = (fn(&mut ReleaseReceipt), &'static str);
+    let cases: [Case; 9] = [
+        (|r| r.epoch = 6, "ReleaseReceiptEpochMismatch"),
+        (|r| r.generation = 1, "ReleaseReceiptEpochMismatch"),
+        (
+            |r| r.phase = CoordinationPhase::Cleanup,
+            "ReleaseReceiptEpochMismatch",
+        ),
+        (
+            |r| r.challenge = Challenge::from_bytes([4; 32]),
+            "ReleaseReceiptChallengeMismatch",
+        ),
+        (|r| r.observed = ts(NOW + 60), "ReleaseReceiptInFuture"),
+        (|r| r.status.drained = false, "ReleaseReceiptIncomplete"),
+        (
+            |r| r.status.guards_removed = false,
+            "ReleaseReceiptIncomplete",
+        ),
+        (|r| r.node_uid = uid("node-a-old"), "ReleaseReceiptMismatch"),
+        (|r| r.template_hash = "h1".into(), "ReleaseReceiptMismatch"),
+    ];
+    for (tweak, want) in cases {
+        let v = f.claiming(tweak);
+        assert_eq!(check_of(&v), want, "{v:?}");
+    }
+    // The record went back to Disabling (a new challenge): the receipt for
+    // the old Release answers nothing.
+    let mut f = Rel::new();
+    let good = f.signed(&f.receipt());
+    f.record = f
+        .record
+        .transition(
+            CoordinationPhase::Disabling,
+            Some(Challenge::from_bytes([5; 32])),
+        )
+        .unwrap();
+    assert_eq!(check_of(&f.judge(&good)), "ReleaseReceiptEpochMismatch");
+}

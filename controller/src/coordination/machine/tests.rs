@@ -1,4 +1,5 @@
-//! The enable side decision by decision.
+//! The decision, branch by branch: the enable side, then the disable
+//! side.
 
 use super::*;
 
@@ -10,8 +11,12 @@ fn ds(hash: &str) -> LiveDaemonSet {
     LiveDaemonSet {
         uid: uid("ds-uid-1"),
         template_hash: hash.into(),
+        cleanup_shape: false,
     }
 }
+
+const NB_ROW: Uuid = Uuid::from_u128(0x4e42);
+const SB_ROW: Uuid = Uuid::from_u128(0x5342);
 
 fn trust(b: u8) -> Sha256Digest {
     Sha256Digest::from_bytes([b; 32])
@@ -30,11 +35,15 @@ fn observed(names: &[&str]) -> Observation {
         daemon_set: Some(ds("h1")),
         trust: Some(trust(1)),
         scheduled: nodes(names),
+        nodes: nodes(names),
         receipts: BTreeMap::new(),
         admissions: BTreeMap::new(),
         retirements: BTreeMap::new(),
         nb_ipsec: Some(false),
         sb_ipsec: Some(false),
+        nb_global_uuid: Some(NB_ROW),
+        sb_global_uuid: Some(SB_ROW),
+        releases: BTreeMap::new(),
         fresh_challenge: Challenge::from_bytes([7; 32]),
     }
 }
@@ -178,7 +187,7 @@ fn a_template_trust_or_daemonset_change_restarts_from_prepare() {
         Box::new(|o: &mut Observation| {
             o.daemon_set = Some(LiveDaemonSet {
                 uid: uid("ds-uid-2"),
-                template_hash: "h1".into(),
+                ..ds("h1")
             })
         }),
     ] {
@@ -359,7 +368,7 @@ fn enabled_follows_the_live_trust_template_and_daemonset_for_admissions() {
         Box::new(|o: &mut Observation| {
             o.daemon_set = Some(LiveDaemonSet {
                 uid: uid("ds-uid-2"),
-                template_hash: "h1".into(),
+                ..ds("h1")
             })
         }),
     ] {
@@ -486,4 +495,385 @@ fn status_after_a_write_has_no_verdict_for_the_new_epoch() {
     let st = node_status(&en, &r, &o);
     assert_eq!(st["c"], "ok");
     assert_eq!(st["d"], "admission: no receipt yet");
+}
+
+// ---- The disable side ----
+
+fn challenge(b: u8) -> Challenge {
+    Challenge::from_bytes([b; 32])
+}
+
+/// The chart's DaemonSet with IPsec disabled: template `c1`, the
+/// `ipsec-cleanup` init container and no `ipsec` container.
+fn cleanup_ds() -> LiveDaemonSet {
+    LiveDaemonSet {
+        cleanup_shape: true,
+        ..ds("c1")
+    }
+}
+
+fn hold_reason(d: Decision) -> String {
+    match d {
+        Decision::Hold { reason, .. } => reason,
+        other => panic!("expected a hold, got {other:?}"),
+    }
+}
+
+/// Enabled over `names`, then intent off: the `Disabling` record (challenge
+/// 1), with `o` still observing NB and SB true and the enable-shape
+/// DaemonSet.
+fn disabling_over(names: &[&str], o: &mut Observation) -> CoordinationRecord {
+    *o = observed(names);
+    let en = enabled(o);
+    o.want_enabled = false;
+    o.fresh_challenge = challenge(1);
+    let r = written(decide(&en, o).unwrap());
+    assert_eq!(r.phase, CoordinationPhase::Disabling);
+    assert_eq!(r.challenge, Some(challenge(1)));
+    o.fresh_challenge = challenge(2);
+    r
+}
+
+/// ... then NB and SB off and the DaemonSet in the cleanup shape: the
+/// `Cleanup` record.
+fn cleanup_over(names: &[&str], o: &mut Observation) -> CoordinationRecord {
+    let d = disabling_over(names, o);
+    o.nb_ipsec = Some(false);
+    o.sb_ipsec = Some(false);
+    o.daemon_set = Some(cleanup_ds());
+    let r = written(decide(&d, o).unwrap());
+    assert_eq!(r.phase, CoordinationPhase::Cleanup);
+    r
+}
+
+/// ... then the next pass: the `Release` record.
+fn release_over(names: &[&str], o: &mut Observation) -> CoordinationRecord {
+    let c = cleanup_over(names, o);
+    let r = written(decide(&c, o).unwrap());
+    assert_eq!(r.phase, CoordinationPhase::Release);
+    r
+}
+
+fn refused(check: &'static str) -> Verdict {
+    Verdict::Refused {
+        check,
+        message: "found".into(),
+    }
+}
+
+#[test]
+fn disabling_turns_nb_off_first_and_waits_for_sb_and_readable_reads() {
+    let mut o = observed(&[]);
+    let d = disabling_over(&["a", "b"], &mut o);
+    o.daemon_set = Some(cleanup_ds());
+    // NB still on: the one thing to do, whatever else is observed.
+    assert_eq!(decide(&d, &o).unwrap(), Decision::SetNb(false));
+    o.nb_ipsec = None;
+    o.nb_global_uuid = None;
+    assert!(hold_reason(decide(&d, &o).unwrap()).contains("NB_Global is not readable"));
+    o.nb_ipsec = Some(false);
+    o.nb_global_uuid = Some(NB_ROW);
+    // NB off, SB still on (northd has not synced yet), or unreadable.
+    let why = hold_reason(decide(&d, &o).unwrap());
+    assert!(
+        why.contains("SB_Global.ipsec") && why.contains("reads true"),
+        "{why}"
+    );
+    o.sb_ipsec = None;
+    o.sb_global_uuid = None;
+    let why = hold_reason(decide(&d, &o).unwrap());
+    assert!(why.contains("not readable"), "{why}");
+    let st = node_status(&d, &d, &o);
+    assert_eq!(st["a"], "release pending: the cohort is Disabling");
+}
+
+#[test]
+fn cleanup_is_recorded_only_with_nb_and_sb_off_and_the_cleanup_shape() {
+    let mut o = observed(&[]);
+    let d = disabling_over(&["a", "b"], &mut o);
+    o.nb_ipsec = Some(false);
+    o.sb_ipsec = Some(false);
+    // The DaemonSet still runs the agent: the operator is told what to do.
+    let why = hold_reason(decide(&d, &o).unwrap());
+    assert!(
+        why.contains(
+            "waiting for the kube-ovn-cni DaemonSet to run the ipsec-cleanup init container \
+             instead of the ipsec container (disable IPsec in the chart)"
+        ),
+        "{why}"
+    );
+    o.daemon_set = None;
+    let why = hold_reason(decide(&d, &o).unwrap());
+    assert!(why.contains("does not exist"), "{why}");
+    // The shape with a switch not yet confirmed off records nothing.
+    o.daemon_set = Some(cleanup_ds());
+    o.sb_ipsec = Some(true);
+    assert!(matches!(decide(&d, &o).unwrap(), Decision::Hold { .. }));
+    o.nb_ipsec = Some(true);
+    assert_eq!(decide(&d, &o).unwrap(), Decision::SetNb(false));
+    o.nb_ipsec = Some(false);
+    o.sb_ipsec = Some(false);
+    let (c, why) = written_why(decide(&d, &o).unwrap());
+    assert_eq!(c.phase, CoordinationPhase::Cleanup);
+    assert_eq!((c.generation, c.epoch), (d.generation, d.epoch + 1));
+    assert_eq!(c.challenge, d.challenge, "the disable's challenge is kept");
+    assert_eq!(
+        (c.nb_global_uuid, c.sb_global_uuid),
+        (Some(NB_ROW), Some(SB_ROW))
+    );
+    assert_eq!(c.daemon_set_uid, Some(uid("ds-uid-1")));
+    assert_eq!(c.template_hash.as_deref(), Some("c1"));
+    assert_eq!(c.targets, d.targets);
+    assert!(why.contains("template c1"), "{why}");
+}
+
+#[test]
+fn cleanup_keeps_targets_whose_node_exists_even_without_a_pod() {
+    let mut o = observed(&[]);
+    let d = disabling_over(&["a", "b", "c"], &mut o);
+    o.nb_ipsec = Some(false);
+    o.sb_ipsec = Some(false);
+    o.daemon_set = Some(cleanup_ds());
+    // b's Pod is being replaced by the rollout; c's Node is gone.
+    o.scheduled = nodes(&["a"]);
+    o.nodes = nodes(&["a", "b"]);
+    let (c, why) = written_why(decide(&d, &o).unwrap());
+    assert_eq!(c.targets, nodes(&["a", "b"]));
+    assert!(why.contains("dropped c: the Node is gone"), "{why}");
+}
+
+#[test]
+fn cleanup_goes_on_to_release_while_nothing_recorded_moved() {
+    let mut o = observed(&[]);
+    let c = cleanup_over(&["a", "b"], &mut o);
+    let r = written(decide(&c, &o).unwrap());
+    assert_eq!(r.phase, CoordinationPhase::Release);
+    assert_eq!((r.generation, r.epoch), (c.generation, c.epoch + 1));
+    assert_eq!(r.challenge, c.challenge);
+    assert_eq!(r.targets, c.targets);
+    let st = node_status(&c, &r, &o);
+    assert_eq!(st["a"], "no release receipt yet", "{st:?}");
+}
+
+#[test]
+fn a_switch_turned_on_or_a_moved_row_or_daemonset_sends_cleanup_and_release_back_to_disabling() {
+    type Tweak = (fn(&mut Observation), &'static str);
+    let tweaks: [Tweak; 8] = [
+        (
+            |o| o.nb_ipsec = Some(true),
+            "NB_Global.ipsec reads true again",
+        ),
+        (
+            |o| o.sb_ipsec = Some(true),
+            "SB_Global.ipsec reads true again",
+        ),
+        (
+            |o| o.nb_global_uuid = Some(Uuid::from_u128(9)),
+            "the NB_Global row was replaced",
+        ),
+        (
+            |o| o.sb_global_uuid = Some(Uuid::from_u128(9)),
+            "the SB_Global row was replaced",
+        ),
+        (|o| o.daemon_set = None, "DaemonSet is gone"),
+        (
+            |o| {
+                o.daemon_set = Some(LiveDaemonSet {
+                    uid: uid("ds-uid-2"),
+                    ..cleanup_ds()
+                })
+            },
+            "re-created",
+        ),
+        (
+            |o| {
+                o.daemon_set = Some(LiveDaemonSet {
+                    template_hash: "c2".into(),
+                    ..cleanup_ds()
+                })
+            },
+            "template changed to c2",
+        ),
+        (
+            |o| {
+                o.daemon_set = Some(LiveDaemonSet {
+                    cleanup_shape: false,
+                    ..cleanup_ds()
+                })
+            },
+            "no longer runs the ipsec-cleanup init container",
+        ),
+    ];
+    for release in [false, true] {
+        for (tweak, want) in &tweaks {
+            let mut o = observed(&[]);
+            let stored = if release {
+                release_over(&["a", "b"], &mut o)
+            } else {
+                cleanup_over(&["a", "b"], &mut o)
+            };
+            tweak(&mut o);
+            let (r, why) = written_why(decide(&stored, &o).unwrap());
+            assert_eq!(r.phase, CoordinationPhase::Disabling, "{want}");
+            assert_eq!(r.challenge, Some(challenge(2)), "a new challenge");
+            assert_ne!(r.challenge, stored.challenge);
+            assert_eq!(
+                (r.generation, r.epoch),
+                (stored.generation, stored.epoch + 1)
+            );
+            assert!(why.contains(want), "{why}");
+            assert_eq!(why.contains("must run again"), release, "{why}");
+        }
+    }
+    // An unreadable switch is no reason to start over: hold.
+    let mut o = observed(&[]);
+    let r = release_over(&["a"], &mut o);
+    o.sb_ipsec = None;
+    o.sb_global_uuid = None;
+    assert!(hold_reason(decide(&r, &o).unwrap()).contains("not readable"));
+}
+
+#[test]
+fn release_is_a_barrier_on_every_release_receipt_then_disabled() {
+    let mut o = observed(&[]);
+    let r = release_over(&["a", "b", "c"], &mut o);
+    o.releases = [
+        ("a".to_owned(), Verdict::Satisfied),
+        ("c".to_owned(), refused("ReleaseInitFailed")),
+    ]
+    .into();
+    let d = decide(&r, &o).unwrap();
+    assert!(
+        hold_reason(d.clone()).starts_with("Release barrier"),
+        "{d:?}"
+    );
+    let waiting = waiting_of(d);
+    assert_eq!(waiting.len(), 2, "{waiting:?}");
+    assert_eq!(waiting["b"], "no release receipt yet");
+    assert!(
+        waiting["c"].starts_with("ReleaseInitFailed: "),
+        "{waiting:?}"
+    );
+    let st = node_status(&r, &r, &o);
+    assert_eq!(st["a"], "ok");
+    assert_eq!(st["b"], waiting["b"]);
+    assert_eq!(st["c"], waiting["c"]);
+    // No trust: nothing can be verified, and the hold says so.
+    o.trust = None;
+    assert!(hold_reason(decide(&r, &o).unwrap()).contains("trust bundle"));
+    o.trust = Some(trust(1));
+    o.releases = ["a", "b", "c"]
+        .map(|n| (n.to_owned(), Verdict::Satisfied))
+        .into();
+    let (done, why) = written_why(decide(&r, &o).unwrap());
+    assert_eq!(done.phase, CoordinationPhase::Disabled);
+    assert_eq!((done.generation, done.epoch), (r.generation, r.epoch + 1));
+    assert!(why.contains("Disabled"), "{why}");
+    assert!(node_status(&r, &done, &o).values().all(|s| s == "released"));
+    o.releases.clear();
+    assert_eq!(decide(&done, &o).unwrap(), Decision::Idle);
+}
+
+#[test]
+fn release_drops_a_target_whose_node_is_gone_without_moving_the_epoch() {
+    let mut o = observed(&[]);
+    let r = release_over(&["a", "b", "c"], &mut o);
+    o.releases = [("a".to_owned(), Verdict::Satisfied)].into();
+    o.nodes.remove("c");
+    o.scheduled.remove("c");
+    let (next, why) = written_why(decide(&r, &o).unwrap());
+    assert_eq!(next.phase, CoordinationPhase::Release);
+    assert_eq!((next.generation, next.epoch), (r.generation, r.epoch));
+    assert_eq!(next.challenge, r.challenge);
+    assert_eq!(next.targets, nodes(&["a", "b"]));
+    assert!(why.contains("dropped c"), "{why}");
+    // The verdicts judged against the stored record still count.
+    let st = node_status(&r, &next, &o);
+    assert_eq!(st["a"], "ok");
+    assert!(!st.contains_key("c"));
+    o.releases.insert("b".into(), Verdict::Satisfied);
+    assert_eq!(
+        written(decide(&next, &o).unwrap()).phase,
+        CoordinationPhase::Disabled
+    );
+}
+
+#[test]
+fn release_holds_a_target_the_daemonset_has_no_pod_on_and_says_how_to_retire_it() {
+    let mut o = observed(&[]);
+    let r = release_over(&["a", "b"], &mut o);
+    o.releases = [("a".to_owned(), Verdict::Satisfied)].into();
+    o.scheduled.remove("b");
+    let waiting = waiting_of(decide(&r, &o).unwrap());
+    assert!(
+        waiting["b"].starts_with("no release receipt yet"),
+        "{waiting:?}"
+    );
+    assert!(
+        waiting["b"].contains("retire-node b --uid uid-b"),
+        "{waiting:?}"
+    );
+}
+
+#[test]
+fn a_retirement_in_release_applies_without_moving_the_epoch_and_a_recreated_node_holds_until_then()
+{
+    let mut o = observed(&[]);
+    let r = release_over(&["a", "b"], &mut o);
+    o.releases = ["a", "b"]
+        .map(|n| (n.to_owned(), Verdict::Satisfied))
+        .into();
+    o.nodes.insert("b".into(), uid("uid-b-2"));
+    o.scheduled.insert("b".into(), uid("uid-b-2"));
+    let waiting = waiting_of(decide(&r, &o).unwrap());
+    assert!(waiting["b"].starts_with("NodeUIDChanged"), "{waiting:?}");
+    assert!(node_status(&r, &r, &o)["b"].starts_with("NodeUIDChanged"));
+    // A request naming the new UID is refused, and says so.
+    o.retirements.insert("b".into(), uid("uid-b-2"));
+    let waiting = waiting_of(decide(&r, &o).unwrap());
+    assert!(waiting["b"].contains("RetireRefused"), "{waiting:?}");
+    assert!(node_status(&r, &r, &o)["b"].contains("RetireRefused"));
+    // Naming the frozen UID: out of the cohort, same epoch, consumed.
+    o.retirements.insert("b".into(), uid("uid-b"));
+    let (next, why) = written_why(decide(&r, &o).unwrap());
+    assert_eq!(
+        (next.phase, next.epoch),
+        (CoordinationPhase::Release, r.epoch)
+    );
+    assert_eq!(next.targets, nodes(&["a"]));
+    assert!(why.contains("retired b"), "{why}");
+    assert_eq!(retirements_done(&r, &next, &o.retirements), vec!["b"]);
+    o.retirements.clear();
+    assert_eq!(
+        written(decide(&next, &o).unwrap()).phase,
+        CoordinationPhase::Disabled
+    );
+}
+
+#[test]
+fn re_enabling_from_each_disable_phase_writes_a_fresh_prepare_at_once() {
+    let phases: [fn(&[&str], &mut Observation) -> CoordinationRecord; 3] =
+        [disabling_over, cleanup_over, release_over];
+    for at in phases {
+        let mut o = observed(&[]);
+        let stored = at(&["a", "b"], &mut o);
+        // The operator reverted the chart and the flag.
+        o.want_enabled = true;
+        o.daemon_set = Some(ds("h2"));
+        o.scheduled = nodes(&["a", "b", "c"]);
+        let (p, why) = written_why(decide(&stored, &o).unwrap());
+        assert_eq!(p.phase, CoordinationPhase::Prepare, "from {}", stored.phase);
+        assert_eq!(
+            (p.generation, p.epoch),
+            (stored.generation + 1, stored.epoch + 1)
+        );
+        assert_eq!(p.challenge, None);
+        assert_eq!((p.nb_global_uuid, p.sb_global_uuid), (None, None));
+        assert_eq!(p.template_hash.as_deref(), Some("h2"));
+        assert_eq!(p.targets, nodes(&["a", "b", "c"]));
+        assert!(why.contains(stored.phase.as_str()), "{why}");
+        // Without a DaemonSet it cannot freeze anything: hold.
+        o.daemon_set = None;
+        assert!(hold_reason(decide(&stored, &o).unwrap()).contains("DaemonSet"));
+    }
 }
