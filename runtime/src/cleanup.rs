@@ -428,13 +428,15 @@ pub fn drain<X: Xfrm>(
             plan.foreign.join("; ")
         )));
     }
-    for s in &plan.states {
-        xfrm.delete_state(s)
-            .map_err(|e| failed("deleting an SA")(e.to_string()))?;
-    }
+    // Policies first: a trap policy left in place could make the kernel
+    // create a new larval state for the SAs being deleted.
     for p in &plan.policies {
         xfrm.delete_policy(p)
             .map_err(|e| failed("deleting a policy")(e.to_string()))?;
+    }
+    for s in &plan.states {
+        xfrm.delete_state(s)
+            .map_err(|e| failed("deleting an SA")(e.to_string()))?;
     }
     let after = dump(xfrm)?;
     if !after.drained() || !after.foreign.is_empty() {

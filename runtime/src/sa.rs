@@ -424,6 +424,7 @@ mod tests {
             selector: Selector::wildcard(Family::Ipv4),
             bytes: 0,
             packets: 0,
+            seq: 0,
         }
     }
 

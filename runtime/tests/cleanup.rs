@@ -30,10 +30,10 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
-use agent_node::{AgentNode, prerequisites, start_node};
+use agent_node::{AgentNode, prerequisites, run_cleanup, start_node, xfrm_dump};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::Api;
@@ -51,14 +51,6 @@ use testbed::netns::wait_for;
 
 /// The cleanup Pod's template hash in the record.
 const CLEANUP_HASH: &str = "5c1ea2b7f";
-
-/// `ip xfrm policy list` and `ip xfrm state list` of `node`, verbatim.
-fn xfrm_dump(node: &IpsecNode) -> String {
-    let ns = node.netns();
-    let p = ns.ip(["xfrm", "policy", "list"]).unwrap();
-    let s = ns.ip(["xfrm", "state", "list"]).unwrap();
-    format!("{p}\n--- states ---\n{s}")
-}
 
 fn ip_xfrm(node: &IpsecNode, args: &str) {
     let args: Vec<&str> = std::iter::once("xfrm")
@@ -189,31 +181,7 @@ fn cleanup(
     kubeconfig: &Path,
     wait_secs: u64,
 ) -> Output {
-    let sock = format!("unix:{}", node.run_path("openvswitch/db.sock").display());
-    let t = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
-        .args(["cleanup", "--node-name", &fx.name])
-        .args(["--pod-name", &fx.pod_name, "--pod-namespace", cc::NS])
-        .args(["--pod-uid", &fx.pod_uid])
-        .args(["--pod-template-hash", CLEANUP_HASH])
-        .arg("--key-dir")
-        .arg(key_dir)
-        .args(["--ovsdb", &sock])
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--ike-rundir")
-        .arg(node.run_path(""))
-        .args(["--xfrm-netns", node.netns().name()])
-        .args(["--wait", &wait_secs.to_string(), "--poll-ms", "200"])
-        .env("RUST_LOG", "info")
-        .output()
-        .unwrap();
-    println!(
-        "cleanup exited {:?} after {:?}",
-        out.status.code(),
-        t.elapsed()
-    );
-    out
+    run_cleanup(node, fx, key_dir, kubeconfig, CLEANUP_HASH, wait_secs)
 }
 
 fn stderr(o: &Output) -> String {

@@ -251,6 +251,54 @@ pub fn delete_state_request(s: &State, seq: u32) -> Vec<u8> {
     )
 }
 
+/// `XFRM_MSG_ALLOCSPI` for the larval state `s` (found by its acquire
+/// sequence number, as the IKE daemon answering the acquire would find it):
+/// the kernel gives it an SPI in `[min, max]` and replies with the state,
+/// which can then be deleted by its full identity. A larval state has no
+/// SPI, so nothing else can name it.
+pub fn alloc_spi_request(s: &State, min: u32, max: u32, seq: u32) -> Vec<u8> {
+    let family = s
+        .family
+        .unwrap_or(if s.daddr.is_ipv4() {
+            Family::Ipv4
+        } else {
+            Family::Ipv6
+        })
+        .af();
+    let info = UserSaInfo {
+        selector: selector_to(&s.selector),
+        id: netlink_packet_xfrm::Id {
+            daddr: address(s.daddr),
+            spi: 0,
+            proto: s.proto,
+        },
+        saddr: address(s.saddr),
+        seq: s.seq,
+        reqid: s.reqid,
+        family,
+        mode: s.mode,
+        ..Default::default()
+    };
+    let mut nlas = Vec::new();
+    if let Some(m) = s.mark {
+        nlas.push(XfrmAttrs::Mark(netlink_packet_xfrm::nlas::mark::Mark {
+            value: m.value,
+            mask: m.mask,
+        }));
+    }
+    if s.if_id != 0 {
+        nlas.push(XfrmAttrs::IfId(s.if_id));
+    }
+    serialize(
+        NLM_F_REQUEST,
+        seq,
+        XfrmMessage::AllocSpi(netlink_packet_xfrm::state::AllocSpiMessage {
+            spi_info: netlink_packet_xfrm::UserSpiInfo { info, min, max },
+            nlas,
+        }),
+    )
+}
+
 /// A header-only dump request (`XFRM_MSG_GETPOLICY` or `XFRM_MSG_GETSA`
 /// with `NLM_F_DUMP`), as `ip xfrm ... list` sends it.
 pub fn dump_request(message_type: u16, seq: u32) -> Vec<u8> {
@@ -369,6 +417,7 @@ pub fn parse_state(body: &[u8]) -> Result<State, CodecError> {
         selector: selector_from(&info.selector),
         bytes: info.lifetime_cur.bytes,
         packets: info.lifetime_cur.packets,
+        seq: info.seq,
     };
     let mut rest = body.get(USERSA_INFO_LEN..).unwrap_or_default();
     while rest.len() >= 4 {

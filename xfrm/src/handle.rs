@@ -50,6 +50,10 @@ pub trait Xfrm: Send {
     fn delete_state(&mut self, state: &State) -> Result<bool, Error>;
 }
 
+/// The lowest SPI given to a larval state before its deletion (SPIs below
+/// 256 are reserved by RFC 4303).
+const LARVAL_SPI_MIN: u32 = 0x100;
+
 /// A `NETLINK_XFRM` socket of one network namespace.
 pub struct XfrmHandle {
     socket: Socket,
@@ -270,8 +274,33 @@ impl Xfrm for XfrmHandle {
     }
 
     fn delete_state(&mut self, state: &State) -> Result<bool, Error> {
+        let named = if state.is_larval() {
+            // No SPI names a larval state: give it one first, as the IKE
+            // daemon answering its acquire would (the kernel picks it in
+            // this range), then delete it by that identity. A larval state
+            // that expired meanwhile is re-created by the request and
+            // deleted right after: nothing remains either way.
+            let seq = self.next_seq();
+            self.send(
+                "allocate an SPI",
+                &codec::alloc_spi_request(state, LARVAL_SPI_MIN, u32::MAX, seq),
+            )?;
+            let mut given = None;
+            self.receive("allocate an SPI", seq, false, |t, body| {
+                if t == XFRM_MSG_NEWSA {
+                    given = Some(codec::parse_state(body).map_err(Error::Codec)?);
+                }
+                Ok(())
+            })?;
+            match given {
+                Some(s) => s,
+                None => return Ok(false),
+            }
+        } else {
+            state.clone()
+        };
         let seq = self.next_seq();
-        self.send("delete state", &codec::delete_state_request(state, seq))?;
+        self.send("delete state", &codec::delete_state_request(&named, seq))?;
         self.acked_delete("delete state", seq)
     }
 }
@@ -283,7 +312,11 @@ impl XfrmHandle {
     fn acked_delete(&mut self, what: &'static str, seq: u32) -> Result<bool, Error> {
         match self.receive(what, seq, false, |_, _| Ok(())) {
             Ok(()) => Ok(true),
-            Err(Error::Netlink { source, .. }) if source.raw_os_error() == Some(libc_enoent()) => {
+            // ENOENT (policies) or ESRCH (SAs): nothing by that identity.
+            Err(Error::Netlink { source, .. })
+                if source.raw_os_error() == Some(libc_enoent())
+                    || source.raw_os_error() == Some(nix::errno::Errno::ESRCH as i32) =>
+            {
                 Ok(false)
             }
             Err(e) => Err(e),

@@ -261,6 +261,19 @@ pub struct State {
     /// Packets the SA has carried (the kernel's current lifetime).
     #[serde(default)]
     pub packets: u64,
+    /// The acquire sequence number of a larval state (the kernel's
+    /// placeholder for an SA an IKE daemon was asked to negotiate; SPI 0),
+    /// 0 otherwise.
+    #[serde(default)]
+    pub seq: u32,
+}
+
+impl State {
+    /// A larval (acquire) state: no SPI yet, no keys; it names what an
+    /// IKE daemon was asked to negotiate and expires by itself.
+    pub fn is_larval(&self) -> bool {
+        self.spi == 0
+    }
 }
 
 /// One field where a read-back policy differs from the guard it should be.

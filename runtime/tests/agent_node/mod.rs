@@ -16,12 +16,15 @@ use std::time::{Duration, Instant};
 use crate::ike_node::{Outcome, initiate, start_ovsdb, tear_down};
 use crate::support::cluster::{AgentPod, AgentProcess, http_get, spawn_agent_process};
 use crate::support::controller_cluster as cc;
+use crate::support::controller_cluster::coordination::flags;
+use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::names::ovs;
 use kube_ovn_ipsec_api::pki::Certificate;
 use kube_ovn_ipsec_runtime::ike::CA_FILE_PREFIX;
 use kube_ovn_ipsec_runtime::process::{Launcher, Supervised};
 use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode, Tunnel};
 use testbed::netns::wait_for;
+use testbed::ovs::OvnCentral;
 
 /// Lines charon writes when a peer's authentication fails.
 pub const AUTH_FAILURES: [&str; 4] = [
@@ -179,7 +182,68 @@ pub fn start_node(
     ])
     .unwrap();
     node.vsctl(&["add-br", "br-int"]).unwrap();
+    let key_dir = dir.join(&fx.name).join("keys");
+    let port = crate::support::cluster::Cluster::free_port();
+    let log = dir.join(&fx.name).join("agent.log");
+    let agent = spawn_agent(&node, fx, api, dir, script, extra, &key_dir, port, &log);
+    AgentNode {
+        agent,
+        _ovsdb: ovsdb,
+        node,
+        key_dir,
+        port,
+        log,
+    }
+}
 
+impl AgentNode {
+    /// Stops the agent (SIGTERM: it stops its IKE daemon and monitor and
+    /// leaves its guards, as a Pod deletion does) and waits for it.
+    pub fn stop_agent(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.agent.id()).unwrap());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.agent.wait();
+    }
+
+    /// Starts the agent again as `fx`'s (new) Pod, on the same node, key
+    /// directory and status port: what the DaemonSet rolling the node onto
+    /// a template with the `ipsec` container amounts to.
+    pub fn respawn(
+        &mut self,
+        fx: &cc::NodeFx,
+        api: &apiserver::ApiServerHandle,
+        dir: &Path,
+        script: &Path,
+        extra: &[&str],
+    ) {
+        self.agent = spawn_agent(
+            &self.node,
+            fx,
+            api,
+            dir,
+            script,
+            extra,
+            &self.key_dir,
+            self.port,
+            &self.log,
+        );
+    }
+}
+
+/// `kube-ovn-ipsec run` on `node` as `fx`'s Pod (its token in a kubeconfig
+/// under `dir/<node>`), with the real runtime in the node's namespaces.
+#[allow(clippy::too_many_arguments)]
+fn spawn_agent(
+    node: &IpsecNode,
+    fx: &cc::NodeFx,
+    api: &apiserver::ApiServerHandle,
+    dir: &Path,
+    script: &Path,
+    extra: &[&str],
+    key_dir: &Path,
+    port: u16,
+    log: &Path,
+) -> Child {
     let own = dir.join(&fx.name);
     std::fs::create_dir_all(&own).unwrap();
     let kubeconfig = own.join("kubeconfig");
@@ -191,7 +255,7 @@ pub fn start_node(
     let mut flags: Vec<String> = extra.iter().map(|f| (*f).to_owned()).collect();
     // A flag in `extra` replaces the runtime default of the same name
     // (every runtime flag takes one value).
-    let runtime = crate::support::cluster::real_runtime_flags(&node, &standins, &appctl, script);
+    let runtime = crate::support::cluster::real_runtime_flags(node, &standins, &appctl, script);
     for pair in runtime.chunks(2) {
         assert!(pair[0].starts_with("--") && pair.len() == 2, "{pair:?}");
         if !extra.contains(&pair[0].as_str()) {
@@ -199,33 +263,22 @@ pub fn start_node(
         }
     }
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let key_dir = own.join("keys");
-    let port = crate::support::cluster::Cluster::free_port();
-    let log = own.join("agent.log");
     let pod = AgentPod {
         node: fx.name.clone(),
         name: fx.pod_name.clone(),
         uid: fx.pod_uid.clone(),
     };
     let sock = format!("unix:{}", node.run_path("openvswitch/db.sock").display());
-    let agent = spawn_agent_process(&AgentProcess {
+    spawn_agent_process(&AgentProcess {
         pod: &pod,
         ovsdb: &sock,
         kubeconfig: &kubeconfig,
-        key_dir: &key_dir,
+        key_dir,
         status_port: port,
         lifetime_secs: 3600,
-        log: &log,
-        extra: &flags,
-    });
-    AgentNode {
-        agent,
-        _ovsdb: ovsdb,
-        node,
-        key_dir,
-        port,
         log,
-    }
+        extra: &flags,
+    })
 }
 
 /// Adds each node's tunnel to the other, with its lease, as the patched
@@ -241,6 +294,28 @@ pub fn connect(a: &AgentNode, b: &AgentNode) {
             })
             .unwrap();
     }
+    wait_routed(a, b);
+}
+
+/// Gives each node's existing tunnel to the other IPsec intent again, with
+/// its (new) lease, as the patched ovn-controller does when
+/// `SB_Global.ipsec` turns true, and waits until the conns are routed.
+pub fn reconnect(a: &AgentNode, b: &AgentNode) {
+    for (n, peer) in [(a, b), (b, a)] {
+        let (mark, reqid) = n.lease();
+        n.node
+            .protect_tunnel(&Tunnel {
+                mark,
+                reqid,
+                ..Tunnel::to(&peer.node, 0)
+            })
+            .unwrap();
+    }
+    wait_routed(a, b);
+}
+
+/// Waits until each node's monitor routed its conns to the other.
+fn wait_routed(a: &AgentNode, b: &AgentNode) {
     for (n, peer) in [(a, b), (b, a)] {
         let name = Tunnel::to(&peer.node, 0).name;
         wait_for(Duration::from_secs(20), Duration::from_millis(50), || {
@@ -290,4 +365,110 @@ pub fn no_auth_failures(nodes: &[&AgentNode]) {
             bad.join("\n")
         );
     }
+}
+
+/// Whether `n` has its lease published in OVSDB.
+pub fn lease_published(n: &AgentNode) -> bool {
+    n.node
+        .vsctl(&[
+            "get",
+            "Open_vSwitch",
+            ".",
+            &format!("external_ids:{}", ovs::EXTERNAL_ID_PROTECTION_LEASE),
+        ])
+        .is_ok()
+}
+
+/// The agents' coordination flags.
+pub const AGENT_FLAGS: [&str; 4] = ["--coordination", "cluster", "--pod-template-hash", cc::HASH];
+
+/// Everything but the nodes: API server (RBAC on) with `nodes` populated,
+/// OVN central, the real controller.
+pub struct Env {
+    // Field order is drop order: the controller before what it talks to.
+    pub controller: tokio::task::JoinHandle<()>,
+    pub admin: kube::Client,
+    pub api: apiserver::ApiServerHandle,
+    pub central: OvnCentral,
+    pub fxs: Vec<cc::NodeFx>,
+    pub ds_uid: String,
+    pub script: &'static Path,
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // A dropped JoinHandle detaches; the controller must stop first.
+        self.controller.abort();
+    }
+}
+
+pub async fn env(nodes: usize) -> Env {
+    let script = prerequisites(&["ovn-northd"]);
+    let dir = tempfile::tempdir().unwrap();
+    let central = OvnCentral::start(dir.path()).unwrap();
+    let api = ApiServer::builder().rbac(true).start().await.unwrap();
+    let admin = api.client(ADMIN_TOKEN).await.unwrap();
+    let (fxs, ds_uid) = cc::populate(&api, &admin, nodes).await;
+    let (nb, sb) = (central.nb.address(), central.sb.address());
+    let (controller, _) =
+        crate::support::cluster::start_controller(&api, &admin, &flags(&nb, &sb, "controller-0"))
+            .await;
+    Env {
+        controller,
+        admin,
+        api,
+        central,
+        fxs,
+        ds_uid,
+        script,
+        dir,
+    }
+}
+
+/// Runs `kube-ovn-ipsec cleanup` on `node` as `fx`'s (cleanup) Pod, with
+/// its kubeconfig `kubeconfig`, template hash `hash`, waiting at most
+/// `wait_secs` for what the rollout still changes.
+pub fn run_cleanup(
+    node: &IpsecNode,
+    fx: &cc::NodeFx,
+    key_dir: &Path,
+    kubeconfig: &Path,
+    hash: &str,
+    wait_secs: u64,
+) -> std::process::Output {
+    let sock = format!("unix:{}", node.run_path("openvswitch/db.sock").display());
+    let t = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
+        .args(["cleanup", "--node-name", &fx.name])
+        .args(["--pod-name", &fx.pod_name, "--pod-namespace", cc::NS])
+        .args(["--pod-uid", &fx.pod_uid])
+        .args(["--pod-template-hash", hash])
+        .arg("--key-dir")
+        .arg(key_dir)
+        .args(["--ovsdb", &sock])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--ike-rundir")
+        .arg(node.run_path(""))
+        .args(["--xfrm-netns", node.netns().name()])
+        .args(["--wait", &wait_secs.to_string(), "--poll-ms", "200"])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    println!(
+        "{}: cleanup exited {:?} after {:?}",
+        node.chassis(),
+        out.status.code(),
+        t.elapsed()
+    );
+    out
+}
+
+/// `ip xfrm policy list` and `ip xfrm state list` of `node`, verbatim.
+pub fn xfrm_dump(node: &IpsecNode) -> String {
+    let ns = node.netns();
+    let p = ns.ip(["xfrm", "policy", "list"]).unwrap();
+    let s = ns.ip(["xfrm", "state", "list"]).unwrap();
+    format!("{p}\n--- states ---\n{s}")
 }

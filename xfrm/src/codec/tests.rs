@@ -113,6 +113,7 @@ fn delete_state_names_the_sa_by_its_full_identity() {
         selector: Selector::wildcard(Family::Ipv4),
         bytes: 0,
         packets: 0,
+        seq: 0,
     };
     let req = delete_state_request(&s, 4);
     let m = split_messages(&req).unwrap();

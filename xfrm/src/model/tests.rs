@@ -39,6 +39,7 @@ fn state(reqid: u32, mark: Option<Mark>) -> State {
         selector: Selector::wildcard(Family::Ipv4),
         bytes: 0,
         packets: 0,
+        seq: 0,
     }
 }
 

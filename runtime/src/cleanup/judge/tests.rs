@@ -56,6 +56,7 @@ impl Case {
             csr: Some(CsrBinding {
                 name: "ovn-ipsec-x".into(),
                 uid: "0b0e6a3c-1111-4222-8333-444455556603".into(),
+                pod_uid: None,
             }),
             template: Some("cleanup-hash"),
             record: record(CoordinationPhase::Release),
