@@ -84,6 +84,10 @@ pub struct PendingRecord {
     /// new trust bundle only (no CSR).
     #[serde(default)]
     pub trust_refresh: bool,
+    /// The UID of the Pod whose token requests the CSR (absent in a state
+    /// file written before it was recorded, and for a trust refresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requester_pod_uid: Option<String>,
 }
 
 /// The generation OVSDB was last confirmed to point at.
@@ -109,6 +113,11 @@ pub struct CsrBinding {
     pub name: String,
     /// `metadata.uid`.
     pub uid: String,
+    /// The UID of the Pod whose token requested it: the controller ties a
+    /// coordination receipt to the live Pod through it, so an identity
+    /// another Pod requested is renewed (absent: recorded before this was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
 }
 
 /// A generation that is no longer active, kept for a grace period.

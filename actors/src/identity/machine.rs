@@ -587,6 +587,7 @@ impl Machine {
         if active.is_some() || resumed.is_some() {
             tracing::info!(?active, pending = ?resumed, "key directory loaded");
         }
+        let wanted = wanted || self.requested_by_another_pod();
         self.phase = match pending {
             Some((pending, Some(certificate))) => Phase::AwaitingActivation {
                 pending,
@@ -610,6 +611,7 @@ impl Machine {
         Some(CsrBinding {
             name: p.csr_name.clone(),
             uid: p.csr_uid.clone()?,
+            pod_uid: p.requester_pod_uid.clone(),
         })
     }
 
@@ -1005,6 +1007,10 @@ impl Machine {
             self.want();
             return;
         }
+        if self.requested_by_another_pod() {
+            self.want();
+            return;
+        }
         if let Some(t) = &self.trust
             && t.verify_leaf(&a.certificate, self.now).is_err()
         {
@@ -1015,6 +1021,28 @@ impl Machine {
             self.want();
             self.condition(Some(Reason::IdentityUntrusted));
         }
+    }
+
+    /// Whether the active identity's CSR was requested by another Pod of
+    /// this node (the DaemonSet replaced the Pod). Such an identity keeps
+    /// serving IKE, but the controller ties coordination receipts to the
+    /// live Pod through the CSR, so it is renewed for this Pod — at once,
+    /// also before the identity is activated: a node in `Prepare` activates
+    /// nothing and would otherwise offer the old Pod's CSR forever.
+    fn requested_by_another_pod(&self) -> bool {
+        let this_pod = self.config.pod_uid.as_str();
+        let Some(a) = &self.active else { return false };
+        let other = a
+            .csr
+            .as_ref()
+            .is_some_and(|c| c.pod_uid.as_deref() != Some(this_pod));
+        if other {
+            tracing::info!(
+                generation = a.generation,
+                "active identity was requested by another Pod of this node; renewing for this Pod"
+            );
+        }
+        other
     }
 
     /// Schedules the early renewal of a CA rotation when the announced

@@ -75,6 +75,7 @@ pub(crate) fn mint(store: &dyn KeyStore, plan: MintPlan) -> Result<Minted> {
         trust_digest: plan.trust_digest.to_hex(),
         stage: PendingStage::Prepared,
         trust_refresh: false,
+        requester_pod_uid: Some(plan.pod_uid.as_str().to_owned()),
     };
     let mut state = plan.state;
     state.last_generation = plan.generation;
@@ -138,6 +139,7 @@ pub(crate) fn refresh_trust(store: &dyn KeyStore, plan: RefreshPlan) -> Result<M
         trust_digest: digest.to_hex(),
         stage: PendingStage::Issued,
         trust_refresh: true,
+        requester_pod_uid: None,
     };
     let mut state = plan.state;
     state.last_generation = plan.generation;

@@ -268,6 +268,7 @@ mod tests {
             trust_digest: "t".into(),
             stage,
             trust_refresh: false,
+            requester_pod_uid: None,
         });
         kd.save(&state).unwrap();
         (tmp, kd, k2)

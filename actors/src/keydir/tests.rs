@@ -55,6 +55,7 @@ fn secret_files_are_0600_and_state_round_trips() {
             trust_digest: "cd".into(),
             stage: PendingStage::Prepared,
             trust_refresh: false,
+            requester_pod_uid: None,
         }),
         retired: vec![],
     };

@@ -117,6 +117,7 @@ impl Fixture {
                 trust_digest: plan.trust_digest.to_hex(),
                 stage: PendingStage::Prepared,
                 trust_refresh: false,
+                requester_pod_uid: Some(plan.pod_uid.as_str().to_owned()),
             },
             pending: Pending {
                 generation: plan.generation,
@@ -500,6 +501,7 @@ fn compatible_bundle_makes_a_trust_only_generation() {
             trust_digest: digest.to_hex(),
             stage: PendingStage::Issued,
             trust_refresh: true,
+            requester_pod_uid: None,
         },
         pending: Pending {
             generation: 2,
