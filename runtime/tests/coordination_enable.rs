@@ -23,77 +23,16 @@ mod agent_node;
 mod ike_node;
 mod support;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agent_node::{
-    AgentNode, both_ways_establish, connect, no_auth_failures, prerequisites, start_node,
+    AGENT_FLAGS, AgentNode, both_ways_establish, connect, env, lease_published, no_auth_failures,
+    start_node,
 };
-use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
-use kube_ovn_ipsec_api::names::ovs;
 use support::controller_cluster as cc;
-use support::controller_cluster::coordination::{flags, nb_sb, record, status};
+use support::controller_cluster::coordination::{nb_sb, record, status};
 use testbed::ipsec::IpsecNode;
-use testbed::ovs::OvnCentral;
-
-/// Whether `n` has its lease published in OVSDB.
-fn lease_published(n: &AgentNode) -> bool {
-    n.node
-        .vsctl(&[
-            "get",
-            "Open_vSwitch",
-            ".",
-            &format!("external_ids:{}", ovs::EXTERNAL_ID_PROTECTION_LEASE),
-        ])
-        .is_ok()
-}
-
-/// The agents' coordination flags.
-const AGENT_FLAGS: [&str; 4] = ["--coordination", "cluster", "--pod-template-hash", cc::HASH];
-
-/// Everything but the nodes: API server (RBAC on) with `nodes` populated,
-/// OVN central, the real controller.
-struct Env {
-    // Field order is drop order: the controller before what it talks to.
-    controller: tokio::task::JoinHandle<()>,
-    admin: kube::Client,
-    api: apiserver::ApiServerHandle,
-    central: OvnCentral,
-    fxs: Vec<cc::NodeFx>,
-    ds_uid: String,
-    script: &'static Path,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        // A dropped JoinHandle detaches; the controller must stop first.
-        self.controller.abort();
-    }
-}
-
-async fn env(nodes: usize) -> Env {
-    let script = prerequisites(&["ovn-northd"]);
-    let dir = tempfile::tempdir().unwrap();
-    let central = OvnCentral::start(dir.path()).unwrap();
-    let api = ApiServer::builder().rbac(true).start().await.unwrap();
-    let admin = api.client(ADMIN_TOKEN).await.unwrap();
-    let (fxs, ds_uid) = cc::populate(&api, &admin, nodes).await;
-    let (nb, sb) = (central.nb.address(), central.sb.address());
-    let (controller, _) =
-        support::cluster::start_controller(&api, &admin, &flags(&nb, &sb, "controller-0")).await;
-    Env {
-        controller,
-        admin,
-        api,
-        central,
-        fxs,
-        ds_uid,
-        script,
-        dir,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {

@@ -284,111 +284,139 @@ impl Shape {
     }
 }
 
-impl Cluster {
-    /// Changes the DaemonSet's Pod template to `shape` under template hash
-    /// `hash` and rolls every node onto it, as the DaemonSet controller and
-    /// the kubelets would: the template, the ControllerRevision
-    /// `kube-ovn-cni-<hash>` made the newest (an existing one, as for a
-    /// template reverted to, gets the next revision number), then on each
-    /// node in turn the old Pod deleted and a new one created
-    /// ([`Self::replace_pod`]).
-    pub async fn roll_daemon_set(&mut self, shape: Shape, hash: &str) {
-        let sets: Api<DaemonSet> = Api::namespaced(self.admin.clone(), NS);
-        let template = json!({"spec": {"template": {"spec": shape.containers()}}});
-        sets.patch(
-            "kube-ovn-cni",
-            &PatchParams::default(),
-            &Patch::Merge(&template),
+/// Makes `shape` under template hash `hash` the DaemonSet's Pod template,
+/// as applying the chart does: the template, and the ControllerRevision
+/// `kube-ovn-cni-<hash>` made the newest (an existing one, as for a
+/// template reverted to, gets the next revision number). The Pods are
+/// rolled separately ([`replace_pod`]).
+pub async fn set_template(admin: &Client, ds_uid: &str, shape: Shape, hash: &str) {
+    let sets: Api<DaemonSet> = Api::namespaced(admin.clone(), NS);
+    let template = json!({"spec": {"template": {"spec": shape.containers()}}});
+    sets.patch(
+        "kube-ovn-cni",
+        &PatchParams::default(),
+        &Patch::Merge(&template),
+    )
+    .await
+    .unwrap();
+    let revisions: Api<ControllerRevision> = Api::namespaced(admin.clone(), NS);
+    let newest = revisions
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|r| r.revision)
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let name = format!("kube-ovn-cni-{hash}");
+    if revisions.get_opt(&name).await.unwrap().is_some() {
+        let bump = json!({"revision": newest});
+        revisions
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&bump))
+            .await
+            .unwrap();
+    } else {
+        create(
+            admin,
+            json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
+                "metadata": {"name": name, "namespace": NS,
+                             "labels": {"app": "kube-ovn-cni", "controller-revision-hash": hash},
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                 "name": "kube-ovn-cni", "uid": ds_uid, "controller": true}]},
+                "revision": newest}),
         )
+        .await;
+    }
+}
+
+/// Deletes `node`'s CNI Pod (the `n`th node) and creates a new one of
+/// template `hash` in `shape` (what deleting a Pod under the DaemonSet
+/// controller amounts to), with a token bound to it: `node` then names the
+/// new Pod.
+pub async fn replace_pod(
+    server: &ApiServerHandle,
+    admin: &Client,
+    ds_uid: &str,
+    node: &mut NodeFx,
+    n: usize,
+    shape: Shape,
+    hash: &str,
+) {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let _ = pods.delete(&node.pod_name, &Default::default()).await;
+    let mut spec = shape.containers();
+    spec["nodeName"] = json!(node.name);
+    spec["serviceAccountName"] = json!(CNI_SA);
+    let pod = create(
+        admin,
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": format!("kube-ovn-cni-{n}-"), "namespace": NS,
+                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": hash},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                             "name": "kube-ovn-cni", "uid": ds_uid, "controller": true}]},
+            "spec": spec}),
+    )
+    .await;
+    let pod_name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+    let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
+    let token = mint_token(admin, CNI_SA, Some((&pod_name, &pod_uid))).await;
+    let client = server.client(&token).await.unwrap();
+    node.pod_name = pod_name;
+    node.pod_uid = pod_uid;
+    node.token = token;
+    node.client = client;
+}
+
+/// The kubelet's report of the `ipsec-cleanup` init container of Pod
+/// `pod_name` (a `pods/status` write): terminated with `exit` when given,
+/// running otherwise.
+pub async fn set_cleanup_init_of(admin: &Client, pod_name: &str, exit: Option<i32>) {
+    let state = match exit {
+        Some(0) => json!({"terminated": {"exitCode": 0, "reason": "Completed"}}),
+        Some(code) => json!({"terminated": {"exitCode": code, "reason": "Error",
+                                            "message": "a foreign owner holds the lease's mark"}}),
+        None => json!({"running": {}}),
+    };
+    let status = json!({"status": {"initContainerStatuses": [{
+        "name": "ipsec-cleanup", "image": "kube-ovn", "imageID": "", "ready": exit == Some(0),
+        "restartCount": 0, "state": state}]}});
+    Api::<Pod>::namespaced(admin.clone(), NS)
+        .patch_status(pod_name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
-        let revisions: Api<ControllerRevision> = Api::namespaced(self.admin.clone(), NS);
-        let newest = revisions
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|r| r.revision)
-            .max()
-            .unwrap_or(0)
-            + 1;
-        let name = format!("kube-ovn-cni-{hash}");
-        if revisions.get_opt(&name).await.unwrap().is_some() {
-            let bump = json!({"revision": newest});
-            revisions
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&bump))
-                .await
-                .unwrap();
-        } else {
-            create(
-                &self.admin,
-                json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
-                    "metadata": {"name": name, "namespace": NS,
-                                 "labels": {"app": "kube-ovn-cni", "controller-revision-hash": hash},
-                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                                     "name": "kube-ovn-cni", "uid": self.ds_uid, "controller": true}]},
-                    "revision": newest}),
-            )
-            .await;
-        }
+}
+
+impl Cluster {
+    /// Changes the DaemonSet's Pod template to `shape` under template hash
+    /// `hash` ([`set_template`]) and rolls every node onto it, as the
+    /// DaemonSet controller and the kubelets would: on each node in turn
+    /// the old Pod deleted and a new one created ([`Self::replace_pod`]).
+    pub async fn roll_daemon_set(&mut self, shape: Shape, hash: &str) {
+        set_template(&self.admin, &self.ds_uid, shape, hash).await;
         for n in 0..self.nodes.len() {
             self.replace_pod(n, shape, hash).await;
         }
     }
 
-    /// Deletes node `n`'s CNI Pod and creates a new one of template `hash`
-    /// in `shape` (what deleting a Pod under the DaemonSet controller
-    /// amounts to), with a token bound to it: `nodes[n]` names the new Pod.
+    /// [`replace_pod`] of node `n`: `nodes[n]` names the new Pod.
     pub async fn replace_pod(&mut self, n: usize, shape: Shape, hash: &str) {
-        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NS);
-        let node = &self.nodes[n];
-        let _ = pods.delete(&node.pod_name, &Default::default()).await;
-        let mut spec = shape.containers();
-        spec["nodeName"] = json!(node.name);
-        spec["serviceAccountName"] = json!(CNI_SA);
-        let pod = create(
+        replace_pod(
+            &self.server,
             &self.admin,
-            json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"generateName": format!("kube-ovn-cni-{n}-"), "namespace": NS,
-                             "labels": {"app": "kube-ovn-cni", "controller-revision-hash": hash},
-                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                                 "name": "kube-ovn-cni", "uid": self.ds_uid, "controller": true}]},
-                "spec": spec}),
+            &self.ds_uid,
+            &mut self.nodes[n],
+            n,
+            shape,
+            hash,
         )
         .await;
-        let pod_name = pod["metadata"]["name"].as_str().unwrap().to_owned();
-        let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-        let token = mint_token(&self.admin, CNI_SA, Some((&pod_name, &pod_uid))).await;
-        let client = self.server.client(&token).await.unwrap();
-        let node = &mut self.nodes[n];
-        node.pod_name = pod_name;
-        node.pod_uid = pod_uid;
-        node.token = token;
-        node.client = client;
     }
 
-    /// The kubelet's report of node `n`'s `ipsec-cleanup` init container
-    /// (a `pods/status` write): terminated with `exit` when given, running
-    /// otherwise.
+    /// [`set_cleanup_init_of`] node `n`'s Pod.
     pub async fn set_cleanup_init(&self, n: usize, exit: Option<i32>) {
-        let state = match exit {
-            Some(0) => json!({"terminated": {"exitCode": 0, "reason": "Completed"}}),
-            Some(code) => json!({"terminated": {"exitCode": code, "reason": "Error",
-                                                "message": "a foreign owner holds the lease's mark"}}),
-            None => json!({"running": {}}),
-        };
-        let status = json!({"status": {"initContainerStatuses": [{
-            "name": "ipsec-cleanup", "image": "kube-ovn", "imageID": "", "ready": exit == Some(0),
-            "restartCount": 0, "state": state}]}});
-        Api::<Pod>::namespaced(self.admin.clone(), NS)
-            .patch_status(
-                &self.nodes[n].pod_name,
-                &PatchParams::default(),
-                &Patch::Merge(&status),
-            )
-            .await
-            .unwrap();
+        set_cleanup_init_of(&self.admin, &self.nodes[n].pod_name, exit).await;
     }
 
     /// Starts the server and creates the DaemonSet, revision, nodes and pods.
