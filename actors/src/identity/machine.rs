@@ -587,7 +587,29 @@ impl Machine {
         if active.is_some() || resumed.is_some() {
             tracing::info!(?active, pending = ?resumed, "key directory loaded");
         }
-        let wanted = wanted || self.requested_by_another_pod();
+        let mut wanted = wanted || self.requested_by_another_pod();
+        // A pending generation another Pod requested is not resumed: its
+        // CSR cannot back this Pod's receipts (and, not yet issued, the
+        // controller denies it with that Pod gone). A fresh one replaces
+        // it; the abandoned folder is collected like any orphan.
+        let this_pod = self.config.pod_uid.as_str();
+        let pending = match pending {
+            Some(p)
+                if self.kd.pending.as_ref().is_some_and(|r| {
+                    r.requester_pod_uid
+                        .as_deref()
+                        .is_some_and(|pod| pod != this_pod)
+                }) =>
+            {
+                tracing::info!(
+                    generation = p.0.generation,
+                    "pending identity was requested by another Pod of this node; requesting anew"
+                );
+                wanted = true;
+                None
+            }
+            p => p,
+        };
         self.phase = match pending {
             Some((pending, Some(certificate))) => Phase::AwaitingActivation {
                 pending,
