@@ -33,7 +33,10 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use agent_node::{AgentNode, prerequisites, run_cleanup, start_node, xfrm_dump};
+use agent_node::{
+    AgentNode, add_unrelated_keys, assert_only_unrelated_left, ovs_map, prerequisites, run_cleanup,
+    start_node, xfrm_dump,
+};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::Api;
@@ -78,13 +81,6 @@ fn install_foreign(node: &IpsecNode) {
         node,
         "policy add dir out src 10.97.0.1/32 dst 10.97.0.2/32 proto udp dport 6081 priority 100 mark 0x5 mask 0xff tmpl src 10.97.0.1 dst 10.97.0.2 proto esp reqid 3 mode transport",
     );
-}
-
-fn map_of(node: &IpsecNode, column: &str) -> BTreeMap<String, String> {
-    let raw = node
-        .vsctl(&["get", "Open_vSwitch", ".", column])
-        .unwrap_or_default();
-    support::cluster::parse_ovs_map(raw.trim())
 }
 
 /// PIDs of `root` and all its descendants.
@@ -228,15 +224,7 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
         script,
         &["--sa-observe-period", "1"],
     );
-    n.node
-        .vsctl(&[
-            "set",
-            "Open_vSwitch",
-            ".",
-            "external_ids:unrelated=keep-me",
-            "other_config:unrelated=keep-me-too",
-        ])
-        .unwrap();
+    add_unrelated_keys(&n.node);
     n.wait("armed and active", Duration::from_secs(90), |_| true)
         .await;
     let (mark, reqid) = n.lease();
@@ -325,7 +313,7 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
     refused_with(&o, "ForeignOwner");
     assert!(stderr(&o).contains("10.96.0.9"), "{}", stderr(&o));
     assert!(guards_present(&n.node, mark));
-    assert!(map_of(&n.node, "external_ids").contains_key(ovs::EXTERNAL_ID_PROTECTION_LEASE));
+    assert!(ovs_map(&n.node, "external_ids").contains_key(ovs::EXTERNAL_ID_PROTECTION_LEASE));
     ip_xfrm(
         &n.node,
         &format!(
@@ -342,26 +330,7 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
         after, before,
         "the XFRM dump differs from the one before the agent ran"
     );
-    let ext = map_of(&n.node, "external_ids");
-    for k in ovs::PROTECTION_KEYS {
-        assert!(!ext.contains_key(k), "{k} left in external_ids: {ext:?}");
-    }
-    assert_eq!(ext.get("unrelated").map(String::as_str), Some("keep-me"));
-    assert_eq!(
-        ext.get(ovs::EXTERNAL_ID_SYSTEM_ID).map(String::as_str),
-        Some(fx.chassis.as_str())
-    );
-    let other = map_of(&n.node, "other_config");
-    for k in ovs::IDENTITY_KEYS {
-        assert!(
-            !other.contains_key(k),
-            "{k} left in other_config: {other:?}"
-        );
-    }
-    assert_eq!(
-        other.get("unrelated").map(String::as_str),
-        Some("keep-me-too")
-    );
+    assert_only_unrelated_left(&n.node);
     assert!(
         !n.key_dir
             .join(kube_ovn_ipsec_runtime::lease::LEASE_FILE)

@@ -36,11 +36,12 @@ mod support;
 use std::time::{Duration, Instant};
 
 use agent_node::{
-    AGENT_FLAGS, AgentNode, Env, both_ways_establish, connect, env, no_auth_failures, reconnect,
-    run_cleanup, start_node, xfrm_dump,
+    AGENT_FLAGS, AgentNode, Env, add_unrelated_keys, assert_only_unrelated_left,
+    both_ways_establish, connect, env, no_auth_failures, reconnect, run_cleanup, start_node,
+    xfrm_dump,
 };
 use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
-use kube_ovn_ipsec_api::names::{k8s, ovs};
+use kube_ovn_ipsec_api::names::k8s;
 use support::controller_cluster as cc;
 use support::controller_cluster::coordination::{flags_wanting, nb_sb, record, status};
 use testbed::ipsec::{IpsecNode, Tunnel};
@@ -108,14 +109,6 @@ fn install_foreign(node: &IpsecNode) {
     }
 }
 
-fn map_of(n: &AgentNode, column: &str) -> std::collections::BTreeMap<String, String> {
-    let raw = n
-        .node
-        .vsctl(&["get", "Open_vSwitch", ".", column])
-        .unwrap_or_default();
-    support::cluster::parse_ovs_map(raw.trim())
-}
-
 /// Every tunnel of every node (the node's index, the tunnel's name), as
 /// the patched ovn-controller names them.
 fn tunnels(nodes: &[AgentNode]) -> Vec<(usize, String)> {
@@ -149,15 +142,7 @@ async fn three_agents_disable_to_nothing_of_ours_and_enable_again() {
         .map(|(n, fx)| start_node(n, fx, &e.api, e.dir.path(), e.script, &AGENT_FLAGS))
         .collect();
     for n in &nodes {
-        n.node
-            .vsctl(&[
-                "set",
-                "Open_vSwitch",
-                ".",
-                "external_ids:unrelated=keep-me",
-                "other_config:unrelated=keep-me-too",
-            ])
-            .unwrap();
+        add_unrelated_keys(&n.node);
     }
     let mut seen = Vec::new();
     until(&e, "Enabled", Duration::from_secs(120), &mut seen, |r| {
@@ -264,19 +249,7 @@ async fn three_agents_disable_to_nothing_of_ours_and_enable_again() {
             before[i],
             "{who}: XFRM differs from before the agent first ran"
         );
-        let ext = map_of(n, "external_ids");
-        for k in ovs::PROTECTION_KEYS {
-            assert!(!ext.contains_key(k), "{who}: {k} left: {ext:?}");
-        }
-        assert_eq!(ext.get("unrelated").map(String::as_str), Some("keep-me"));
-        let other = map_of(n, "other_config");
-        for k in ovs::IDENTITY_KEYS {
-            assert!(!other.contains_key(k), "{who}: {k} left: {other:?}");
-        }
-        assert_eq!(
-            other.get("unrelated").map(String::as_str),
-            Some("keep-me-too")
-        );
+        assert_only_unrelated_left(&n.node);
     }
     let nodes_api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(e.admin.clone());
     for fx in &e.fxs {

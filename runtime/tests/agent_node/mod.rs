@@ -472,3 +472,47 @@ pub fn xfrm_dump(node: &IpsecNode) -> String {
     let s = ns.ip(["xfrm", "state", "list"]).unwrap();
     format!("{p}\n--- states ---\n{s}")
 }
+
+/// `Open_vSwitch .` map `column` of `node` (`external_ids`, `other_config`).
+pub fn ovs_map(node: &IpsecNode, column: &str) -> std::collections::BTreeMap<String, String> {
+    let raw = node
+        .vsctl(&["get", "Open_vSwitch", ".", column])
+        .unwrap_or_default();
+    crate::support::cluster::parse_ovs_map(raw.trim())
+}
+
+/// One key in each of `external_ids` and `other_config` that nothing of
+/// this project owns: a disable must leave them ([`assert_only_unrelated_left`]).
+pub fn add_unrelated_keys(node: &IpsecNode) {
+    node.vsctl(&[
+        "set",
+        "Open_vSwitch",
+        ".",
+        "external_ids:unrelated=keep-me",
+        "other_config:unrelated=keep-me-too",
+    ])
+    .unwrap();
+}
+
+/// After a disable: no lease key in `external_ids`, no identity path in
+/// `other_config`, the chassis and [`add_unrelated_keys`]' keys kept.
+pub fn assert_only_unrelated_left(node: &IpsecNode) {
+    let who = node.chassis();
+    let ext = ovs_map(node, "external_ids");
+    for k in ovs::PROTECTION_KEYS {
+        assert!(!ext.contains_key(k), "{who}: {k} left: {ext:?}");
+    }
+    assert_eq!(ext.get("unrelated").map(String::as_str), Some("keep-me"));
+    assert_eq!(
+        ext.get(ovs::EXTERNAL_ID_SYSTEM_ID).map(String::as_str),
+        Some(who)
+    );
+    let other = ovs_map(node, "other_config");
+    for k in ovs::IDENTITY_KEYS {
+        assert!(!other.contains_key(k), "{who}: {k} left: {other:?}");
+    }
+    assert_eq!(
+        other.get("unrelated").map(String::as_str),
+        Some("keep-me-too")
+    );
+}
