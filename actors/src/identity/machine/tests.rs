@@ -681,3 +681,73 @@ fn a_signing_ca_outside_the_bundle_is_ignored() {
     assert!(!has(&e, |e| matches!(e, Effect::RenewalDueAfter { .. })));
     assert!(job(&e).is_none(), "{e:?}");
 }
+
+/// Opens a key directory whose active identity (generation 1) came from a
+/// CSR that Pod `requester` requested; the effects once open.
+fn open_with_active(f: &mut Fixture, requester: &str) -> Vec<Effect> {
+    use crate::identity::recovery::LoadedActive;
+    use crate::keydir::{ActiveRecord, CsrBinding};
+    use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
+    let key = PrivateKey::generate(KeyType::EcdsaP256).unwrap();
+    let request = key
+        .csr_pem(&Chassis::new("chassis-node-1").unwrap())
+        .unwrap();
+    let pem = f.ca.sign(
+        &request,
+        BASE,
+        Duration::from_secs(u64::from(LIFETIME)),
+        Tamper::None,
+    );
+    let certificate = Certificate::from_pem(pem.as_bytes()).unwrap();
+    let state = KeyDirState {
+        version: STATE_VERSION,
+        last_generation: 1,
+        active: Some(ActiveRecord {
+            generation: 1,
+            certificate_digest: certificate.digest().to_hex(),
+            csr: Some(CsrBinding {
+                name: "ovn-ipsec-one".into(),
+                uid: "3f1c2a9e-0000-4000-8000-0000000000c1".into(),
+                pod_uid: Some(requester.into()),
+            }),
+        }),
+        ..KeyDirState::default()
+    };
+    let trust = TrustBundle::from_pem(&f.ca.trust_pem()).unwrap();
+    f.step(Input::Open);
+    f.step(Input::Opened(Ok(Box::new(Recovered {
+        state,
+        moved: None,
+        active: Some(Ok(LoadedActive {
+            certificate,
+            trust: Some(trust),
+        })),
+        pending: None,
+    }))));
+    f.step(Input::Saved {
+        purpose: SavePurpose::Recovery,
+        result: Ok(()),
+    })
+}
+
+#[test]
+fn an_identity_this_pod_requested_is_resumed_without_a_request() {
+    let mut f = Fixture::new();
+    let this_pod = config().pod_uid.as_str().to_owned();
+    let e = open_with_active(&mut f, &this_pod);
+    assert!(!matches!(job(&e), Some(Job::Mint(_))), "{e:?}");
+    assert_eq!(ready(&e), Some(1), "the active generation is offered");
+}
+
+#[test]
+fn an_identity_another_pod_requested_is_renewed_at_once() {
+    // The DaemonSet replaced the Pod: receipts must name this Pod's CSR,
+    // and a node in Prepare activates nothing that would trigger it later.
+    let mut f = Fixture::new();
+    let e = open_with_active(&mut f, "3f1c2a9e-0000-4000-8000-0000000000ff");
+    assert!(
+        matches!(job(&e), Some(Job::Mint(p)) if p.generation == 2),
+        "{e:?}"
+    );
+    assert_eq!(ready(&e), Some(1), "the old identity keeps serving");
+}
