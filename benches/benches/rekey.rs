@@ -160,6 +160,8 @@ impl RekeyPath {
                 trust_digest: self.signer.trust.digest().to_hex(),
                 stage: PendingStage::Prepared,
                 trust_refresh: false,
+                // The agent records the Pod whose token requests the CSR.
+                requester_pod_uid: Some("0b6e3c1a-9d2f-4e57-8a41-5c7f2e9d1b30".into()),
             });
             kd.save(&state).unwrap();
         }
