@@ -460,13 +460,17 @@ fn release_binding(
     }
 }
 
+/// The check of a release receipt whose cleanup init container has not
+/// terminated yet (running, waiting, or no status): a wait, not a fault.
+pub const INIT_NOT_TERMINATED: &str = "ReleaseInitNotTerminated";
+
 /// Why the cleanup Pod's init container does not show a finished,
 /// successful run, if it does not.
 fn init_refusal(pod_uid: &Uid, init: Option<&InitState>) -> Option<Verdict> {
     let container = kube_ovn_ipsec_api::names::k8s::INIT_CONTAINER_CLEANUP;
     let not_terminated = |what: String| {
         Some(refused(
-            "ReleaseInitNotTerminated",
+            INIT_NOT_TERMINATED,
             format!("Pod {pod_uid}: {container} {what}"),
         ))
     };

@@ -589,11 +589,19 @@ impl Coordinator {
     }
 
     /// One Event per node per change of refusal reason (a target's
-    /// barrier or release receipt, or a joiner's admission receipt).
+    /// barrier or release receipt, or a joiner's admission receipt). A
+    /// cleanup init container that has not terminated yet is waited for,
+    /// not refused: the receipt is published just before the container
+    /// exits and the kubelet reports the exit a moment later, so a pass in
+    /// between is the normal course of every node's cleanup (status shows
+    /// it; a Warning would not be news).
     async fn report_refusals(&mut self, o: &Observation) {
         let verdicts = o.receipts.iter().chain(&o.admissions).chain(&o.releases);
         for (node, verdict) in verdicts {
             match verdict {
+                Verdict::Refused { check, .. } if *check == evidence::INIT_NOT_TERMINATED => {
+                    self.reported.remove(node);
+                }
                 Verdict::Refused { check, message } => {
                     if self.reported.get(node) == Some(check) {
                         continue;
