@@ -667,6 +667,13 @@ pub struct ReleaseReceipt {
     pub challenge: Challenge,
     /// What was withdrawn.
     pub status: ReleaseStatus,
+    /// The PEM certificate whose key signed this receipt (the node's last
+    /// identity). The controller verifies a release with it — chained to
+    /// the trust, naming the node's chassis — and needs the CSR object
+    /// only if it still exists: kube-controller-manager deletes issued
+    /// CSRs an hour after approval, and a node's last identity is usually
+    /// older than that when its cleanup runs.
+    pub certificate: String,
 }
 
 impl SignedPayload for ReleaseReceipt {

@@ -539,6 +539,7 @@ async fn publish_receipt(
                 .map_err(|e: uuid::Error| failed("boot ID")(e.to_string()))?,
             certificate_digest: signer.certificate.digest(),
         },
+        certificate: signer.certificate.to_pem(),
     };
     let annotation = sign_receipt(&receipt, &signer.key, &signer.certificate)
         .map_err(|e| CleanupError::NotSafe(e.to_string()))?;

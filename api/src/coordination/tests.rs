@@ -267,6 +267,7 @@ fn release_for(record: &CoordinationRecord, observed: Timestamp) -> ReleaseRecei
             boot_id: Uuid::from_bytes([3; 16]),
             certificate_digest: p256_leaf().certificate.digest(),
         },
+        certificate: p256_leaf().certificate.to_pem(),
     }
 }
 
@@ -388,6 +389,7 @@ prop_compose! {
                 drained: flags[3], boot_id: Uuid::from_bytes(boot),
                 certificate_digest: base.status.certificate_digest,
             },
+            certificate: String::new(),
         }
     }
 }

@@ -26,10 +26,14 @@
 //! the cleanup init container's last act) goes through the same checks of
 //! what it is, whose key signed it and the Pod it names — each one
 //! implementation, its Event reason prefixed `ReleaseReceipt` instead of
-//! `Receipt` so an Event says which annotation failed — with two
-//! differences. The CSR was requested by the node's *old* agent Pod (the
-//! cleanup Pod replaced it and never issues a certificate), so the CSR
-//! must name this node but its requester Pod is not compared; and the
+//! `Receipt` so an Event says which annotation failed — with three
+//! differences. The signer is the certificate the receipt carries
+//! (chained to the trust, naming this node's chassis): the CSR that issued
+//! it is usually gone, kube-controller-manager deleting issued CSRs an
+//! hour after approval. While the CSR still exists it must have issued
+//! that certificate and name this node, but its requester Pod is not
+//! compared: it was the node's *old* agent Pod (the cleanup Pod replaced
+//! it and never issues a certificate). And the
 //! named Pod's `ipsec-cleanup` init container must have terminated with
 //! exit code 0 (`ReleaseInitNotTerminated` while it runs or waits,
 //! `ReleaseInitFailed` with the exit code and reason otherwise). Then
@@ -261,6 +265,19 @@ fn signer<'c>(
             format!("CSR {csr_name} has no certificate"),
         ));
     };
+    Ok((certified(doc, trust, node, pem, now)?, csr))
+}
+
+/// The certificate in `pem`, if it chains to the trust and names this
+/// node's chassis: only this node holds a key such a certificate names
+/// (the controller issued it against the live Node and Pod).
+fn certified(
+    doc: Doc,
+    trust: &TrustBundle,
+    node: NodeFacts<'_>,
+    pem: &[u8],
+    now: Timestamp,
+) -> Result<Certificate, Verdict> {
     let cert = Certificate::from_pem(pem)
         .map_err(|e| doc.refuse(Check::CertificateInvalid, e.to_string()))?;
     trust
@@ -272,7 +289,7 @@ fn signer<'c>(
     Chassis::new(chassis)
         .and_then(|c| cert.check_chassis_identity(&c))
         .map_err(|e| doc.refuse(Check::ChassisMismatch, e.to_string()))?;
-    Ok((cert, csr))
+    Ok(cert)
 }
 
 /// The signature verifies with `cert`, and the signed status names that
@@ -446,12 +463,39 @@ fn release_binding(
             format!("the release receipt names node {}", claimed.node_name),
         ));
     }
-    let named = (claimed.csr_name.as_str(), &claimed.csr_uid);
-    let (cert, csr) = signer(doc, trust, node, csr, named, now)?;
+    // The signer is the certificate the receipt carries: the CSR that
+    // issued it is usually gone by now (kube-controller-manager deletes
+    // issued CSRs an hour after approval).
+    let cert = certified(doc, trust, node, claimed.certificate.as_bytes(), now)?;
     let receipt = verified(doc, receipt, &cert, |r| &r.status.certificate_digest)?;
-    // The CSR was the node's old agent Pod's: it must name this node, but
-    // its requester is not the cleanup Pod the receipt names.
-    csr_for_node(doc, csr, &receipt.csr_name, node)?;
+    // While the CSR still exists it must be the one that issued this very
+    // certificate, for this node; its requester is the node's old agent
+    // Pod, not the cleanup Pod the receipt names.
+    if let Some(csr) = csr {
+        if csr.uid != receipt.csr_uid.as_str() {
+            return Err(doc.refuse(
+                Check::CsrMismatch,
+                format!(
+                    "CSR {} has UID {}, the receipt names {}",
+                    receipt.csr_name, csr.uid, receipt.csr_uid
+                ),
+            ));
+        }
+        let issued = csr
+            .certificate_pem
+            .as_deref()
+            .and_then(|pem| Certificate::from_pem(pem).ok());
+        if issued.map(|c| c.digest()) != Some(cert.digest()) {
+            return Err(doc.refuse(
+                Check::CertificateMismatch,
+                format!(
+                    "CSR {} did not issue the certificate the receipt carries",
+                    receipt.csr_name
+                ),
+            ));
+        }
+        csr_for_node(doc, csr, &receipt.csr_name, node)?;
+    }
     bound_pod(doc, record, node, pod.map(|p| &p.pod), &receipt.pod_uid)?;
     let init = pod.and_then(|p| p.cleanup_init.as_ref());
     match init_refusal(&receipt.pod_uid, init) {

@@ -303,6 +303,7 @@ pub async fn publish_release(
             boot_id: "6f1d4b9e-2c1a-4a57-9c3e-0d9b5e1f7a21".parse().unwrap(),
             certificate_digest: id.certificate.digest(),
         },
+        certificate: id.certificate.to_pem(),
     };
     tweak(&mut receipt);
     let annotation = signed::sign(&receipt, &id.key).unwrap();

@@ -443,6 +443,7 @@ impl Rel {
                 boot_id: uuid::Uuid::from_u128(42),
                 certificate_digest: self.leaf.certificate.digest(),
             },
+            certificate: self.leaf.certificate.to_pem(),
         }
     }
 
@@ -451,6 +452,15 @@ impl Rel {
     }
 
     fn judge_with(&self, annotation: &str, chassis: Option<&str>) -> Verdict {
+        self.judge_full(annotation, chassis, Some(&self.csr))
+    }
+
+    fn judge_full(
+        &self,
+        annotation: &str,
+        chassis: Option<&str>,
+        csr: Option<&CsrFacts>,
+    ) -> Verdict {
         let unverified = match peek_release(Some(annotation)) {
             Ok(u) => u,
             Err(v) => return v,
@@ -463,7 +473,7 @@ impl Rel {
                 chassis,
             },
             unverified,
-            Some(&self.csr),
+            csr,
             Some(&self.pod),
             ts(NOW),
         )
@@ -551,18 +561,29 @@ fn a_release_receipt_signed_by_another_key_or_certificate_is_refused() {
     );
     let v = f.claiming(|r| r.status.certificate_digest = other.certificate.digest());
     assert_eq!(check_of(&v), "ReleaseReceiptCertificateMismatch");
+    // The carried certificate is the signer: one from another CA is not
+    // trusted, whatever key signed.
+    let stranger = CaSpec::new("someone else").self_signed();
+    let leaf = stranger.leaf("chassis-a").key(TestKeyAlg::P256).issue();
+    let mut r = f.receipt();
+    r.certificate = leaf.certificate.to_pem();
+    r.status.certificate_digest = leaf.certificate.digest();
+    let v = f.judge(&signed::sign(&r, &leaf.signing_key()).unwrap());
+    assert_eq!(check_of(&v), "ReleaseReceiptCertificateUntrusted");
+    // While the CSR exists, it must have issued that very certificate,
+    // for this node.
     let v = release_after(|f| {
         let stranger = CaSpec::new("someone else").self_signed();
         let leaf = stranger.leaf("chassis-a").key(TestKeyAlg::P256).issue();
         f.csr.certificate_pem = Some(leaf.cert_pem().into_bytes());
     });
-    assert_eq!(check_of(&v), "ReleaseReceiptCertificateUntrusted");
+    assert_eq!(check_of(&v), "ReleaseReceiptCertificateMismatch");
     let v = release_after(|f| f.csr.uid = "another".into());
     assert_eq!(check_of(&v), "ReleaseReceiptCsrMismatch");
     let v = release_after(|f| f.csr.node_annotation = Some("node-b".into()));
     assert_eq!(check_of(&v), "ReleaseReceiptCsrMismatch");
     let v = release_after(|f| f.csr.certificate_pem = None);
-    assert_eq!(check_of(&v), "ReleaseReceiptCsrNotIssued");
+    assert_eq!(check_of(&v), "ReleaseReceiptCertificateMismatch");
     let v = f.claiming(|r| r.node_name = "node-b".into());
     assert_eq!(check_of(&v), "ReleaseReceiptNodeMismatch");
 }
@@ -649,4 +670,21 @@ fn a_release_receipt_for_another_epoch_challenge_node_or_template_is_refused() {
         )
         .unwrap();
     assert_eq!(check_of(&f.judge(&good)), "ReleaseReceiptEpochMismatch");
+}
+
+#[test]
+fn a_release_receipt_verifies_after_its_csr_was_garbage_collected() {
+    // kube-controller-manager deletes issued CSRs an hour after approval:
+    // the certificate the receipt carries is the evidence then.
+    let f = Rel::new();
+    let good = f.signed(&f.receipt());
+    assert_eq!(
+        check_of(&f.judge_full(&good, Some("chassis-a"), None)),
+        "Satisfied"
+    );
+    // Still only for this node's chassis.
+    assert_eq!(
+        check_of(&f.judge_full(&good, Some("chassis-b"), None)),
+        "ReleaseReceiptChassisMismatch"
+    );
 }
