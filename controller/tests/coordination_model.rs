@@ -1,89 +1,155 @@
-//! A model check of the cluster ENABLE protocol (SPEC §7, §4 "Order" and
-//! "Marks follow IPsec intent") that drives the controller's real decision
-//! function, [`controller::coordination::machine::decide`], and the real
-//! record-side receipt checks, [`evidence::claims`] (over
-//! [`Receipt::check_against`]).
+//! A model check of the cluster coordination protocol, enable AND disable
+//! (SPEC §7, §8, §4 "Order" and "Marks follow IPsec intent"), that drives
+//! the controller's real decision function,
+//! [`controller::coordination::machine::decide`], and the real
+//! record-side receipt checks: [`evidence::claims`] (over
+//! [`Receipt::check_against`]) for the `Prepare`/`Arm` barriers and
+//! admissions, [`evidence::release_claims`] (over
+//! [`ReleaseReceipt::check_against`]) for the `Release` barrier.
 //!
 //! # What is modelled
 //!
 //! One state holds the stored record, `NB_Global.ipsec`, `SB_Global.ipsec`,
-//! the live trust digest, and per node: the agent's local progress (`Idle`,
-//! `Prepared`, `Armed`), whether its XFRM guards are in the kernel, the
-//! receipt it last sent (agent memory), the receipt annotation on its Node,
-//! and the receipt patches it sent that have not landed yet ("in flight").
+//! the live trust digest, the operator's intent, the running controller's
+//! intent (`--enable-ipsec`), the DaemonSet's template (the agent shape or
+//! the cleanup shape), and per node:
+//! * its kube-ovn-cni Pod: none (the DaemonSet deleted the old one and has
+//!   not created the new one yet), an agent Pod, or a cleanup Pod with its
+//!   `ipsec-cleanup` init container running, proceeding (its checks passed
+//!   against one record), failed (non-zero exit) or done (exit 0);
+//! * the agent's local progress (`Idle`, `Prepared`, `Armed`; only in an
+//!   agent Pod), the receipt it last sent, the receipt annotation on its
+//!   Node and the receipt patches in flight;
+//! * what the node holds, which survives Pods: XFRM guards, the lease
+//!   published in OVSDB, the identity paths in OVSDB, an activated identity
+//!   in the key directory (the release receipt's signer; cleanup keeps it),
+//!   the IKE daemon (alive or gone), tunnels with IPsec intent, this
+//!   project's SAs and policies, and foreign state (never to be removed);
+//! * its release receipt annotation, and the operator's retirement request.
+//!
 //! The steps, interleaved in every order:
 //!
-//! * **controller pass**: build an [`Observation`] (intent on, one fixed
-//!   DaemonSet, the live trust, the scheduled nodes, per target a
-//!   [`Verdict`] on its annotation, and while `Enabled` per scheduled node
-//!   that is not a target its verdict as an admission; each computed by
-//!   `coordination::evidence::claims`, the record-side checks
-//!   `evidence::judge` ends with; no annotation is `Missing`), call
-//!   `decide` and remember a `Write`/`SetNb`. `Hold` and `Idle` change
+//! * **controller pass**: build an [`Observation`] as the leader's loop does
+//!   (the running controller's intent, the live DaemonSet with its template
+//!   hash and shape, the live trust, the nodes with a DaemonSet Pod as
+//!   scheduled, every Node, per target the verdict on its receipt, while
+//!   `Enabled` per scheduled non-target its admission verdict, in `Release`
+//!   per target its release verdict, the retirement requests, NB and SB
+//!   with their row UUIDs where the loop reads them, a fresh challenge),
+//!   call `decide` and remember a `Write`/`SetNb`. `Hold` and `Idle` change
 //!   nothing.
-//! * **controller performs** the remembered decision (record write, or NB
-//!   write). Splitting decide from perform lets every other step land in
-//!   between, as it does in the cluster.
-//! * **controller restarts**: the remembered decision is lost; the next
-//!   pass recomputes it from the stored record (a crash between deciding
-//!   and writing). Nothing else is in controller memory.
+//! * **controller performs** the remembered decision (a record write, which
+//!   also consumes the retirements it carried out, or an NB write);
+//!   **controller restarts** (the remembered decision is lost).
 //! * **northd syncs**: `SB_Global.ipsec` takes NB's value (the SB lag).
-//! * **a node acts** on the current record per SPEC: in `Prepare` it becomes
-//!   `Prepared` (an `Armed` agent stays armed: nothing is ever disarmed on
-//!   the enable side) and sends a `Prepare` receipt for the record's
-//!   generation and epoch with the live trust; in `Arm` it arms the guards,
-//!   becomes `Armed` and sends an `Arm` receipt with all five flags; in
-//!   `Enabled` an agent that restarted re-arms (reads the guards back) and
-//!   sends nothing (no barrier). A scheduled node that is not a target
-//!   waits for `Enabled`, then asks for admission: a `Prepare` receipt,
-//!   then it arms and sends an `Arm` receipt, each for the record's current
-//!   generation and epoch. It also re-sends its current receipt when
-//!   its Node shows something else and no copy is in flight: the periodic
-//!   refresh that the 2-minute freshness bound needs anyway.
-//! * **a node restarts**: the agent's progress and memory are lost (`Idle`,
-//!   nothing sent); the guards and the Node annotation survive (kernel and
-//!   API server state), as do its in-flight patches. It must act, and so
-//!   re-report, again.
-//! * **an in-flight receipt lands** (overwrites the annotation) in any
-//!   order: an older receipt, e.g. a duplicate sent before a restart or for
-//!   a previous epoch, can overwrite a newer one.
-//! * **an in-flight receipt is lost**.
-//! * **the trust bundle rotates**, which `decide` answers by re-freezing to a
-//!   new `Prepare` epoch: this is what gives the model barriers of the same
-//!   phase in different epochs, so a stale receipt can be replayed against
-//!   a newer barrier. While `Enabled` (with the joiner waiting) it is a new
-//!   epoch of `Enabled` with the new trust.
-//! * **the joiner is scheduled** (with [`EnableModel::joiner`]), once, at
-//!   any moment.
+//! * **ovn-controller syncs** a node's tunnels: they carry IPsec intent
+//!   exactly while SB is true and the node's lease is published (the
+//!   output-protection patch), one node at a time, later than SB.
+//! * **the operator flips the intent** (a bounded number of times), and then
+//!   in either order (with [`ProtocolModel::chart_first`]; otherwise the
+//!   controller first): **the controller runs with the new intent** (a new
+//!   controller process: the remembered decision is lost) and **the chart
+//!   changes the DaemonSet's template** (the cleanup shape to disable, the
+//!   agent shape to re-enable; each shape keeps its template hash, as a
+//!   ControllerRevision does).
+//! * **the DaemonSet rolls** one node at a time (`maxSurge: 0`,
+//!   `maxUnavailable: 1`, an unavailable Pod of the old template is replaced
+//!   at once): it deletes a node's old Pod, then, in a later step, creates
+//!   one of the current template. A cleanup Pod is available once its init
+//!   container completed; an agent Pod at once.
+//! * **a node's agent acts** on the current record per SPEC (as in the
+//!   enable model: `Prepare` receipt, arming in `Arm` — guards, then the
+//!   lease, the identity activated, the IKE daemon started — and an `Arm`
+//!   receipt, re-arming in `Enabled` after a restart, a joiner's
+//!   admission), and does nothing on the disable side (arming is never
+//!   undone by the record). **The agent restarts** (its progress and its
+//!   IKE daemon are lost; what the node holds stays). Receipt patches
+//!   **land** in any order or are **lost**, as in the enable model.
+//! * **the IKE daemon of a deleted agent Pod exits** (later than the Pod);
+//!   while the IKE daemon is alive and the tunnels have intent it installs
+//!   this project's SAs (they stay after it exits: crash orphans).
+//! * **the cleanup init container checks** (docs/cleanup.md): no activated
+//!   identity and nothing held, or the node not a target, or the record
+//!   `Disabled`: exit 0 at once, nothing touched, no receipt. Otherwise it
+//!   proceeds only when the record it reads is `Release`, its Pod's
+//!   template is the one `Release` froze, the tunnels converged (no intent)
+//!   and the IKE daemon is gone; else it waits (a bounded wait and the
+//!   kubelet's restart look alike). **It withdraws** in a later step, for the
+//!   record it read: drains this project's SAs, withdraws the lease, removes
+//!   its guards, clears the identity paths, publishes the release receipt
+//!   for (generation, epoch, challenge, Pod, template), exits 0. **It fails**
+//!   (from the budget) either before withdrawing anything, or after
+//!   publishing (its last step, removing the evidence files, fails); the
+//!   **kubelet restarts** a failed init container. A completed init
+//!   container never runs again for its Pod.
+//! * **the operator** deletes a cleanup Pod whose init container completed
+//!   with a receipt that no longer answers the `Release` record (what the
+//!   controller's write says to do when the disable went back to
+//!   `Disabling`; the DaemonSet creates a new Pod, whose init container runs
+//!   again), and retires a target that cannot sign a release receipt (its
+//!   init container completed with nothing to release: it never activated
+//!   an identity, so it holds nothing; docs/cleanup.md).
+//! * **someone turns NB true** behind the controller's back while the record
+//!   is `Release` (from the budget).
+//! * as in the enable model: **the trust rotates**, **the joiner is
+//!   scheduled**.
 //!
-//! Faults (node and controller restarts, losses, rotations) come from a
-//! budget in the state, and each node holds at most `in_flight_cap` unsent
-//! patches, so the state space is finite. Nodes other than the joiner are
-//! interchangeable (all are frozen targets), so the model keeps one state
-//! per permutation of them ([`EnableModel::canonicalise`]).
+//! Release verdicts are the controller's evidence checks without the
+//! signature and the CSR (unit-tested with real keys in
+//! `coordination::evidence`): the receipt's Pod must be the node's live Pod,
+//! from the frozen template, its init container terminated with exit 0, and
+//! then the real [`evidence::release_claims`]. Barrier receipts likewise
+//! need their Pod live and of the frozen template before
+//! [`evidence::claims`].
 //!
-//! Not modelled: signatures, CSR/Pod binding and freshness (the receipts in
-//! the model are all genuine and fresh; `coordination::evidence`'s tests own
-//! those), template changes, nodes leaving and re-created Nodes with their
-//! retirement (`machine`'s unit tests own those; every node stays
-//! scheduled, and one may join, see [`EnableModel::joiner`]), a second
-//! controller replica (leader election and the resourceVersion
-//! precondition are the shell's), and the disable side.
+//! Faults, flips and operator NB writes come from a budget in the state,
+//! and each node holds a bounded number of patches in flight, so the state
+//! space is finite. Nodes other than the joiner are interchangeable, so the
+//! model keeps one state per permutation of them
+//! ([`ProtocolModel::canonicalise`]).
+//!
+//! Not modelled: signatures, CSR binding and freshness (the receipts are
+//! genuine and fresh; `coordination::evidence`'s tests own those),
+//! unreadable NB/SB, replaced `NB_Global`/`SB_Global` rows, a re-created
+//! DaemonSet, Nodes deleted or re-created (`machine`'s unit tests own
+//! those), a crash inside the agent's arming or inside the cleanup's
+//! withdrawal (each is one step here; the cleanup's order makes a re-run
+//! repeat it), SAs removed by a graceful IKE shutdown (the model keeps
+//! every SA until the cleanup drains it), foreign state carrying the
+//! lease's mark or reqid (the cleanup refuses it; `runtime`'s tests own
+//! that), a second controller replica (leader election and the
+//! resourceVersion precondition are the shell's).
 //!
 //! # Properties
 //!
 //! Safety (`always`):
 //! * [`NB_GUARDED`]: `NB_Global.ipsec` is never true while any frozen target
-//!   lacks armed guards.
-//! * [`BARRIER_EPOCH`]: every barrier completion (the pass that decided
-//!   `Prepare → Arm`, `SetNb(true)` in `Arm`, or `Arm → Enabled`) was taken
-//!   while every target's annotation was a receipt of the record's own
-//!   generation, epoch and phase; every admission while the admitted
-//!   node's annotation was an `Arm` receipt of the `Enabled` record's
-//!   generation and epoch. The state records, per completion, what the
-//!   annotations were when `decide` ran.
+//!   lacks armed guards, unless someone else turned NB on.
+//! * [`TUNNELS_GUARDED`]: no node's tunnels have IPsec intent while it has
+//!   no guards, unless someone else turned NB on.
+//! * [`BARRIER_EPOCH`]: every barrier completion (`Prepare → Arm`,
+//!   `SetNb(true)` in `Arm`, `Arm → Enabled`) was decided while every
+//!   target's annotation was a receipt of the record's own generation,
+//!   epoch and phase; every admission while the admitted node's annotation
+//!   was an `Arm` receipt of the `Enabled` record's generation and epoch.
 //! * [`ENABLED_CONFIRMED`]: the record is `Enabled` only with NB and SB true
 //!   and every target guarded.
+//! * [`RELEASE_EVIDENCE`]: `Release → Disabled` was decided while every
+//!   target's release annotation answered the record's generation, epoch
+//!   and challenge, from its live Pod, whose init container completed.
+//! * [`DISABLED_RELEASED`]: `Disabled` is never written while a target of
+//!   the `Release` record holds guards or this project's SAs without a
+//!   release receipt that passes the controller's checks.
+//! * [`CLEAN_AFTER_DISABLED`]: while the record is `Disabled` after a
+//!   disable (and before a re-enable writes `Prepare`), no node at all holds
+//!   guards, a published lease, identity paths or this project's SAs.
+//! * [`GUARDS_KEPT_WHILE_ON`]: a node never withdraws its guards while NB or
+//!   SB reads true, unless someone else turned NB on (the node reads the
+//!   record and its tunnels, not NB: see
+//!   [`an_nb_write_behind_the_controllers_back_races_a_release`]).
+//! * [`FOREIGN_KEPT`]: foreign state is never removed.
+//! * [`WRITES_CHANGE_SOMETHING`]: no record write changes only the epoch
+//!   (such a write repeats on every pass: a livelock).
 //! * [`DECIDE_OK`]: `decide` never returns an error.
 //!
 //! Liveness. Stateright's `eventually` reports only at terminal states and
@@ -91,37 +157,46 @@
 //! terminal, so alone it can miss counterexamples. The sound check here is
 //! the pair:
 //! * [`PROGRESS`] (`always`): every step strictly decreases a ranking
-//!   (fault budget, then record epoch, NB, SB rising, then the controller's
-//!   pending decision, then per node a measure of undelivered and missing
-//!   receipts). It is checked on every explored transition, including those
-//!   into states already seen, so the reachable graph has no cycle; the
-//!   checker finishing (asserted) shows it is finite. So every behaviour is
-//!   finite.
-//! * [`TERMINAL_ENABLED`] (`always`): every state in which no step changes
-//!   anything has the record `Enabled` with every scheduled node a target
-//!   (so the joiner ends admitted).
+//!   ([`ProtocolModel::rank`]: the budget, the operator's changes not yet
+//!   applied, the record's epoch and NB and SB following the intent, the
+//!   controller's pending decision, the rollout, the cleanups, the
+//!   retirements, the agents' receipts, leftover IKE daemons, tunnels
+//!   behind SB). It is checked on every explored transition, including
+//!   those into states already seen, so the reachable graph has no cycle;
+//!   the checker finishing (asserted) shows it is finite (an epoch beyond
+//!   [`EPOCH_CAP`] counts as a stalled step, so a livelock that keeps
+//!   writing new epochs is reported, not explored forever).
+//! * [`TERMINAL_INTENDED`] (`always`): every state in which no step changes
+//!   anything has the record where the final intent wants it: `Enabled`
+//!   with every scheduled node a target, or `Disabled`.
 //!
-//! Together: every maximal behaviour, whatever the scheduling, reaches
-//! `Enabled` (AF Enabled) with no fairness assumption, for the fault budget
-//! given. [`REACHES_ENABLED`] (`eventually`) and [`CAN_ENABLE`]
-//! (`sometimes`) are kept as stateright's own forms of the same claim.
+//! Together: every maximal behaviour, whatever the scheduling, reaches the
+//! operator's last intent (AF `Enabled` after a re-enable that stays,
+//! AF `Disabled` after a disable that stays: no one-way door), with no
+//! fairness assumption, for the budget given. The operator steps above are
+//! part of that: the checks show they suffice, and
+//! [`the_disable_needs_the_operators_steps`] shows which are needed.
 //!
-//! The checks are not vacuous: [`the_model_catches_broken_decisions`] runs
-//! the model over six deliberately broken wrappers of `decide` (three of
-//! them on the joiner's rules) and asserts the checker finds the
-//! counterexamples, and [`the_progress_check_catches_a_cycle`] does the
-//! same for the ranking. With the joiner, [`ADMITTED_AFTER_FLIP`]
-//! (`sometimes`) shows it can join after the NB flip.
+//! The checks are not vacuous: [`the_model_catches_broken_decisions`] and
+//! [`the_model_catches_broken_disable_decisions`] run the model over
+//! deliberately broken wrappers of `decide`,
+//! [`the_model_catches_broken_cleanups`] over broken node cleanups, and
+//! assert the checker finds the counterexamples;
+//! [`the_progress_check_catches_a_cycle`] does the same for the ranking.
+//! `sometimes` properties show the disable and the re-enable happen at all.
+//!
+//! Open findings in the real `decide` are tests that assert the model finds
+//! them and print the trace (`finding_*`); once `decide` is fixed such a
+//! test fails, and its case belongs in the checks above.
 //!
 //! # Running
 //!
 //! `cargo test -p kube-ovn-ipsec-controller --test coordination_model -- --nocapture`
-//! prints the states explored and the time (N=3, about 20 s in a debug
-//! build on two cores, the joiner's mixes about 5 s). The long mode, every fault at once:
-//! `KOI_MODEL_NODES=4 cargo test --release -p kube-ovn-ipsec-controller --test coordination_model -- --ignored --nocapture`
-//! (`KOI_MODEL_FAULTS=r,c,l,t` overrides the budget: node restarts,
-//! controller crashes, losses, rotations; `KOI_MODEL_JOINER=1` adds the
-//! joiner).
+//! prints the states explored and the time of each check, and the traces
+//! of the findings. The long modes:
+//! `cargo test --release -p kube-ovn-ipsec-controller --test coordination_model -- --ignored --nocapture`
+//! runs [`enable_model_long`] and [`protocol_model_long`]; their docs list
+//! the environment variables that set the size and the budget.
 // Test helpers outside #[test] fns panic on failure on purpose.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 // The test reports how long the check took: wall-clock time is the point.
@@ -134,50 +209,102 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use controller::coordination::evidence::{self, Answer};
-use controller::coordination::machine::{Decision, LiveDaemonSet, Observation, Verdict, decide};
+use controller::coordination::machine::{
+    Decision, LiveDaemonSet, Observation, Verdict, decide, retirements_done,
+};
 use kube_ovn_ipsec_api::coordination::{
-    Challenge, CoordinationPhase, CoordinationRecord, Receipt, ReceiptStatus,
+    Challenge, CoordinationPhase, CoordinationRecord, Receipt, ReceiptStatus, ReleaseReceipt,
+    ReleaseStatus,
 };
 use kube_ovn_ipsec_api::digest::Sha256Digest;
 use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::time::Timestamp;
-use stateright::{Checker, HasDiscoveries, Model, Property};
+use stateright::{Checker, Expectation, HasDiscoveries, Model, Path, Property};
+use uuid::Uuid;
 
 /// Safety: NB on only while every frozen target is guarded.
 const NB_GUARDED: &str = "NB_Global.ipsec is never true while a frozen target lacks armed guards";
+/// Safety: no tunnel with intent and no guards.
+const TUNNELS_GUARDED: &str = "no node's tunnels have IPsec intent while it has no guards";
 /// Safety: barriers complete only on receipts of their own epoch.
 const BARRIER_EPOCH: &str = "a barrier completes only on receipts of the record's epoch and phase";
 /// Safety: `Enabled` is confirmed.
 const ENABLED_CONFIRMED: &str = "Enabled only with NB and SB true and every target guarded";
+/// Safety: the release barrier completes only on receipts answering it.
+const RELEASE_EVIDENCE: &str = "Disabled is decided only on release receipts answering the record's \
+     generation, epoch and challenge from a live Pod whose init container completed";
+/// Safety: nothing held by a target without a valid release receipt.
+const DISABLED_RELEASED: &str = "Disabled is never written while a target holds guards or project \
+     SAs without a valid release receipt";
+/// Safety: after `Disabled`, no node holds anything of this project.
+const CLEAN_AFTER_DISABLED: &str = "while Disabled after a disable, no node holds guards, a lease, \
+     identity paths or project SAs";
+/// Safety: guards stay while the switch may be on.
+const GUARDS_KEPT_WHILE_ON: &str = "a node never withdraws its guards while NB or SB reads true \
+     (unless NB was turned on behind the controller's back)";
+/// Safety, strict form: also without that exception (see
+/// [`an_nb_write_behind_the_controllers_back_races_a_release`]).
+const GUARDS_KEPT_WHILE_ON_STRICT: &str =
+    "a node never withdraws its guards while NB or SB reads true";
+/// Safety: every write changes something besides the epoch (one that
+/// does not repeats on the next pass, and the next: a livelock).
+const WRITES_CHANGE_SOMETHING: &str =
+    "the controller never writes a record that differs from the stored one only in its epoch";
+/// Safety: foreign state is never removed.
+const FOREIGN_KEPT: &str = "foreign state is never removed";
 /// Safety: the decision never fails on a record it wrote itself.
 const DECIDE_OK: &str = "decide never returns an error";
 /// Liveness, part one: no cycles.
 const PROGRESS: &str = "every step decreases the ranking (no cycle)";
-/// Liveness, part two: nothing is stuck short of `Enabled` with every
-/// scheduled node a target.
-const TERMINAL_ENABLED: &str = "every terminal state is Enabled with every scheduled node a target";
-/// Stateright's `eventually` form of the liveness claim.
+/// Liveness, part two: nothing is stuck short of the final intent.
+const TERMINAL_INTENDED: &str = "every terminal state is the final intent: Enabled with every \
+     scheduled node a target, or Disabled";
+/// Stateright's `eventually` form of the enable side's liveness claim.
 const REACHES_ENABLED: &str = "the record eventually reaches Enabled";
 /// The model can enable at all (guards against a vacuous model).
 const CAN_ENABLE: &str = "Enabled is reachable";
+/// The model can disable at all.
+const CAN_DISABLE: &str = "Disabled is reachable after a disable";
+/// The model can re-enable after a disable started.
+const CAN_REENABLE: &str = "Enabled is reachable again after a disable";
 /// With the joiner: it can join after the NB flip and still be admitted
 /// (guards against a model whose joiner always comes early).
 const ADMITTED_AFTER_FLIP: &str = "a node joining after the NB flip is admitted";
 
-/// The DaemonSet template hash: one, fixed (template changes are not modelled).
-const TEMPLATE: &str = "tmpl-1";
+/// The DaemonSet's template hash with the `ipsec` container.
+const AGENT_TEMPLATE: &str = "tmpl-agent";
+/// The DaemonSet's template hash with the `ipsec-cleanup` init container.
+const CLEANUP_TEMPLATE: &str = "tmpl-cleanup";
+/// An epoch no behaviour of the model should reach: beyond it a step
+/// counts as stalled (a livelock writing new epochs), so the check ends.
+const EPOCH_CAP: u64 = 48;
 
 /// The signature of [`decide`], so a test can swap in a broken wrapper.
 type DecideFn = fn(&CoordinationRecord, &Observation) -> controller::error::Result<Decision>;
 
+/// The node's cleanup as docs/cleanup.md has it, or a broken one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NodeCleanup {
+    /// As documented.
+    Spec,
+    /// Broken: withdraws in `Release` without waiting for its tunnels.
+    IgnoresTunnels,
+    /// Broken: withdraws as soon as the record is on the disable side,
+    /// without waiting for its tunnels.
+    Early,
+    /// Broken: flushes every SA and policy, foreign ones too.
+    Flush,
+}
+
 /// Agent-local progress, lost on restart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Agent {
-    /// Started, nothing done for the current record.
+    /// Started (or no agent: not an agent Pod), nothing done for the
+    /// current record.
     Idle,
     /// Identity ready and capability gate passed.
     Prepared,
-    /// Lease published, guards armed and read back, runtime started.
+    /// Guards armed, lease published, identity activated, IKE started.
     Armed,
 }
 
@@ -226,16 +353,25 @@ struct Rcpt {
     /// The trust bundle the agent used (see [`trust_digest`]).
     trust: u8,
     flags: Flags,
+    /// Sent from the node's live Pod (false once the DaemonSet deleted it).
+    live_pod: bool,
 }
 
 impl Rcpt {
     /// A total order, so in-flight sets have one canonical form.
-    fn key(&self) -> (u64, u64, usize, u8, Flags) {
+    fn key(&self) -> (u64, u64, usize, u8, Flags, bool) {
         let phase = CoordinationPhase::ALL
             .iter()
             .position(|p| *p == self.phase)
             .unwrap_or(usize::MAX);
-        (self.generation, self.epoch, phase, self.trust, self.flags)
+        (
+            self.generation,
+            self.epoch,
+            phase,
+            self.trust,
+            self.flags,
+            self.live_pod,
+        )
     }
 }
 
@@ -251,19 +387,105 @@ impl Ord for Rcpt {
     }
 }
 
+/// What a release receipt answers: the record's generation, epoch and
+/// challenge (by [`challenge_id`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct RelKey {
+    generation: u64,
+    epoch: u64,
+    challenge: u64,
+}
+
+/// A release receipt annotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct RelRcpt {
+    key: RelKey,
+    /// Published by the node's live Pod (false once it was deleted).
+    live_pod: bool,
+}
+
+/// The `ipsec-cleanup` init container of a cleanup Pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Init {
+    /// Running, or waiting to be restarted: checking, or waiting for the
+    /// record, the tunnels or the IKE daemon.
+    Running,
+    /// Every check passed reading the record with this key: withdrawing.
+    Proceeding(RelKey),
+    /// Terminated with a non-zero exit code.
+    Failed,
+    /// Terminated with exit 0: never runs again for this Pod.
+    Done,
+}
+
+/// A node's kube-ovn-cni Pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Pod {
+    /// None: the DaemonSet deleted the old Pod and has not created the new
+    /// one (the node is not scheduled to, as the controller counts it).
+    Gap,
+    /// With the `ipsec` container (the agent).
+    Agent,
+    /// With the `ipsec-cleanup` init container.
+    Cleanup(Init),
+}
+
+impl Pod {
+    /// Whether the DaemonSet counts it available.
+    fn available(self) -> bool {
+        matches!(self, Pod::Agent | Pod::Cleanup(Init::Done))
+    }
+
+    /// `Some(true)` for a cleanup Pod, `Some(false)` for an agent Pod.
+    fn cleanup(self) -> Option<bool> {
+        match self {
+            Pod::Gap => None,
+            Pod::Agent => Some(false),
+            Pod::Cleanup(_) => Some(true),
+        }
+    }
+}
+
 /// One node.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Node {
+    pod: Pod,
     agent: Agent,
-    /// The XFRM guards are in the kernel: survives agent restarts, and
-    /// nothing on the enable side removes them.
+    /// The XFRM guards are in the kernel: survive Pods and restarts; only
+    /// the cleanup removes them.
     guards: bool,
+    /// The lease is published in OVSDB.
+    lease: bool,
+    /// The identity paths are set in OVSDB.
+    identity: bool,
+    /// The key directory has an activated identity (what the cleanup signs
+    /// with; the cleanup keeps it).
+    signer: bool,
+    /// An IKE daemon is alive on the node.
+    ike: bool,
+    /// The node's tunnels carry IPsec intent (ovn-controller).
+    intent: bool,
+    /// This project's SAs and policies are in the kernel.
+    sas: bool,
+    /// Someone else's SAs and policies are in the kernel.
+    foreign: bool,
     /// The receipt this agent last sent (agent memory).
     sent: Option<Rcpt>,
     /// The receipt annotation on the Node now.
     annotation: Option<Rcpt>,
     /// Receipt patches sent and not landed yet, sorted.
     in_flight: Vec<Rcpt>,
+    /// The release receipt annotation on the Node now.
+    release: Option<RelRcpt>,
+    /// The operator asked to retire it.
+    retire: bool,
+}
+
+impl Node {
+    /// Holds anything of this project that the cleanup withdraws.
+    fn holds(&self) -> bool {
+        self.guards || self.lease || self.identity || self.sas
+    }
 }
 
 /// The stored record, shared (it changes only when the controller writes,
@@ -296,18 +518,27 @@ impl Hash for Rec {
     }
 }
 
-/// What the annotations were when a barrier completed or a joiner was
-/// admitted.
+/// What the annotations were when a barrier completed, a joiner was
+/// admitted, or the release barrier completed.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Completion {
-    /// The receipts' phase it needed: the barrier's (`Prepare` or `Arm`),
-    /// `Arm` for an admission.
-    phase: CoordinationPhase,
-    generation: u64,
-    epoch: u64,
-    /// Per node it relied on (every target; for an admission, the
-    /// admitted), (generation, epoch, phase) of its annotation.
-    evidence: Vec<Option<(u64, u64, CoordinationPhase)>>,
+enum Completion {
+    Barrier {
+        /// The receipts' phase it needed: the barrier's (`Prepare` or
+        /// `Arm`), `Arm` for an admission.
+        phase: CoordinationPhase,
+        generation: u64,
+        epoch: u64,
+        /// Per node it relied on (every target; for an admission, the
+        /// admitted), (generation, epoch, phase) of its annotation.
+        evidence: Vec<Option<(u64, u64, CoordinationPhase)>>,
+    },
+    Release {
+        /// The `Release` record's.
+        key: RelKey,
+        /// Per target, its release annotation and whether its Pod's init
+        /// container had completed.
+        evidence: Vec<Option<(RelRcpt, bool)>>,
+    },
 }
 
 /// A decided step not yet performed.
@@ -325,13 +556,19 @@ struct Pending {
     completion: Option<Completion>,
 }
 
-/// The faults still allowed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The faults and operator actions still allowed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 struct Budget {
     node_restarts: u8,
     controller_restarts: u8,
     losses: u8,
     rotations: u8,
+    /// Operator intent flips (disable, re-enable, ...).
+    flips: u8,
+    /// NB turned on behind the controller's back during `Release`.
+    external_nb: u8,
+    /// Cleanup init containers exiting non-zero.
+    cleanup_failures: u8,
 }
 
 impl Budget {
@@ -340,7 +577,24 @@ impl Budget {
             + u32::from(self.controller_restarts)
             + u32::from(self.losses)
             + u32::from(self.rotations)
+            + u32::from(self.flips)
+            + u32::from(self.external_nb)
+            + u32::from(self.cleanup_failures)
     }
+}
+
+/// Events a property is about, remembered once they happened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Seen {
+    /// A node withdrew its guards while NB or SB read true.
+    withdrew_while_on: bool,
+    /// ... and no one else had turned NB on.
+    withdrew_while_on_unexcused: bool,
+    /// `Disabled` was written while a target held guards or SAs without a
+    /// valid release receipt.
+    disabled_unreleased: bool,
+    /// A pass decided a write that changes nothing but the epoch.
+    empty_write: bool,
 }
 
 /// The whole cluster.
@@ -351,14 +605,24 @@ struct State {
     sb: bool,
     /// The live trust bundle (1 or 2; see [`trust_digest`]).
     trust: u8,
+    /// The operator's intent.
+    desired: bool,
+    /// The running controller's intent (`--enable-ipsec`).
+    want: bool,
+    /// The DaemonSet's template is the cleanup shape.
+    chart_cleanup: bool,
+    /// NB was turned on behind the controller's back, and what it set off
+    /// is not over yet (see the end of [`ProtocolModel::step`]).
+    external: bool,
     nodes: Vec<Node>,
     pending: Option<Pending>,
     completions: Vec<Completion>,
     budget: Budget,
-    /// With [`EnableModel::joiner`]: the last node is scheduled.
+    /// With [`ProtocolModel::joiner`]: the last node is scheduled.
     joined: bool,
     /// It was scheduled while `NB_Global.ipsec` was true.
     joined_after_flip: bool,
+    seen: Seen,
     /// `decide` failed on some pass (the message).
     decide_error: Option<String>,
     /// Some step did not decrease the ranking (the step).
@@ -376,7 +640,7 @@ enum Action {
     ControllerRestart,
     /// SB takes NB's value.
     NorthdSync,
-    /// Node `i` acts on the record (and sends its receipt).
+    /// Node `i`'s agent acts on the record (and sends its receipt).
     NodeAct(usize),
     /// Node `i`'s agent restarts.
     NodeRestart(usize),
@@ -388,27 +652,66 @@ enum Action {
     RotateTrust,
     /// The joiner becomes scheduled.
     Join,
+    /// The operator flips the intent.
+    FlipIntent,
+    /// A controller with the operator's intent runs.
+    IntentSeen,
+    /// The chart sets the DaemonSet's template to the operator's intent.
+    ChartApply,
+    /// Someone turns NB on behind the controller's back.
+    ExternalNb,
+    /// The DaemonSet deletes node `i`'s Pod of the old template.
+    Evict(usize),
+    /// The DaemonSet creates node `i`'s Pod of the current template.
+    Create(usize),
+    /// Node `i`'s IKE daemon, whose agent is gone, exits.
+    IkeExit(usize),
+    /// Node `i`'s ovn-controller applies SB and the lease to its tunnels.
+    OvnController(usize),
+    /// Node `i`'s cleanup init container checks (exits 0, or proceeds).
+    CleanupCheck(usize),
+    /// Node `i`'s cleanup withdraws and publishes its release receipt.
+    CleanupWithdraw(usize),
+    /// Node `i`'s cleanup exits non-zero: `true` after publishing.
+    CleanupFail(usize, bool),
+    /// The kubelet restarts node `i`'s failed init container.
+    KubeletRestart(usize),
+    /// The operator deletes node `i`'s completed cleanup Pod.
+    OperatorRerun(usize),
+    /// The operator asks to retire node `i`.
+    OperatorRetire(usize),
 }
 
-/// [`EnableModel::rank`]: faults left; record epoch, NB, SB, joined (each
-/// only rises, hence reversed); no decision pending; the nodes' measure.
-type Rank = (u32, Reverse<(u64, bool, bool, bool)>, bool, u32);
+/// [`ProtocolModel::rank`]: budget; the operator's changes not yet
+/// applied; record epoch, targets (fewer), NB following the intent, SB
+/// following NB, joined (each rises, hence reversed); no decision pending;
+/// the rollout; the cleanups; the retirements to request; the agents'
+/// receipts; leftover IKE daemons; tunnels behind SB and the lease.
+type Rank = (
+    u32,
+    u32,
+    Reverse<(u64, Reverse<usize>, bool, bool, bool)>,
+    bool,
+    [u32; 6],
+);
 
-/// The model: how many nodes, the fault budget, the decision under test.
+/// The model: how many nodes, the budget, the decision under test, and
+/// which behaviours are explored.
 #[derive(Clone)]
-struct EnableModel {
+struct ProtocolModel {
     names: Vec<String>,
     uids: Vec<Uid>,
     /// Per node, its agent's Pod UID and CSR UID (receipt fields the
     /// record-side checks do not compare).
     pods: Vec<(Uid, Uid)>,
-    daemon_set: LiveDaemonSet,
     faults: Budget,
-    /// Most receipt patches one node may have in flight.
+    /// Most receipt patches one node may have in flight (0: a patch lands
+    /// as it is sent).
     in_flight_cap: usize,
     /// The joiner's own cap, when it differs.
     joiner_in_flight_cap: Option<usize>,
     decide: DecideFn,
+    cleanup: NodeCleanup,
     /// The last node is not scheduled at first and joins (once) at any
     /// moment: before the enable, into a barrier, after the NB flip, or
     /// while `Enabled`. It follows the agent's contract: a frozen target
@@ -416,6 +719,30 @@ struct EnableModel {
     /// then a `Prepare` receipt, arming, and an `Arm` receipt, each for
     /// the record's current epoch.
     joiner: bool,
+    /// The DaemonSet's template may change before a controller with the
+    /// new intent runs (a chart upgrade changes both; the DaemonSet
+    /// controller reacts at once, the controller's Deployment rolls and
+    /// elects a leader). Otherwise the controller sees the intent first.
+    chart_first: bool,
+    /// ovn-controller applies SB to a node's tunnels in a step of its own
+    /// (otherwise with SB's). The enable model keeps them together: the
+    /// guards are armed before any SB change there.
+    tunnel_lag: bool,
+    /// Start from a settled `Enabled` cluster (every node armed, NB and SB
+    /// true) rather than from nothing.
+    start_enabled: bool,
+    /// The IKE daemon of a deleted agent Pod exits in a step of its own
+    /// (otherwise with its Pod).
+    ike_lingers: bool,
+    /// The DaemonSet creates a node's new Pod in a step of its own after
+    /// deleting the old one, so a pass can see the node without a Pod
+    /// (otherwise it replaces the Pod in one step).
+    pod_gaps: bool,
+    /// [`EPOCH_CAP`], or lower to find a livelock sooner.
+    epoch_cap: u64,
+    /// The operator withdraws every retirement request when flipping the
+    /// intent (see [`finding_a_retirement_left_over_from_release_restarts_prepare_forever`]).
+    withdraw_retirements_on_flip: bool,
 }
 
 fn trust_digest(t: u8) -> Sha256Digest {
@@ -426,9 +753,41 @@ fn now() -> Timestamp {
     Timestamp::from_unix(1_750_000_000).unwrap()
 }
 
-impl EnableModel {
+/// The challenge a `Disabling` written from a record of epoch `id - 1`
+/// carries: a fresh one for every such write, as a random one would be.
+fn challenge(id: u64) -> Challenge {
+    let mut bytes = [0x5a; 32];
+    bytes[..8].copy_from_slice(&id.to_be_bytes());
+    Challenge::from_bytes(bytes)
+}
+
+fn challenge_id(c: &Challenge) -> u64 {
+    u64::from_be_bytes(c.as_bytes()[..8].try_into().unwrap())
+}
+
+/// The record's release key (`None` without a challenge).
+fn rel_key(record: &CoordinationRecord) -> Option<RelKey> {
+    Some(RelKey {
+        generation: record.generation,
+        epoch: record.epoch,
+        challenge: challenge_id(record.challenge.as_ref()?),
+    })
+}
+
+const NB_ROW: Uuid = Uuid::from_u128(0x4e42);
+const SB_ROW: Uuid = Uuid::from_u128(0x5342);
+
+fn refused(check: &'static str, message: &str) -> Verdict {
+    Verdict::Refused {
+        check,
+        message: message.into(),
+    }
+}
+
+impl ProtocolModel {
+    /// The enable model: intent on throughout, no rollout, no cleanup.
     fn new(nodes: usize, faults: Budget, decide: DecideFn) -> Self {
-        EnableModel {
+        ProtocolModel {
             names: (0..nodes).map(|i| format!("node-{i}")).collect(),
             uids: (0..nodes)
                 .map(|i| Uid::new(format!("uid-node-{i}")).unwrap())
@@ -441,16 +800,19 @@ impl EnableModel {
                     )
                 })
                 .collect(),
-            daemon_set: LiveDaemonSet {
-                uid: Uid::new("ds-uid-1").unwrap(),
-                template_hash: TEMPLATE.into(),
-                cleanup_shape: false,
-            },
             faults,
             in_flight_cap: 2,
             joiner_in_flight_cap: None,
             decide,
+            cleanup: NodeCleanup::Spec,
             joiner: false,
+            chart_first: false,
+            tunnel_lag: false,
+            start_enabled: false,
+            ike_lingers: false,
+            pod_gaps: false,
+            epoch_cap: EPOCH_CAP,
+            withdraw_retirements_on_flip: false,
         }
     }
 
@@ -460,11 +822,26 @@ impl EnableModel {
     /// two in flight per node are the plain mixes', and one keeps this
     /// model within CI's time.
     fn with_joiner(nodes: usize, faults: Budget, decide: DecideFn) -> Self {
-        EnableModel {
+        ProtocolModel {
             joiner: true,
             in_flight_cap: 1,
             joiner_in_flight_cap: Some(2),
-            ..EnableModel::new(nodes, faults, decide)
+            ..ProtocolModel::new(nodes, faults, decide)
+        }
+    }
+
+    /// The whole protocol: the intent flips `faults.flips` times, the
+    /// DaemonSet rolls (with gaps), ovn-controller lags SB, a deleted
+    /// agent Pod's IKE daemon exits later; receipt patches land at once
+    /// (late and lost ones are the enable model's: set
+    /// [`ProtocolModel::in_flight_cap`] for them).
+    fn protocol(nodes: usize, faults: Budget, decide: DecideFn) -> Self {
+        ProtocolModel {
+            in_flight_cap: 0,
+            tunnel_lag: true,
+            ike_lingers: true,
+            pod_gaps: true,
+            ..ProtocolModel::new(nodes, faults, decide)
         }
     }
 
@@ -480,7 +857,8 @@ impl EnableModel {
         self.names.iter().position(|n| n == name).unwrap()
     }
 
-    fn scheduled(&self, s: &State) -> usize {
+    /// How many Nodes exist (the joiner's only once it joined).
+    fn existing(&self, s: &State) -> usize {
         if self.joiner && !s.joined {
             self.names.len() - 1
         } else {
@@ -488,10 +866,33 @@ impl EnableModel {
         }
     }
 
-    /// The real evidence check's verdict on node `i`'s annotation, minus
-    /// signature/CSR/Pod/freshness (all genuine here): the record-side
-    /// checks [`evidence::judge`] ends with, [`evidence::claims`], as a
-    /// target's barrier receipt or as an admission.
+    /// Whether node `i` exists and has a DaemonSet Pod: what the leader's
+    /// loop counts as scheduled.
+    fn is_scheduled(&self, s: &State, i: usize) -> bool {
+        i < self.existing(s) && s.nodes[i].pod != Pod::Gap
+    }
+
+    fn template(cleanup: bool) -> &'static str {
+        if cleanup {
+            CLEANUP_TEMPLATE
+        } else {
+            AGENT_TEMPLATE
+        }
+    }
+
+    fn daemon_set(s: &State) -> LiveDaemonSet {
+        LiveDaemonSet {
+            uid: Uid::new("ds-uid-1").unwrap(),
+            template_hash: Self::template(s.chart_cleanup).into(),
+            cleanup_shape: s.chart_cleanup,
+        }
+    }
+
+    /// The controller's verdict on node `i`'s barrier receipt `ann`: the
+    /// Pod binding (live, of the frozen template; an agent Pod's receipt),
+    /// then the real record-side checks [`evidence::judge`] ends with,
+    /// [`evidence::claims`], as a target's barrier receipt or as an
+    /// admission. Signature, CSR and freshness: all genuine here.
     fn verdict(
         &self,
         record: &CoordinationRecord,
@@ -502,6 +903,15 @@ impl EnableModel {
         let Some(r) = ann else {
             return Verdict::Missing;
         };
+        if !r.live_pod {
+            return refused("ReceiptPodNotLive", "the receipt's Pod was deleted");
+        }
+        if record.template_hash.as_deref() != Some(AGENT_TEMPLATE) {
+            return refused(
+                "ReceiptTemplateMismatch",
+                "the Pod runs another template than the frozen one",
+            );
+        }
         let receipt = Receipt {
             generation: r.generation,
             epoch: r.epoch,
@@ -511,7 +921,7 @@ impl EnableModel {
             pod_uid: self.pods[i].0.clone(),
             csr_name: format!("csr-{i}"),
             csr_uid: self.pods[i].1.clone(),
-            template_hash: TEMPLATE.into(),
+            template_hash: AGENT_TEMPLATE.into(),
             trust_hash: trust_digest(r.trust),
             observed: now(),
             status: r.flags.status(),
@@ -527,29 +937,98 @@ impl EnableModel {
         evidence::claims(record, answer, &receipt, now())
     }
 
+    /// The controller's verdict on node `i`'s release receipt, as
+    /// `evidence::judge_release` has it minus signature and CSR: the
+    /// receipt's Pod is the node's live Pod, of the frozen template, its
+    /// init container terminated with exit 0; then the real
+    /// [`evidence::release_claims`] (over [`ReleaseReceipt::check_against`]).
+    fn release_verdict(&self, s: &State, record: &CoordinationRecord, i: usize) -> Verdict {
+        let n = &s.nodes[i];
+        let Some(r) = n.release else {
+            return Verdict::Missing;
+        };
+        // Only a cleanup Pod publishes one, and it stays live until the
+        // DaemonSet or the operator deletes it.
+        let Pod::Cleanup(init) = n.pod else {
+            return refused("ReleaseReceiptPodNotLive", "the receipt's Pod was deleted");
+        };
+        if !r.live_pod {
+            return refused("ReleaseReceiptPodNotLive", "the receipt's Pod was deleted");
+        }
+        if record.template_hash.as_deref() != Some(CLEANUP_TEMPLATE) {
+            return refused(
+                "ReleaseReceiptTemplateMismatch",
+                "the Pod runs another template than the frozen one",
+            );
+        }
+        match init {
+            Init::Done => {}
+            Init::Failed => return refused("ReleaseInitFailed", "exited with code 4"),
+            Init::Running | Init::Proceeding(_) => {
+                return refused("ReleaseInitNotTerminated", "is running");
+            }
+        }
+        let receipt = ReleaseReceipt {
+            generation: r.key.generation,
+            epoch: r.key.epoch,
+            phase: CoordinationPhase::Release,
+            node_name: self.names[i].clone(),
+            node_uid: self.uids[i].clone(),
+            pod_uid: Uid::new(format!("cleanup-pod-{i}")).unwrap(),
+            csr_name: format!("csr-{i}"),
+            csr_uid: self.pods[i].1.clone(),
+            template_hash: CLEANUP_TEMPLATE.into(),
+            trust_hash: trust_digest(s.trust),
+            observed: now(),
+            challenge: challenge(r.key.challenge),
+            status: ReleaseStatus {
+                lease_withdrawn: true,
+                guards_removed: true,
+                identity_cleared: true,
+                drained: true,
+                boot_id: Uuid::from_u128(0xb007),
+                certificate_digest: Sha256Digest::from_bytes([0xc0; 32]),
+            },
+            certificate: String::new(),
+        };
+        evidence::release_claims(record, &receipt, now())
+    }
+
+    /// What the leader's loop reads in one pass (`coordination::run`).
     fn observe(&self, s: &State) -> Observation {
+        use CoordinationPhase::*;
         let record = &s.record.0;
-        let scheduled: BTreeMap<String, Uid> = (0..self.scheduled(s))
+        let nodes: BTreeMap<String, Uid> = (0..self.existing(s))
             .map(|i| (self.names[i].clone(), self.uids[i].clone()))
             .collect();
+        let scheduled: BTreeMap<String, Uid> = (0..self.existing(s))
+            .filter(|i| self.is_scheduled(s, *i))
+            .map(|i| (self.names[i].clone(), self.uids[i].clone()))
+            .collect();
+        let targets = || record.targets.keys().map(|name| (name, self.index(name)));
+        // As the loop reads them: NB from Prepare on, SB from Arm on.
+        let nb = (record.phase != Disabled).then_some(s.nb);
+        let sb =
+            matches!(record.phase, Arm | Enabled | Disabling | Cleanup | Release).then_some(s.sb);
         Observation {
-            want_enabled: true,
-            daemon_set: Some(self.daemon_set.clone()),
+            want_enabled: s.want,
+            daemon_set: Some(Self::daemon_set(s)),
             trust: Some(trust_digest(s.trust)),
-            nodes: scheduled.clone(),
             scheduled,
-            receipts: record
-                .targets
-                .keys()
-                .map(|name| {
-                    let i = self.index(name);
-                    let v = self.verdict(record, i, s.nodes[i].annotation, false);
-                    (name.clone(), v)
-                })
-                .collect(),
-            admissions: if record.phase == CoordinationPhase::Enabled {
-                (0..self.scheduled(s))
-                    .filter(|i| !self.is_target(s, *i))
+            nodes,
+            receipts: if matches!(record.phase, Prepare | Arm) {
+                targets()
+                    .map(|(name, i)| {
+                        let v = self.verdict(record, i, s.nodes[i].annotation, false);
+                        (name.clone(), v)
+                    })
+                    .collect()
+            } else {
+                BTreeMap::new()
+            },
+            admissions: if record.phase == Enabled {
+                (0..self.existing(s))
+                    .filter(|i| self.is_scheduled(s, *i) && !self.is_target(s, *i))
                     .map(|i| {
                         let v = self.verdict(record, i, s.nodes[i].annotation, true);
                         (self.names[i].clone(), v)
@@ -558,15 +1037,37 @@ impl EnableModel {
             } else {
                 BTreeMap::new()
             },
-            retirements: BTreeMap::new(),
-            nb_ipsec: Some(s.nb),
-            sb_ipsec: Some(s.sb),
-            // The enable side reads no row UUIDs and no release receipts.
-            nb_global_uuid: None,
-            sb_global_uuid: None,
-            releases: BTreeMap::new(),
-            fresh_challenge: Challenge::from_bytes([7; 32]),
+            retirements: self.retirements(s),
+            nb_ipsec: nb,
+            sb_ipsec: sb,
+            nb_global_uuid: nb.map(|_| NB_ROW),
+            sb_global_uuid: sb.map(|_| SB_ROW),
+            releases: if record.phase == Release {
+                targets()
+                    .map(|(name, i)| (name.clone(), self.release_verdict(s, record, i)))
+                    .collect()
+            } else {
+                BTreeMap::new()
+            },
+            fresh_challenge: challenge(record.epoch + 1),
         }
+    }
+
+    /// The operator's retirement requests: name → the frozen UID.
+    fn retirements(&self, s: &State) -> BTreeMap<String, Uid> {
+        (0..self.names.len())
+            .filter(|i| s.nodes[*i].retire)
+            .map(|i| (self.names[i].clone(), self.uids[i].clone()))
+            .collect()
+    }
+
+    /// Every target of the record has its guards armed.
+    fn targets_guarded(&self, s: &State) -> bool {
+        s.record
+            .0
+            .targets
+            .keys()
+            .all(|n| s.nodes[self.index(n)].guards)
     }
 
     fn is_target(&self, s: &State, i: usize) -> bool {
@@ -574,19 +1075,22 @@ impl EnableModel {
     }
 
     /// Whether node `i` is scheduled, not a target, and the record is
-    /// `Enabled`: it asks for admission.
+    /// `Enabled`: its agent asks for admission.
     fn admitting(&self, s: &State, i: usize) -> bool {
-        i < self.scheduled(s)
+        self.is_scheduled(s, i)
             && !self.is_target(s, i)
             && s.record.0.phase == CoordinationPhase::Enabled
     }
 
-    /// What node `i` does on the current record: its agent state and
+    /// What node `i`'s agent does on the current record: its state and
     /// guards afterwards, and the receipt it then stands behind (`None`:
-    /// the phase has no barrier). `None` overall: nothing to do (no record
-    /// yet, not scheduled, or waiting to be admitted from `Enabled`).
+    /// the phase has no barrier). `None` overall: nothing to do (no agent
+    /// Pod, no record yet, disable side, or waiting to be admitted).
     fn target(&self, s: &State, i: usize) -> Option<(Agent, bool, Option<Rcpt>)> {
         let n = &s.nodes[i];
+        if n.pod != Pod::Agent {
+            return None;
+        }
         let record = &s.record.0;
         let receipt = |phase, agent, guards| Rcpt {
             generation: record.generation,
@@ -594,6 +1098,7 @@ impl EnableModel {
             phase,
             trust: s.trust,
             flags: Flags::of(agent, guards),
+            live_pod: true,
         };
         if self.admitting(s, i) {
             // The agent's admission: a Prepare receipt once its identity
@@ -645,15 +1150,15 @@ impl EnableModel {
         }
     }
 
-    /// Whether node `i` would send its receipt now, and whether it has
-    /// anything to do at all.
+    /// Whether node `i`'s agent would send its receipt now, and whether it
+    /// has anything to do at all.
     fn node_work(&self, s: &State, i: usize) -> Option<(Agent, bool, Option<Rcpt>)> {
         let (agent, guards, receipt) = self.target(s, i)?;
         let n = &s.nodes[i];
         let send = receipt.filter(|r| {
             n.sent != Some(*r) || (n.annotation != Some(*r) && !n.in_flight.contains(r))
         });
-        if send.is_some() && n.in_flight.len() >= self.cap(i) {
+        if send.is_some() && self.cap(i) > 0 && n.in_flight.len() >= self.cap(i) {
             // The agent's patch queue is full; landing or loss drains it.
             return None;
         }
@@ -663,14 +1168,153 @@ impl EnableModel {
         Some((agent, guards, send))
     }
 
-    /// The ranking every step must decrease (lexicographically): faults
-    /// left, then record progress (rising), then the controller's pending
-    /// decision, then the nodes' undelivered work.
+    /// What node `i`'s cleanup init container does on its next check
+    /// (docs/cleanup.md): `Done` (exit 0, nothing touched, no receipt),
+    /// `Proceeding` (every check passed), or `None` (it waits).
+    fn cleanup_check(&self, s: &State, i: usize) -> Option<Init> {
+        let n = &s.nodes[i];
+        if n.pod != Pod::Cleanup(Init::Running) {
+            return None;
+        }
+        // Nothing held and no identity: nothing to release. (Arming
+        // activates the identity, so a node without one holds nothing.)
+        if !n.signer && !n.holds() {
+            return Some(Init::Done);
+        }
+        let record = &s.record.0;
+        if record.phase == CoordinationPhase::Disabled || !self.is_target(s, i) {
+            // Not asked to release anything.
+            return Some(Init::Done);
+        }
+        let release = record.phase == CoordinationPhase::Release
+            && record.template_hash.as_deref() == Some(CLEANUP_TEMPLATE);
+        let proceed = match self.cleanup {
+            NodeCleanup::Spec | NodeCleanup::Flush => release && !n.intent && !n.ike,
+            NodeCleanup::IgnoresTunnels => release && !n.ike,
+            NodeCleanup::Early => record.phase.is_disable_side() && !n.ike,
+        };
+        proceed.then(|| Init::Proceeding(rel_key(record).unwrap()))
+    }
+
+    /// Node `i`'s cleanup withdraws, in docs/cleanup.md's order, and
+    /// publishes its release receipt for the record it read (`key`).
+    fn withdraw(&self, s: &mut State, i: usize, key: RelKey) {
+        let (nb, sb, external) = (s.nb, s.sb, s.external);
+        let n = &mut s.nodes[i];
+        if n.guards && (nb || sb) {
+            s.seen.withdrew_while_on = true;
+            if !external {
+                s.seen.withdrew_while_on_unexcused = true;
+            }
+        }
+        n.sas = false;
+        if self.cleanup == NodeCleanup::Flush {
+            n.foreign = false;
+        }
+        n.lease = false;
+        n.guards = false;
+        n.identity = false;
+        n.release = Some(RelRcpt {
+            key,
+            live_pod: true,
+        });
+    }
+
+    /// Node `i`'s Pod is deleted and replaced by `pod`: its agent is gone,
+    /// and the receipts it sent no longer name a live Pod.
+    fn replace_pod(s: &mut State, i: usize, pod: Pod) {
+        let n = &mut s.nodes[i];
+        n.pod = pod;
+        n.agent = Agent::Idle;
+        n.sent = None;
+        let dead = |r: &mut Rcpt| r.live_pod = false;
+        n.annotation.iter_mut().for_each(dead);
+        n.in_flight.iter_mut().for_each(dead);
+        n.in_flight.sort();
+        if let Some(r) = &mut n.release {
+            r.live_pod = false;
+        }
+    }
+
+    /// Whether `Release` holds on node `i`'s completed cleanup Pod for good:
+    /// it can sign (it has an activated identity) but its release receipt
+    /// is not this Pod's answer to this record (the disable went back to
+    /// `Disabling`, or the init container completed when the node was not
+    /// asked yet). Its init container never runs again by itself.
+    fn needs_rerun(&self, s: &State, i: usize) -> bool {
+        let record = &s.record.0;
+        let n = &s.nodes[i];
+        record.phase == CoordinationPhase::Release
+            && self.is_target(s, i)
+            && n.pod == Pod::Cleanup(Init::Done)
+            && n.signer
+            && !n
+                .release
+                .is_some_and(|r| r.live_pod && Some(r.key) == rel_key(record))
+    }
+
+    /// Whether the operator deletes node `i`'s cleanup Pod (the DaemonSet
+    /// then creates a new one, whose init container runs): what the
+    /// controller's write says to do when `Release` went back to
+    /// `Disabling`, and what its status shows for such a node.
+    fn rerun_wanted(&self, s: &State, i: usize) -> bool {
+        s.chart_cleanup && self.needs_rerun(s, i)
+    }
+
+    /// Whether the operator retires node `i`: `Release` holds on it with no
+    /// release receipt, its init container completed with nothing to
+    /// release (no activated identity to sign with: it never armed, so it
+    /// holds nothing; docs/cleanup.md says to retire it).
+    fn retire_wanted(&self, s: &State, i: usize) -> bool {
+        let n = &s.nodes[i];
+        // Not for a disable the operator abandoned.
+        !s.desired
+            && s.record.0.phase == CoordinationPhase::Release
+            && self.is_target(s, i)
+            && n.pod == Pod::Cleanup(Init::Done)
+            && n.release.is_none()
+            && !n.signer
+            && !n.retire
+    }
+
+    /// The ranking every step must decrease (lexicographically): see
+    /// [`Rank`].
     fn rank(&self, s: &State) -> Rank {
         let budget = s.budget.total() + u32::from(self.joiner && !s.joined);
-        let progress = Reverse((s.record.0.epoch, s.nb, s.sb, s.joined));
-        let nodes = (0..s.nodes.len()).map(|i| self.node_rank(s, i)).sum();
-        (budget, progress, s.pending.is_none(), nodes)
+        let operator = u32::from(s.want != s.desired) + u32::from(s.chart_cleanup == s.desired);
+        let record = &s.record.0;
+        let progress = Reverse((
+            record.epoch,
+            Reverse(record.targets.len()),
+            s.nb == s.want,
+            s.sb == s.nb,
+            s.joined,
+        ));
+        let key = rel_key(record);
+        let mut per_node = [0u32; 6];
+        for (i, n) in s.nodes.iter().enumerate() {
+            // The rollout: a Pod of the old template, then none.
+            per_node[0] += match n.pod.cleanup() {
+                None => 1,
+                Some(c) if c != s.chart_cleanup => 2,
+                Some(_) => 0,
+            };
+            // The cleanup: a receipt that will not answer the record needs
+            // the operator's re-run; a failed init container the kubelet.
+            per_node[1] += match n.pod {
+                Pod::Cleanup(Init::Proceeding(k)) if Some(k) == key => 1,
+                Pod::Cleanup(Init::Proceeding(_)) => 6,
+                Pod::Cleanup(Init::Done) if self.needs_rerun(s, i) => 5,
+                Pod::Cleanup(Init::Failed) => 4,
+                Pod::Cleanup(Init::Running) => 3,
+                _ => 0,
+            };
+            per_node[2] += u32::from(self.retire_wanted(s, i));
+            per_node[3] += self.node_rank(s, i);
+            per_node[4] += u32::from(n.ike && n.agent != Agent::Armed);
+            per_node[5] += u32::from(self.tunnel_lag && n.intent != (s.sb && n.lease));
+        }
+        (budget, operator, progress, s.pending.is_none(), per_node)
     }
 
     /// Per node: 16·(admission stages left: a `Prepare` receipt, then
@@ -682,7 +1326,7 @@ impl EnableModel {
     /// the stage's step may raise.
     fn node_rank(&self, s: &State, i: usize) -> u32 {
         let n = &s.nodes[i];
-        let stages = if self.admitting(s, i) {
+        let stages = if self.admitting(s, i) && n.pod == Pod::Agent {
             match n.agent {
                 Agent::Idle => 2,
                 Agent::Prepared => 1,
@@ -716,22 +1360,85 @@ impl EnableModel {
             + 2 * u32::from(not_current && copies == 0)
     }
 
-    /// Symmetry reduction: with every node a frozen target from the first
-    /// `Prepare` on, nodes differ only by name, so states that differ by a
-    /// permutation of the nodes behave alike; the model keeps one, the one
-    /// with the nodes sorted. Every property is symmetric (each quantifies
-    /// over all targets; the evidence is sorted too). A consequence for
-    /// reading a counterexample: a node index in an action refers to the
-    /// node order of the state before it. (Stateright's own `symmetry_fn`
-    /// keeps indices stable but only in its DFS checker, which runs about
-    /// twice as slowly here.) With the joiner only the others are sorted:
-    /// they are frozen together and never differ in role.
+    /// Symmetry reduction: nodes other than the joiner differ only by name,
+    /// so states that differ by a permutation of them (their names in the
+    /// records' targets permuted alike) behave alike; the model keeps one,
+    /// the one with those nodes sorted by whether the stored and the
+    /// pending record target them, then by their state. Every property is
+    /// symmetric (each quantifies over all targets or all nodes; the
+    /// evidence is sorted too). A consequence for reading a counterexample:
+    /// a node index in an action refers to the node order of the state
+    /// before it. (Stateright's own `symmetry_fn` keeps indices stable but
+    /// only in its DFS checker, which runs about twice as slowly here.)
     fn canonicalise(&self, s: &mut State) {
         let alike = s.nodes.len() - usize::from(self.joiner);
-        s.nodes[..alike].sort();
+        let pending_targets = match &s.pending {
+            Some(Pending {
+                step: Step::Write(r),
+                ..
+            }) => Some(Arc::clone(&r.0)),
+            _ => None,
+        };
+        let member = |r: &CoordinationRecord, j: usize| r.targets.contains_key(&self.names[j]);
+        let key = |j: usize| {
+            (
+                !member(&s.record.0, j),
+                pending_targets.as_ref().map(|r| !member(r, j)),
+                &s.nodes[j],
+            )
+        };
+        let mut order: Vec<usize> = (0..alike).collect();
+        order.sort_by(|a, b| key(*a).cmp(&key(*b)));
+        if order.iter().enumerate().any(|(p, j)| p != *j) {
+            // Old index → new position.
+            let mut pos: Vec<usize> = (0..s.nodes.len()).collect();
+            for (p, j) in order.iter().enumerate() {
+                pos[*j] = p;
+            }
+            let nodes = order
+                .iter()
+                .map(|j| s.nodes[*j].clone())
+                .collect::<Vec<_>>();
+            s.nodes.splice(..alike, nodes);
+            let rename = |r: &Rec| -> Option<Rec> {
+                // Only a target set the permutation changes needs a new
+                // record (the UIDs follow the names: no Node is re-created).
+                let moved =
+                    r.0.targets
+                        .keys()
+                        .any(|n| !r.0.targets.contains_key(&self.names[pos[self.index(n)]]));
+                moved.then(|| {
+                    let mut next = (*r.0).clone();
+                    next.targets =
+                        r.0.targets
+                            .keys()
+                            .map(|n| {
+                                let p = pos[self.index(n)];
+                                (self.names[p].clone(), self.uids[p].clone())
+                            })
+                            .collect();
+                    Rec(Arc::new(next))
+                })
+            };
+            if let Some(r) = rename(&s.record) {
+                s.record = r;
+            }
+            if let Some(Pending {
+                step: Step::Write(r),
+                ..
+            }) = &mut s.pending
+                && let Some(renamed) = rename(r)
+            {
+                *r = renamed;
+            }
+        }
         for c in &mut s.completions {
-            c.evidence
-                .sort_by_key(|e| e.map(|(g, ep, p)| (g, ep, p.as_str())));
+            match c {
+                Completion::Barrier { evidence, .. } => {
+                    evidence.sort_by_key(|e| e.map(|(g, ep, p)| (g, ep, p.as_str())));
+                }
+                Completion::Release { evidence, .. } => evidence.sort(),
+            }
         }
     }
 
@@ -750,6 +1457,7 @@ impl EnableModel {
     /// Whether `action` can change `s`, short of deciding: every step but
     /// the controller's pass is known from the state alone.
     fn enabled(&self, s: &State, action: &Action) -> bool {
+        let all_available = || (0..self.existing(s)).all(|j| s.nodes[j].pod.available());
         match *action {
             Action::ControllerPass => s.pending.is_none(),
             Action::ControllerPerform => s.pending.is_some(),
@@ -758,18 +1466,19 @@ impl EnableModel {
             Action::NodeAct(i) => self.node_work(s, i).is_some(),
             Action::NodeRestart(i) => {
                 let n = &s.nodes[i];
-                s.budget.node_restarts > 0 && (n.agent != Agent::Idle || n.sent.is_some())
+                s.budget.node_restarts > 0
+                    && n.pod == Pod::Agent
+                    && (n.agent != Agent::Idle || n.sent.is_some())
             }
             Action::Land(i, k) => k < s.nodes[i].in_flight.len(),
             Action::Lose(i, k) => k < s.nodes[i].in_flight.len() && s.budget.losses > 0,
             // `Disabled` freezes whatever is live, and in `Enabled` only a
-            // joiner's admission reads the trust: a rotation elsewhere
-            // would only duplicate states.
+            // joiner's admission reads the trust, release receipts do not
+            // compare it: a rotation elsewhere would only duplicate states.
             Action::RotateTrust => {
                 s.budget.rotations > 0
                     && match s.record.0.phase {
                         CoordinationPhase::Prepare | CoordinationPhase::Arm => true,
-                        // Only an admission reads it there.
                         CoordinationPhase::Enabled => {
                             self.joiner && s.joined && !self.is_target(s, self.names.len() - 1)
                         }
@@ -777,7 +1486,139 @@ impl EnableModel {
                     }
             }
             Action::Join => self.joiner && !s.joined,
+            Action::FlipIntent => s.budget.flips > 0,
+            Action::IntentSeen => s.want != s.desired,
+            Action::ChartApply => {
+                s.chart_cleanup == s.desired && (self.chart_first || s.want == s.desired)
+            }
+            Action::ExternalNb => {
+                s.budget.external_nb > 0 && !s.nb && s.record.0.phase == CoordinationPhase::Release
+            }
+            Action::Evict(i) => {
+                let pod = s.nodes[i].pod;
+                i < self.existing(s)
+                    && pod.cleanup().is_some_and(|c| c != s.chart_cleanup)
+                    && (!pod.available() || all_available())
+            }
+            Action::Create(i) => i < self.existing(s) && s.nodes[i].pod == Pod::Gap,
+            Action::IkeExit(i) => s.nodes[i].ike && s.nodes[i].agent != Agent::Armed,
+            Action::OvnController(i) => {
+                let n = &s.nodes[i];
+                self.tunnel_lag && n.intent != (s.sb && n.lease)
+            }
+            Action::CleanupCheck(i) => self.cleanup_check(s, i).is_some(),
+            Action::CleanupWithdraw(i) => {
+                matches!(s.nodes[i].pod, Pod::Cleanup(Init::Proceeding(_)))
+            }
+            Action::CleanupFail(i, _) => {
+                s.budget.cleanup_failures > 0
+                    && matches!(s.nodes[i].pod, Pod::Cleanup(Init::Proceeding(_)))
+            }
+            Action::KubeletRestart(i) => s.nodes[i].pod == Pod::Cleanup(Init::Failed),
+            Action::OperatorRerun(i) => self.rerun_wanted(s, i),
+            Action::OperatorRetire(i) => self.retire_wanted(s, i),
         }
+    }
+
+    /// The controller's pass: decide, and remember what it would do.
+    fn pass(&self, s: &State, next: &mut State) -> Option<()> {
+        let o = self.observe(s);
+        let decision = match (self.decide)(&s.record.0, &o) {
+            Ok(d) => d,
+            Err(e) => {
+                next.decide_error = Some(e.to_string());
+                return Some(());
+            }
+        };
+        let record = &s.record.0;
+        let evidence = |names: &mut dyn Iterator<Item = &String>| {
+            names
+                .map(|name| {
+                    s.nodes[self.index(name)]
+                        .annotation
+                        .map(|r| (r.generation, r.epoch, r.phase))
+                })
+                .collect()
+        };
+        let barrier = |phase| Completion::Barrier {
+            phase,
+            generation: record.generation,
+            epoch: record.epoch,
+            evidence: evidence(&mut record.targets.keys()),
+        };
+        let (step, completion) = match decision {
+            Decision::Write { record: to, .. } => {
+                let mut same = (*to).clone();
+                same.epoch = record.epoch;
+                next.seen.empty_write |= same == **record;
+                let mut admitted = to
+                    .targets
+                    .keys()
+                    .filter(|n| !record.targets.contains_key(*n))
+                    .peekable();
+                use CoordinationPhase::*;
+                let completion = match (record.phase, to.phase) {
+                    (Prepare, Arm) | (Arm, Enabled) => Some(barrier(record.phase)),
+                    (Enabled, Enabled) if admitted.peek().is_some() => Some(Completion::Barrier {
+                        phase: Arm,
+                        generation: record.generation,
+                        epoch: record.epoch,
+                        evidence: evidence(&mut admitted),
+                    }),
+                    (Release, Disabled) => Some(Completion::Release {
+                        key: rel_key(record).unwrap(),
+                        evidence: record
+                            .targets
+                            .keys()
+                            .map(|name| {
+                                let n = &s.nodes[self.index(name)];
+                                n.release.map(|r| (r, n.pod == Pod::Cleanup(Init::Done)))
+                            })
+                            .collect(),
+                    }),
+                    _ => None,
+                };
+                (Step::Write(Rec(Arc::new(*to))), completion)
+            }
+            Decision::SetNb(v) => {
+                let completes = v && record.phase != CoordinationPhase::Enabled;
+                (Step::SetNb(v), completes.then(|| barrier(record.phase)))
+            }
+            Decision::Hold { .. } | Decision::Idle => return None,
+        };
+        next.pending = Some(Pending { step, completion });
+        Some(())
+    }
+
+    /// The controller performs its pending write: `Disabled` is checked
+    /// against what the targets hold now, and the retirements the write
+    /// carried out are consumed (`coordination::run` does both in one
+    /// store).
+    fn perform(&self, s: &State, next: &mut State) -> Option<()> {
+        let pending = next.pending.take()?;
+        match pending.step {
+            Step::Write(to) => {
+                let stored = &s.record.0;
+                if to.0.phase == CoordinationPhase::Disabled
+                    && stored.phase == CoordinationPhase::Release
+                {
+                    let unreleased = stored.targets.keys().any(|name| {
+                        let i = self.index(name);
+                        let n = &s.nodes[i];
+                        (n.guards || n.sas)
+                            && self.release_verdict(s, stored, i) != Verdict::Satisfied
+                    });
+                    next.seen.disabled_unreleased |= unreleased;
+                }
+                for name in retirements_done(stored, &to.0, &self.retirements(s)) {
+                    next.nodes[self.index(&name)].retire = false;
+                }
+                next.record = to;
+            }
+            Step::SetNb(v) => next.nb = v,
+        }
+        next.completions.extend(pending.completion);
+        Some(())
     }
 
     /// The state after `action`, `None` when it changes nothing.
@@ -787,80 +1628,8 @@ impl EnableModel {
         }
         let mut next = s.clone();
         match *action {
-            Action::ControllerPass => {
-                let o = self.observe(s);
-                let decision = match (self.decide)(&s.record.0, &o) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        next.decide_error = Some(e.to_string());
-                        return Some(next);
-                    }
-                };
-                let record = &s.record.0;
-                let evidence = |names: &mut dyn Iterator<Item = &String>| {
-                    names
-                        .map(|name| {
-                            s.nodes[self.index(name)]
-                                .annotation
-                                .map(|r| (r.generation, r.epoch, r.phase))
-                        })
-                        .collect()
-                };
-                let (step, completion) = match decision {
-                    Decision::Write { record: to, .. } => {
-                        let barrier = matches!(
-                            (record.phase, to.phase),
-                            (CoordinationPhase::Prepare, CoordinationPhase::Arm)
-                                | (CoordinationPhase::Arm, CoordinationPhase::Enabled)
-                        );
-                        let mut admitted = to
-                            .targets
-                            .keys()
-                            .filter(|n| !record.targets.contains_key(*n))
-                            .peekable();
-                        let completion = if barrier {
-                            Some(Completion {
-                                phase: record.phase,
-                                generation: record.generation,
-                                epoch: record.epoch,
-                                evidence: evidence(&mut record.targets.keys()),
-                            })
-                        } else if record.phase == CoordinationPhase::Enabled
-                            && admitted.peek().is_some()
-                        {
-                            Some(Completion {
-                                phase: CoordinationPhase::Arm,
-                                generation: record.generation,
-                                epoch: record.epoch,
-                                evidence: evidence(&mut admitted),
-                            })
-                        } else {
-                            None
-                        };
-                        (Step::Write(Rec(Arc::new(*to))), completion)
-                    }
-                    Decision::SetNb(v) => {
-                        let completes = v && record.phase != CoordinationPhase::Enabled;
-                        let completion = completes.then(|| Completion {
-                            phase: record.phase,
-                            generation: record.generation,
-                            epoch: record.epoch,
-                            evidence: evidence(&mut record.targets.keys()),
-                        });
-                        (Step::SetNb(v), completion)
-                    }
-                    Decision::Hold { .. } | Decision::Idle => return None,
-                };
-                next.pending = Some(Pending { step, completion });
-            }
-            Action::ControllerPerform => {
-                let pending = next.pending.take()?;
-                match pending.step {
-                    Step::Write(record) => next.record = record,
-                    Step::SetNb(v) => next.nb = v,
-                }
-                next.completions.extend(pending.completion);
-            }
+            Action::ControllerPass => self.pass(s, &mut next)?,
+            Action::ControllerPerform => self.perform(s, &mut next)?,
             Action::ControllerRestart => {
                 next.pending = None;
                 next.budget.controller_restarts -= 1;
@@ -871,16 +1640,30 @@ impl EnableModel {
                 let n = &mut next.nodes[i];
                 n.agent = agent;
                 n.guards = guards;
+                if agent == Agent::Armed {
+                    // Guards first, then the lease, the identity
+                    // activated, the IKE daemon started (SPEC §4 "Order").
+                    n.lease = true;
+                    n.identity = true;
+                    n.signer = true;
+                    n.ike = true;
+                }
                 if let Some(r) = send {
                     n.sent = Some(r);
-                    n.in_flight.push(r);
-                    n.in_flight.sort();
+                    if self.cap(i) == 0 {
+                        // No patch in flight: it lands at once.
+                        n.annotation = Some(r);
+                    } else {
+                        n.in_flight.push(r);
+                        n.in_flight.sort();
+                    }
                 }
             }
             Action::NodeRestart(i) => {
                 let n = &mut next.nodes[i];
                 n.agent = Agent::Idle;
                 n.sent = None;
+                n.ike = false;
                 next.budget.node_restarts -= 1;
             }
             Action::Land(i, k) => {
@@ -898,37 +1681,186 @@ impl EnableModel {
             Action::Join => {
                 next.joined = true;
                 next.joined_after_flip = s.nb;
+                // Its first Pod is of the DaemonSet's current template.
+                if s.chart_cleanup {
+                    let last = self.names.len() - 1;
+                    next.nodes[last].pod = Pod::Cleanup(Init::Running);
+                }
             }
+            Action::FlipIntent => {
+                next.desired = !s.desired;
+                next.budget.flips -= 1;
+                if self.withdraw_retirements_on_flip {
+                    next.nodes.iter_mut().for_each(|n| n.retire = false);
+                }
+            }
+            Action::IntentSeen => {
+                // A new controller process: nothing decided survives.
+                next.want = s.desired;
+                next.pending = None;
+            }
+            Action::ChartApply => next.chart_cleanup = !s.desired,
+            Action::ExternalNb => {
+                next.nb = true;
+                next.external = true;
+                next.budget.external_nb -= 1;
+            }
+            Action::Evict(i) => {
+                let pod = match (self.pod_gaps, s.chart_cleanup) {
+                    (true, _) => Pod::Gap,
+                    (false, true) => Pod::Cleanup(Init::Running),
+                    (false, false) => Pod::Agent,
+                };
+                Self::replace_pod(&mut next, i, pod);
+                if !self.ike_lingers {
+                    next.nodes[i].ike = false;
+                }
+            }
+            Action::Create(i) => {
+                next.nodes[i].pod = if s.chart_cleanup {
+                    Pod::Cleanup(Init::Running)
+                } else {
+                    Pod::Agent
+                };
+            }
+            Action::IkeExit(i) => next.nodes[i].ike = false,
+            Action::OvnController(i) => {
+                let n = &mut next.nodes[i];
+                n.intent = s.sb && n.lease;
+            }
+            Action::CleanupCheck(i) => {
+                next.nodes[i].pod = Pod::Cleanup(self.cleanup_check(s, i)?);
+            }
+            Action::CleanupWithdraw(i) => {
+                let Pod::Cleanup(Init::Proceeding(key)) = s.nodes[i].pod else {
+                    return None;
+                };
+                self.withdraw(&mut next, i, key);
+                next.nodes[i].pod = Pod::Cleanup(Init::Done);
+            }
+            Action::CleanupFail(i, after_publish) => {
+                let Pod::Cleanup(Init::Proceeding(key)) = s.nodes[i].pod else {
+                    return None;
+                };
+                if after_publish {
+                    self.withdraw(&mut next, i, key);
+                }
+                next.nodes[i].pod = Pod::Cleanup(Init::Failed);
+                next.budget.cleanup_failures -= 1;
+            }
+            Action::KubeletRestart(i) => next.nodes[i].pod = Pod::Cleanup(Init::Running),
+            Action::OperatorRerun(i) => {
+                Self::replace_pod(&mut next, i, Pod::Cleanup(Init::Running));
+            }
+            Action::OperatorRetire(i) => next.nodes[i].retire = true,
+        }
+        // What follows at once: tunnels (without the lag), SAs from a live
+        // IKE daemon on tunnels with intent, the end of an NB write
+        // behind the controller's back.
+        for n in &mut next.nodes {
+            if !self.tunnel_lag {
+                n.intent = next.sb && n.lease;
+            }
+            n.sas |= n.ike && n.intent;
+        }
+        // An NB write behind the controller's back is over once NB and SB
+        // read false, no tunnel carries intent and no cleanup acts on
+        // checks it made meanwhile.
+        if !next.nb
+            && !next.sb
+            && next
+                .nodes
+                .iter()
+                .all(|n| !n.intent && !matches!(n.pod, Pod::Cleanup(Init::Proceeding(_))))
+        {
+            next.external = false;
         }
         Some(next)
     }
+
+    /// The settled `Enabled` cluster [`ProtocolModel::start_enabled`]
+    /// starts from: generation 1, every node armed with its `Arm` receipt
+    /// landed, NB and SB true, SAs up.
+    fn enabled_start(&self, mut s: State) -> State {
+        use CoordinationPhase::*;
+        let mut record = CoordinationRecord::initial()
+            .transition(Prepare, None)
+            .unwrap();
+        record.daemon_set_uid = Some(Self::daemon_set(&s).uid);
+        record.template_hash = Some(AGENT_TEMPLATE.into());
+        record.trust_hash = Some(trust_digest(s.trust));
+        record.targets = (0..self.existing(&s))
+            .map(|i| (self.names[i].clone(), self.uids[i].clone()))
+            .collect();
+        let arm = record.transition(Arm, None).unwrap();
+        let receipt = Rcpt {
+            generation: arm.generation,
+            epoch: arm.epoch,
+            phase: Arm,
+            trust: s.trust,
+            flags: Flags::of(Agent::Armed, true),
+            live_pod: true,
+        };
+        s.record = Rec(Arc::new(arm.transition(Enabled, None).unwrap()));
+        s.nb = true;
+        s.sb = true;
+        let existing = self.existing(&s);
+        for n in &mut s.nodes[..existing] {
+            n.agent = Agent::Armed;
+            (n.guards, n.lease, n.identity, n.signer) = (true, true, true, true);
+            (n.ike, n.intent, n.sas) = (true, true, true);
+            n.sent = Some(receipt);
+            n.annotation = Some(receipt);
+        }
+        s
+    }
 }
 
-impl Model for EnableModel {
+impl Model for ProtocolModel {
     type State = State;
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
         let node = Node {
+            pod: Pod::Agent,
             agent: Agent::Idle,
             guards: false,
+            lease: false,
+            identity: false,
+            signer: false,
+            ike: false,
+            intent: false,
+            sas: false,
+            foreign: true,
             sent: None,
             annotation: None,
             in_flight: Vec::new(),
+            release: None,
+            retire: false,
         };
-        vec![State {
+        let s = State {
             record: Rec(Arc::new(CoordinationRecord::initial())),
             nb: false,
             sb: false,
             trust: 1,
+            desired: true,
+            want: true,
+            chart_cleanup: false,
+            external: false,
             nodes: vec![node; self.names.len()],
             pending: None,
             completions: Vec::new(),
             budget: self.faults,
             joined: false,
             joined_after_flip: false,
+            seen: Seen::default(),
             decide_error: None,
             stalled: None,
+        };
+        vec![if self.start_enabled {
+            self.enabled_start(s)
+        } else {
+            s
         }]
     }
 
@@ -944,10 +1876,27 @@ impl Model for EnableModel {
             Action::NorthdSync,
             Action::RotateTrust,
             Action::Join,
+            Action::FlipIntent,
+            Action::IntentSeen,
+            Action::ChartApply,
+            Action::ExternalNb,
         ];
         for (i, n) in s.nodes.iter().enumerate() {
-            candidates.push(Action::NodeAct(i));
-            candidates.push(Action::NodeRestart(i));
+            candidates.extend([
+                Action::NodeAct(i),
+                Action::NodeRestart(i),
+                Action::Evict(i),
+                Action::Create(i),
+                Action::IkeExit(i),
+                Action::OvnController(i),
+                Action::CleanupCheck(i),
+                Action::CleanupWithdraw(i),
+                Action::CleanupFail(i, false),
+                Action::CleanupFail(i, true),
+                Action::KubeletRestart(i),
+                Action::OperatorRerun(i),
+                Action::OperatorRetire(i),
+            ]);
             for k in 0..n.in_flight.len() {
                 // Equal copies give equal successors: one of each.
                 if k > 0 && n.in_flight[k] == n.in_flight[k - 1] {
@@ -962,8 +1911,13 @@ impl Model for EnableModel {
 
     fn next_state(&self, s: &State, action: Action) -> Option<State> {
         let mut next = self.step(s, &action)?;
-        if next.decide_error.is_none() && self.rank(&next) >= self.rank(s) {
-            next.stalled = Some(format!("{action:?}"));
+        if next.decide_error.is_none() {
+            if next.record.0.epoch > self.epoch_cap {
+                let cap = self.epoch_cap;
+                next.stalled = Some(format!("{action:?}: the epoch passed {cap}"));
+            } else if self.rank(&next) >= self.rank(s) {
+                next.stalled = Some(format!("{action:?}"));
+            }
         }
         self.canonicalise(&mut next);
         Some(next)
@@ -971,49 +1925,95 @@ impl Model for EnableModel {
 
     fn properties(&self) -> Vec<Property<Self>> {
         let mut properties = vec![
-            Property::always(NB_GUARDED, |m: &EnableModel, s: &State| {
-                !s.nb
-                    || s.record
-                        .0
-                        .targets
-                        .keys()
-                        .all(|n| s.nodes[m.index(n)].guards)
+            Property::always(NB_GUARDED, |m: &ProtocolModel, s: &State| {
+                !s.nb || s.external || m.targets_guarded(s)
+            }),
+            Property::always(TUNNELS_GUARDED, |_, s: &State| {
+                s.external || s.nodes.iter().all(|n| !n.intent || n.guards)
             }),
             Property::always(BARRIER_EPOCH, |_, s: &State| {
-                s.completions.iter().all(|c| {
-                    c.evidence
+                s.completions.iter().all(|c| match c {
+                    Completion::Barrier {
+                        phase,
+                        generation,
+                        epoch,
+                        evidence,
+                    } => evidence
                         .iter()
-                        .all(|e| *e == Some((c.generation, c.epoch, c.phase)))
+                        .all(|e| *e == Some((*generation, *epoch, *phase))),
+                    Completion::Release { .. } => true,
                 })
             }),
-            Property::always(ENABLED_CONFIRMED, |m: &EnableModel, s: &State| {
+            Property::always(ENABLED_CONFIRMED, |m: &ProtocolModel, s: &State| {
                 s.record.0.phase != CoordinationPhase::Enabled
-                    || (s.nb
-                        && s.sb
-                        && s.record
-                            .0
-                            .targets
-                            .keys()
-                            .all(|n| s.nodes[m.index(n)].guards))
+                    || (s.nb && s.sb && m.targets_guarded(s))
+            }),
+            Property::always(RELEASE_EVIDENCE, |_, s: &State| {
+                s.completions.iter().all(|c| match c {
+                    Completion::Release { key, evidence } => evidence.iter().all(|e| {
+                        *e == Some((
+                            RelRcpt {
+                                key: *key,
+                                live_pod: true,
+                            },
+                            true,
+                        ))
+                    }),
+                    Completion::Barrier { .. } => true,
+                })
+            }),
+            Property::always(DISABLED_RELEASED, |_, s: &State| {
+                !s.seen.disabled_unreleased
+            }),
+            Property::always(CLEAN_AFTER_DISABLED, |_, s: &State| {
+                let r = &s.record.0;
+                r.phase != CoordinationPhase::Disabled
+                    || r.generation == 0
+                    || s.nodes.iter().all(|n| !n.holds())
+            }),
+            Property::always(GUARDS_KEPT_WHILE_ON, |_, s: &State| {
+                !s.seen.withdrew_while_on_unexcused
+            }),
+            Property::always(WRITES_CHANGE_SOMETHING, |_, s: &State| !s.seen.empty_write),
+            Property::always(FOREIGN_KEPT, |_, s: &State| {
+                s.nodes.iter().all(|n| n.foreign)
             }),
             Property::always(DECIDE_OK, |_, s: &State| s.decide_error.is_none()),
             Property::always(PROGRESS, |_, s: &State| s.stalled.is_none()),
-            Property::always(TERMINAL_ENABLED, |m: &EnableModel, s: &State| {
-                (s.record.0.phase == CoordinationPhase::Enabled
-                    && (0..m.scheduled(s)).all(|i| m.is_target(s, i)))
-                    || !m.is_terminal(s)
-            }),
-            Property::eventually(REACHES_ENABLED, |_, s: &State| {
-                s.record.0.phase == CoordinationPhase::Enabled
+            Property::always(TERMINAL_INTENDED, |m: &ProtocolModel, s: &State| {
+                let phase = s.record.0.phase;
+                !m.is_terminal(s)
+                    || if s.want {
+                        phase == CoordinationPhase::Enabled
+                            && (0..m.existing(s))
+                                .all(|i| !m.is_scheduled(s, i) || m.is_target(s, i))
+                    } else {
+                        phase == CoordinationPhase::Disabled
+                    }
             }),
             Property::sometimes(CAN_ENABLE, |_, s: &State| {
                 s.record.0.phase == CoordinationPhase::Enabled
             }),
         ];
+        if self.faults.flips == 0 {
+            properties.push(Property::eventually(REACHES_ENABLED, |_, s: &State| {
+                s.record.0.phase == CoordinationPhase::Enabled
+            }));
+        } else {
+            properties.push(Property::sometimes(CAN_DISABLE, |_, s: &State| {
+                s.record.0.phase == CoordinationPhase::Disabled && s.record.0.generation > 0
+            }));
+        }
+        if self.faults.flips >= 2 {
+            properties.push(Property::sometimes(CAN_REENABLE, |_, s: &State| {
+                // Generations: 1 enable, 2 disable, 3 the re-enable.
+                s.record.0.phase == CoordinationPhase::Enabled && s.record.0.generation >= 3
+            }));
+        }
         if self.joiner {
             properties.push(Property::sometimes(
                 ADMITTED_AFTER_FLIP,
-                |m: &EnableModel, s: &State| {
+                |m: &ProtocolModel, s: &State| {
                     s.joined_after_flip && m.is_target(s, m.names.len() - 1)
                 },
             ));
@@ -1032,12 +2032,26 @@ const fn budget(node_restarts: u8, controller_restarts: u8, losses: u8, rotation
         controller_restarts,
         losses,
         rotations,
+        flips: 0,
+        external_nb: 0,
+        cleanup_failures: 0,
+    }
+}
+
+/// `base` with `flips` intent flips, `external_nb` NB writes behind the
+/// controller's back and `cleanup_failures` failed cleanups.
+const fn with_disable(base: Budget, flips: u8, external_nb: u8, cleanup_failures: u8) -> Budget {
+    Budget {
+        flips,
+        external_nb,
+        cleanup_failures,
+        ..base
     }
 }
 
 /// Explores the whole state space and asserts every property; returns the
 /// states explored.
-fn check_all(model: EnableModel, label: &str) -> usize {
+fn check_all(model: ProtocolModel, label: &str) -> usize {
     let nodes = model.names.len();
     let faults = model.faults;
     let started = Instant::now();
@@ -1050,8 +2064,104 @@ fn check_all(model: EnableModel, label: &str) -> usize {
         checker.max_depth(),
     );
     assert!(checker.is_done(), "{label}: the check did not finish");
-    checker.assert_properties();
+    // Stateright's own assertion prints whole states; a compact trace of
+    // each counterexample is what one reads.
+    let mut failed = Vec::new();
+    for p in checker.model().properties() {
+        let found = checker.discovery(p.name);
+        match (p.expectation, found) {
+            (Expectation::Sometimes, None) => failed.push(format!("{}: never", p.name)),
+            (Expectation::Always | Expectation::Eventually, Some(path)) => {
+                println!("{label}: counterexample for {:?}:", p.name);
+                print_path(&path);
+                let last = path.last_state();
+                if let Some(why) = last.stalled.as_ref().or(last.decide_error.as_ref()) {
+                    println!("  ({why})");
+                }
+                failed.push(p.name.to_owned());
+            }
+            _ => {}
+        }
+    }
+    assert!(failed.is_empty(), "{label}: {failed:?}");
     checker.unique_state_count()
+}
+
+/// Prints a counterexample step by step: each action, then the record,
+/// NB/SB and what each node holds after it.
+fn print_path(path: &Path<State, Action>) {
+    let states = path.clone().into_states();
+    let actions = path.clone().into_actions();
+    for (k, s) in states.iter().enumerate() {
+        if k > 0 {
+            println!("    -> {:?}", actions[k - 1]);
+        }
+        let r = &s.record.0;
+        let nodes: Vec<String> = s
+            .nodes
+            .iter()
+            .map(|n| {
+                let held: String = [
+                    (n.guards, 'g'),
+                    (n.lease, 'l'),
+                    (n.identity, 'i'),
+                    (n.sas, 's'),
+                    (n.ike, 'k'),
+                    (n.intent, 't'),
+                ]
+                .iter()
+                .map(|(b, c)| if *b { *c } else { '-' })
+                .collect();
+                format!("{:?}/{:?}/{held}", n.pod, n.agent)
+            })
+            .collect();
+        println!(
+            "  {} gen {} epoch {} targets {:?} | NB {} SB {} | intent {} chart {} | {}",
+            r.phase,
+            r.generation,
+            r.epoch,
+            r.targets.keys().collect::<Vec<_>>(),
+            s.nb,
+            s.sb,
+            s.want,
+            if s.chart_cleanup { "cleanup" } else { "agent" },
+            nodes.join(" "),
+        );
+    }
+}
+
+/// Runs `model` until it finds a counterexample for each of `want`, and
+/// returns them (panicking if one is missing).
+fn find(
+    model: ProtocolModel,
+    label: &str,
+    want: &[&'static str],
+) -> BTreeMap<&'static str, Path<State, Action>> {
+    let want: BTreeSet<&'static str> = want.iter().copied().collect();
+    let started = Instant::now();
+    let checker = model
+        .checker()
+        .threads(threads())
+        .finish_when(HasDiscoveries::AllOf(want.clone()))
+        .spawn_bfs()
+        .join();
+    println!(
+        "{label}: {} states explored in {:.2?}",
+        checker.state_count(),
+        started.elapsed()
+    );
+    want.into_iter()
+        .map(|property| {
+            let path = checker
+                .discovery(property)
+                .unwrap_or_else(|| panic!("{label}: no counterexample for {property:?}"));
+            println!(
+                "  {property}: counterexample of {} steps",
+                path.clone().into_actions().len()
+            );
+            (property, path)
+        })
+        .collect()
 }
 
 /// N=3, two patches in flight per node, in three fault mixes (all of them
@@ -1072,7 +2182,7 @@ fn enable_model_n3() {
         ("stale epochs, loss, crash", budget(0, 1, 1, 1)),
         ("restarts and losses", budget(2, 2, 2, 0)),
     ] {
-        states += check_all(EnableModel::new(3, faults, decide), label);
+        states += check_all(ProtocolModel::new(3, faults, decide), label);
     }
     println!(
         "enable_model_n3: {states} unique states in all, {:.2?}",
@@ -1089,17 +2199,182 @@ fn enable_model_n3() {
 #[test]
 #[ignore = "long: run with --ignored, in release"]
 fn enable_model_long() {
-    let nodes = std::env::var("KOI_MODEL_NODES")
-        .ok()
-        .map(|v| v.parse().expect("KOI_MODEL_NODES must be a number"))
-        .unwrap_or(4);
+    let nodes = env_nodes();
     let faults = std::env::var("KOI_MODEL_FAULTS").ok().map(|v| {
         let f: Vec<u8> = v.split(',').map(|x| x.parse().unwrap()).collect();
         budget(f[0], f[1], f[2], f[3])
     });
-    let mut model = EnableModel::new(nodes, faults.unwrap_or(budget(1, 1, 1, 1)), decide);
-    model.joiner = std::env::var("KOI_MODEL_JOINER").is_ok_and(|v| v == "1");
+    let mut model = ProtocolModel::new(nodes, faults.unwrap_or(budget(1, 1, 1, 1)), decide);
+    if std::env::var("KOI_MODEL_JOINER").is_ok_and(|v| v == "1") {
+        model.joiner = true;
+    }
     check_all(model, "enable_model_long");
+}
+
+fn env_nodes() -> usize {
+    std::env::var("KOI_MODEL_NODES")
+        .ok()
+        .map(|v| v.parse().expect("KOI_MODEL_NODES must be a number"))
+        .unwrap_or(4)
+}
+
+/// One check of the whole protocol: where it starts, its budget, and which
+/// of the model's finer interleavings it keeps (each mix keeps CI's time;
+/// the long mode keeps them all).
+struct Mix {
+    label: &'static str,
+    faults: Budget,
+    /// From a settled `Enabled` cluster rather than from nothing.
+    from_enabled: bool,
+    /// A pass can see a node without a Pod during a rollout.
+    gaps: bool,
+    /// ovn-controller lags SB, a deleted agent Pod's IKE daemon exits later.
+    lags: bool,
+    /// Receipt patches in flight per node.
+    in_flight: usize,
+}
+
+impl Mix {
+    fn model(&self) -> ProtocolModel {
+        let mut m = ProtocolModel::protocol(3, self.faults, decide);
+        m.start_enabled = self.from_enabled;
+        m.pod_gaps = self.gaps;
+        m.tunnel_lag = self.lags;
+        m.ike_lingers = self.lags;
+        m.in_flight_cap = self.in_flight;
+        // The operator's step before re-enabling (docs/coordination.md):
+        // withdraw retirement requests, see
+        // [`finding_a_retirement_left_over_from_release_restarts_prepare_forever`].
+        m.withdraw_retirements_on_flip = true;
+        m
+    }
+}
+
+/// The whole protocol, N=3, in mixes that each stay within CI's time:
+/// * a disable at any moment from nothing (into the first barrier, after
+///   the flip, in `Enabled`; targets that never armed are retired), with a
+///   node restart, a controller crash and a receipt patch in flight;
+/// * a disable and a re-enable at any moment from nothing (the re-enable
+///   abandons the disable wherever it is: `Disabling`, `Cleanup`,
+///   `Release`, or after `Disabled`), with a controller crash;
+/// * from `Enabled`, a disable and a re-enable with the rollout's gaps (the
+///   re-enable's `Prepare` restarts as nodes lose and regain their Pods);
+/// * from `Enabled`, a disable with NB turned on behind the controller's
+///   back during `Release` (back to `Disabling` with a new challenge: the
+///   completed cleanups must run again) and a controller crash;
+/// * from `Enabled`, a disable and a re-enable with NB turned on during
+///   `Release`;
+/// * from `Enabled`, a disable with two failed cleanups (before
+///   withdrawing, or after publishing the receipt), a node restart, a
+///   controller crash and a lost receipt.
+#[test]
+fn protocol_model_n3() {
+    let started = Instant::now();
+    let mut states = 0;
+    let mixes = [
+        Mix {
+            label: "disable",
+            faults: with_disable(budget(1, 1, 0, 0), 1, 0, 0),
+            from_enabled: false,
+            gaps: true,
+            lags: true,
+            in_flight: 1,
+        },
+        Mix {
+            label: "disable, re-enable",
+            faults: with_disable(budget(0, 1, 0, 0), 2, 0, 0),
+            from_enabled: false,
+            gaps: false,
+            lags: true,
+            in_flight: 0,
+        },
+        Mix {
+            label: "disable, re-enable, rollout gaps",
+            faults: with_disable(budget(0, 0, 0, 0), 2, 0, 0),
+            from_enabled: true,
+            gaps: true,
+            lags: false,
+            in_flight: 0,
+        },
+        Mix {
+            label: "disable, NB on during Release",
+            faults: with_disable(budget(0, 1, 0, 0), 1, 1, 0),
+            from_enabled: true,
+            gaps: true,
+            lags: true,
+            in_flight: 0,
+        },
+        Mix {
+            label: "disable, re-enable, NB on during Release",
+            faults: with_disable(budget(0, 0, 0, 0), 2, 1, 0),
+            from_enabled: true,
+            gaps: false,
+            lags: true,
+            in_flight: 0,
+        },
+        Mix {
+            label: "disable, failed cleanups",
+            faults: with_disable(budget(1, 1, 1, 0), 1, 0, 2),
+            from_enabled: true,
+            gaps: true,
+            lags: true,
+            in_flight: 1,
+        },
+    ];
+    for mix in mixes {
+        states += check_all(mix.model(), mix.label);
+    }
+    println!(
+        "protocol_model_n3: {states} unique states in all, {:.2?}",
+        started.elapsed()
+    );
+}
+
+/// The whole protocol from nothing, with the rollout's gaps:
+/// `KOI_MODEL_NODES` nodes (default 3), `KOI_MODEL_PROTOCOL=r,c,l,t,f,x,k`
+/// the budget (node restarts, controller crashes, losses, rotations,
+/// intent flips, NB writes behind the controller's back, failed cleanups;
+/// default `0,1,0,0,2,0,0`: a crash, a disable and a re-enable: about ten
+/// million states, two minutes in release on two cores),
+/// `KOI_MODEL_IN_FLIGHT` receipt patches in flight (default 0). Switches
+/// (`=1`): `KOI_MODEL_LAGS` adds ovn-controller's lag behind SB and
+/// lingering IKE daemons (every interleaving the model has: far larger);
+/// `KOI_MODEL_NO_GAPS` drops the gaps; `KOI_MODEL_FROM_ENABLED` starts from
+/// `Enabled`; `KOI_MODEL_JOINER` adds the joiner and
+/// `KOI_MODEL_CHART_FIRST` lets the template change before the controller
+/// sees the intent (both find the first open finding);
+/// `KOI_MODEL_KEEP_RETIREMENTS` leaves retirement requests in place when
+/// the operator flips the intent (finds the second);
+/// `KOI_MODEL_EPOCH_CAP` lowers [`EPOCH_CAP`].
+#[test]
+#[ignore = "long: run with --ignored, in release"]
+fn protocol_model_long() {
+    let nodes = std::env::var("KOI_MODEL_NODES")
+        .ok()
+        .map(|v| v.parse().expect("KOI_MODEL_NODES must be a number"))
+        .unwrap_or(3);
+    let f: Vec<u8> = std::env::var("KOI_MODEL_PROTOCOL")
+        .unwrap_or_else(|_| "0,1,0,0,2,0,0".into())
+        .split(',')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let faults = with_disable(budget(f[0], f[1], f[2], f[3]), f[4], f[5], f[6]);
+    let mut model = ProtocolModel::protocol(nodes, faults, decide);
+    let flag = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
+    model.chart_first = flag("KOI_MODEL_CHART_FIRST");
+    model.joiner = flag("KOI_MODEL_JOINER");
+    model.start_enabled = flag("KOI_MODEL_FROM_ENABLED");
+    model.tunnel_lag = flag("KOI_MODEL_LAGS");
+    model.ike_lingers = flag("KOI_MODEL_LAGS");
+    model.pod_gaps = !flag("KOI_MODEL_NO_GAPS");
+    model.withdraw_retirements_on_flip = !flag("KOI_MODEL_KEEP_RETIREMENTS");
+    if let Ok(cap) = std::env::var("KOI_MODEL_EPOCH_CAP") {
+        model.epoch_cap = cap.parse().unwrap();
+    }
+    if let Ok(cap) = std::env::var("KOI_MODEL_IN_FLIGHT") {
+        model.in_flight_cap = cap.parse().unwrap();
+    }
+    check_all(model, "protocol_model_long");
 }
 
 /// A decision that takes "no receipt" for a satisfied barrier.
@@ -1219,9 +2494,9 @@ fn decide_admitting_prepared_joiners(
 /// counterexample for the properties it breaks.
 #[test]
 fn the_model_catches_broken_decisions() {
-    let plain = |d| EnableModel::new(3, budget(1, 0, 1, 1), d);
-    let joiner = |d| EnableModel::with_joiner(3, budget(0, 0, 0, 1), d);
-    type Case = (&'static str, EnableModel, &'static [&'static str]);
+    let plain = |d| ProtocolModel::new(3, budget(1, 0, 1, 1), d);
+    let joiner = |d| ProtocolModel::with_joiner(3, budget(0, 0, 0, 1), d);
+    type Case = (&'static str, ProtocolModel, &'static [&'static str]);
     let cases: [Case; 6] = [
         (
             "Missing counted as Satisfied",
@@ -1246,7 +2521,7 @@ fn the_model_catches_broken_decisions() {
         (
             "Enabled keeps the trust it froze",
             joiner(decide_keeping_the_trust_when_enabled),
-            &[TERMINAL_ENABLED],
+            &[TERMINAL_INTENDED],
         ),
         (
             "a joiner admitted on its Prepare receipt",
@@ -1255,28 +2530,157 @@ fn the_model_catches_broken_decisions() {
         ),
     ];
     for (bug, model, caught) in cases {
-        let want: BTreeSet<&'static str> = caught.iter().copied().collect();
-        let started = Instant::now();
-        let checker = model
-            .checker()
-            .threads(threads())
-            .finish_when(HasDiscoveries::AllOf(want.clone()))
-            .spawn_bfs()
-            .join();
-        println!(
-            "broken decision ({bug}): {} states explored in {:.2?}",
-            checker.state_count(),
-            started.elapsed()
-        );
-        for property in want {
-            let path = checker
-                .discovery(property)
-                .unwrap_or_else(|| panic!("{bug}: no counterexample for {property:?}"));
-            println!(
-                "  {property}: counterexample of {} steps",
-                path.into_actions().len()
-            );
+        find(model, &format!("broken decision ({bug})"), caught);
+    }
+}
+
+/// A decision that takes every release receipt, whatever it says, and no
+/// receipt at all, for a satisfied `Release` barrier.
+fn decide_disabling_without_receipts(
+    record: &CoordinationRecord,
+    o: &Observation,
+) -> controller::error::Result<Decision> {
+    let mut o = o.clone();
+    for name in record.targets.keys() {
+        o.releases.insert(name.clone(), Verdict::Satisfied);
+    }
+    decide(record, &o)
+}
+
+/// A decision whose re-enable turns NB on at once, before the `Prepare`
+/// and `Arm` barriers re-armed the nodes that withdrew.
+fn decide_reenabling_nb_at_once(
+    record: &CoordinationRecord,
+    o: &Observation,
+) -> controller::error::Result<Decision> {
+    if record.phase.is_disable_side() && o.want_enabled && o.nb_ipsec == Some(false) {
+        return Ok(Decision::SetNb(true));
+    }
+    decide(record, o)
+}
+
+/// A decision that accepts a release receipt answering an earlier
+/// `Release` (another epoch and challenge: the disable went back to
+/// `Disabling` since).
+fn decide_accepting_old_releases(
+    record: &CoordinationRecord,
+    o: &Observation,
+) -> controller::error::Result<Decision> {
+    let mut o = o.clone();
+    for v in o.releases.values_mut() {
+        if matches!(
+            v,
+            Verdict::Refused {
+                check: "ReleaseReceiptEpochMismatch" | "ReleaseReceiptChallengeMismatch",
+                ..
+            }
+        ) {
+            *v = Verdict::Satisfied;
         }
+    }
+    decide(record, &o)
+}
+
+/// A decision whose `Release` ignores NB and SB turning true again (it
+/// never goes back to `Disabling`).
+fn decide_ignoring_nb_in_release(
+    record: &CoordinationRecord,
+    o: &Observation,
+) -> controller::error::Result<Decision> {
+    let mut o = o.clone();
+    if record.phase == CoordinationPhase::Release {
+        o.nb_ipsec = o.nb_ipsec.map(|_| false);
+        o.sb_ipsec = o.sb_ipsec.map(|_| false);
+    }
+    decide(record, &o)
+}
+
+/// A decision that finishes the disable before it re-enables: intent on
+/// in a disable-side phase waits (a one-way door once the chart is
+/// reverted).
+fn decide_finishing_the_disable_first(
+    record: &CoordinationRecord,
+    o: &Observation,
+) -> controller::error::Result<Decision> {
+    let mut o = o.clone();
+    if record.phase.is_disable_side() {
+        o.want_enabled = false;
+    }
+    decide(record, &o)
+}
+
+/// The disable side's invariants are not vacuous either.
+#[test]
+fn the_model_catches_broken_disable_decisions() {
+    let from_enabled = |faults, d| {
+        let mut m = ProtocolModel::protocol(3, faults, d);
+        m.start_enabled = true;
+        m
+    };
+    let disable = with_disable(budget(0, 0, 0, 0), 1, 0, 0);
+    let nb_on = with_disable(budget(0, 0, 0, 0), 1, 1, 0);
+    let reenable = with_disable(budget(0, 0, 0, 0), 2, 0, 0);
+    type Case = (&'static str, ProtocolModel, &'static [&'static str]);
+    let cases: [Case; 5] = [
+        (
+            "Disabled without release receipts",
+            from_enabled(disable, decide_disabling_without_receipts),
+            &[DISABLED_RELEASED, CLEAN_AFTER_DISABLED, RELEASE_EVIDENCE],
+        ),
+        (
+            "a re-enable turning NB on before re-arming",
+            from_enabled(reenable, decide_reenabling_nb_at_once),
+            &[NB_GUARDED, GUARDS_KEPT_WHILE_ON, TUNNELS_GUARDED],
+        ),
+        (
+            "a release receipt of an earlier Release accepted",
+            from_enabled(nb_on, decide_accepting_old_releases),
+            &[RELEASE_EVIDENCE],
+        ),
+        (
+            "Release deaf to NB turned on again",
+            from_enabled(nb_on, decide_ignoring_nb_in_release),
+            &[TERMINAL_INTENDED],
+        ),
+        (
+            "a re-enable waiting for the disable to finish",
+            from_enabled(reenable, decide_finishing_the_disable_first),
+            &[TERMINAL_INTENDED],
+        ),
+    ];
+    for (bug, model, caught) in cases {
+        find(model, &format!("broken decision ({bug})"), caught);
+    }
+}
+
+/// The node-side properties are not vacuous: a cleanup that does not wait
+/// for its tunnels to converge (in `Release`, or as soon as the disable
+/// starts, while NB may still be on), and one that flushes foreign state,
+/// are caught.
+#[test]
+fn the_model_catches_broken_cleanups() {
+    let model = |cleanup| {
+        let mut m = ProtocolModel::protocol(3, with_disable(budget(0, 0, 0, 0), 1, 0, 0), decide);
+        m.start_enabled = true;
+        m.cleanup = cleanup;
+        m
+    };
+    type Case = (&'static str, NodeCleanup, &'static [&'static str]);
+    let cases: [Case; 3] = [
+        (
+            "withdraws before its tunnels converged",
+            NodeCleanup::IgnoresTunnels,
+            &[TUNNELS_GUARDED],
+        ),
+        (
+            "withdraws as soon as the disable starts",
+            NodeCleanup::Early,
+            &[GUARDS_KEPT_WHILE_ON, TUNNELS_GUARDED],
+        ),
+        ("flushes foreign state", NodeCleanup::Flush, &[FOREIGN_KEPT]),
+    ];
+    for (bug, cleanup, caught) in cases {
+        find(model(cleanup), &format!("broken cleanup ({bug})"), caught);
     }
 }
 
@@ -1286,7 +2690,7 @@ fn the_model_catches_broken_decisions() {
 #[test]
 fn the_progress_check_catches_a_cycle() {
     #[derive(Clone)]
-    struct FreeLoss(EnableModel);
+    struct FreeLoss(ProtocolModel);
     impl Model for FreeLoss {
         type State = State;
         type Action = Action;
@@ -1316,7 +2720,7 @@ fn the_progress_check_catches_a_cycle() {
             })]
         }
     }
-    let checker = FreeLoss(EnableModel::new(2, budget(0, 0, 0, 0), decide))
+    let checker = FreeLoss(ProtocolModel::new(2, budget(0, 0, 0, 0), decide))
         .checker()
         .threads(threads())
         .finish_when(HasDiscoveries::AnyOf([PROGRESS].into()))
@@ -1332,6 +2736,7 @@ fn the_progress_check_catches_a_cycle() {
         path.into_actions()
     );
 }
+
 /// A node that the DaemonSet starts scheduling to at any moment (before
 /// the enable, into a barrier, after the NB flip, while `Enabled`) ends a
 /// target, and is never a target under NB without its guards. With a
@@ -1347,10 +2752,207 @@ fn a_joiner_at_any_step_ends_admitted_and_guarded() {
         ("joiner, rotation", budget(0, 0, 0, 1)),
         ("joiner, restart, loss, crash", budget(1, 1, 1, 0)),
     ] {
-        states += check_all(EnableModel::with_joiner(3, faults, decide), label);
+        states += check_all(ProtocolModel::with_joiner(3, faults, decide), label);
     }
     println!(
         "a_joiner_at_any_step_ends_admitted_and_guarded: {states} unique states in all, {:.2?}",
         started.elapsed()
     );
+}
+
+/// The node reads the record and its tunnels, not NB and SB (docs/cleanup.md
+/// "NB and SB through the record and the tunnels"): when someone turns NB
+/// on behind the controller's back during `Release`, a node that read
+/// `Release` can withdraw its guards while NB — and, before its
+/// ovn-controller caught up, SB — already reads true. The controller then
+/// goes back to `Disabling` and turns NB off again; the properties above
+/// hold with that exception, and this test shows the exception is real
+/// (so it is not a property the protocol has).
+#[test]
+fn an_nb_write_behind_the_controllers_back_races_a_release() {
+    #[derive(Clone)]
+    struct Strict(ProtocolModel);
+    impl Model for Strict {
+        type State = State;
+        type Action = Action;
+        fn init_states(&self) -> Vec<State> {
+            self.0.init_states()
+        }
+        fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+            self.0.actions(s, actions);
+        }
+        fn next_state(&self, s: &State, action: Action) -> Option<State> {
+            self.0.next_state(s, action)
+        }
+        fn properties(&self) -> Vec<Property<Self>> {
+            vec![Property::always(
+                GUARDS_KEPT_WHILE_ON_STRICT,
+                |_, s: &State| !s.seen.withdrew_while_on,
+            )]
+        }
+    }
+    let mut model = ProtocolModel::protocol(3, with_disable(budget(0, 0, 0, 0), 1, 1, 0), decide);
+    model.start_enabled = true;
+    let started = Instant::now();
+    let checker = Strict(model)
+        .checker()
+        .threads(threads())
+        .finish_when(HasDiscoveries::AnyOf([GUARDS_KEPT_WHILE_ON_STRICT].into()))
+        .spawn_bfs()
+        .join();
+    let path = checker
+        .discovery(GUARDS_KEPT_WHILE_ON_STRICT)
+        .expect("the race of an NB write with a release went unnoticed");
+    println!(
+        "an NB write behind the controller's back races a release ({} states, {:.2?}):",
+        checker.state_count(),
+        started.elapsed()
+    );
+    print_path(&path);
+}
+
+/// Which operator steps the disable needs: without the re-run of a
+/// completed cleanup Pod (after `Release` went back to `Disabling`), or
+/// without retiring a target that never activated an identity (a disable
+/// before it armed), some behaviour ends in a `Release` that holds
+/// forever. docs/coordination.md lists both as operator actions.
+#[test]
+fn the_disable_needs_the_operators_steps() {
+    #[derive(Clone)]
+    struct Without(ProtocolModel, fn(&Action) -> bool);
+    impl Model for Without {
+        type State = State;
+        type Action = Action;
+        fn init_states(&self) -> Vec<State> {
+            self.0.init_states()
+        }
+        fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+            self.0.actions(s, actions);
+            actions.retain(|a| !(self.1)(a));
+        }
+        fn next_state(&self, s: &State, action: Action) -> Option<State> {
+            self.0.next_state(s, action)
+        }
+        fn properties(&self) -> Vec<Property<Self>> {
+            vec![Property::always(
+                TERMINAL_INTENDED,
+                |w: &Without, s: &State| {
+                    let mut actions = Vec::new();
+                    w.actions(s, &mut actions);
+                    let terminal = match actions.as_slice() {
+                        [] => true,
+                        [Action::ControllerPass] => w.0.step(s, &Action::ControllerPass).is_none(),
+                        _ => false,
+                    };
+                    !terminal || s.record.0.phase == CoordinationPhase::Disabled
+                },
+            )]
+        }
+    }
+    let rerun = |a: &Action| matches!(a, Action::OperatorRerun(_));
+    let retire = |a: &Action| matches!(a, Action::OperatorRetire(_));
+    let mut nb_on = ProtocolModel::protocol(3, with_disable(budget(0, 0, 0, 0), 1, 1, 0), decide);
+    nb_on.start_enabled = true;
+    let early = ProtocolModel::protocol(3, with_disable(budget(0, 0, 0, 0), 1, 0, 0), decide);
+    for (label, model, without) in [
+        (
+            "without the operator's re-run",
+            nb_on,
+            rerun as fn(&Action) -> bool,
+        ),
+        ("without the operator's retirement", early, retire),
+    ] {
+        let started = Instant::now();
+        let checker = Without(model, without)
+            .checker()
+            .threads(threads())
+            .finish_when(HasDiscoveries::AnyOf([TERMINAL_INTENDED].into()))
+            .spawn_bfs()
+            .join();
+        let path = checker
+            .discovery(TERMINAL_INTENDED)
+            .unwrap_or_else(|| panic!("{label}: the disable finished anyway"));
+        println!(
+            "{label}: stuck short of Disabled ({} states, {:.2?}):",
+            checker.state_count(),
+            started.elapsed()
+        );
+        print_path(&path);
+    }
+}
+
+/// Finding, open: the disable asks only the record's targets for a
+/// release, but a node can hold this project's state without being one.
+/// The agent of a node joining an `Enabled` cluster arms at once (guards,
+/// lease, identity, IKE; its tunnels get intent and SAs) and is a target
+/// only once admitted; a target whose Pod is momentarily absent during a
+/// rollout is dropped from `Enabled` ("no longer scheduled"), and the
+/// chart's switch to the cleanup shape starts that rollout while the old
+/// controller (intent still on) leads. `Disabling` freezes the targets it
+/// has, `Cleanup` keeps those whose Node exists, and such a node's cleanup
+/// init container exits 0 as "not a target" without touching anything: the
+/// record reaches `Disabled` while it still holds guards, a published
+/// lease, identity paths and SAs. This test asserts the model finds both
+/// paths and prints them; once `decide` keeps such nodes in the disable's
+/// cohort it fails, and the cases belong in [`protocol_model_n3`].
+#[test]
+fn finding_a_node_armed_outside_the_disables_cohort_keeps_its_state() {
+    let disable = with_disable(budget(0, 0, 0, 0), 1, 0, 0);
+    let mut chart_first = ProtocolModel::protocol(3, disable, decide);
+    chart_first.start_enabled = true;
+    chart_first.chart_first = true;
+    let mut joiner = ProtocolModel::protocol(3, disable, decide);
+    joiner.joiner = true;
+    joiner.start_enabled = true;
+    for (label, model) in [
+        ("the chart's template changes first", chart_first),
+        ("a joiner armed for admission", joiner),
+    ] {
+        let found = find(model, label, &[CLEAN_AFTER_DISABLED]);
+        print_path(&found[CLEAN_AFTER_DISABLED]);
+    }
+}
+
+/// Finding, open: a retirement request that outlasts the `Release` it was
+/// made for restarts `Prepare` on every pass. The operator retires a
+/// target that cannot sign a release (it never armed; docs/cleanup.md),
+/// then re-enables before the controller carried the request out. In
+/// `Prepare` with NB reading false the retirement applies again and
+/// again: the restart's cohort is what the DaemonSet schedules to, the
+/// node is scheduled with the UID the request names, so the write keeps
+/// it with that UID, `retirements_done` does not count the request as
+/// carried out, and the next pass applies it once more (a new epoch each
+/// time, nothing else changing: no barrier ever completes). The operator's
+/// way out is `retire-node NAME --withdraw`; the mixes above withdraw
+/// requests when flipping the intent. This test asserts the model finds
+/// the livelock and prints it.
+#[test]
+fn finding_a_retirement_left_over_from_release_restarts_prepare_forever() {
+    let mut model = ProtocolModel::protocol(3, with_disable(budget(0, 0, 0, 0), 2, 0, 0), decide);
+    model.pod_gaps = false;
+    model.tunnel_lag = false;
+    model.ike_lingers = false;
+    let found = find(model, "a retirement left over", &[WRITES_CHANGE_SOMETHING]);
+    print_path(&found[WRITES_CHANGE_SOMETHING]);
+}
+
+/// Finding, open, no plaintext: a re-enable from `Disabling` before NB was
+/// turned off writes `Prepare` with every scheduled node as a target,
+/// NB still true, so a node that never armed (a joiner waiting for
+/// admission) is a target under an encrypted switch. The enable side's own
+/// restarts leave joiners out while NB may be on (`machine`'s cohort
+/// rule); `enable` does not. The patched ovn-controller gives that node no
+/// tunnel until its lease is published, so nothing leaves in plaintext
+/// ([`TUNNELS_GUARDED`] holds), but [`NB_GUARDED`] does not. This test
+/// asserts the model finds it and prints it.
+#[test]
+fn finding_a_reenable_before_nb_is_off_freezes_an_unguarded_joiner() {
+    let mut model = ProtocolModel::protocol(3, with_disable(budget(0, 0, 0, 0), 2, 0, 0), decide);
+    model.joiner = true;
+    model.start_enabled = true;
+    model.pod_gaps = false;
+    model.tunnel_lag = false;
+    model.ike_lingers = false;
+    let found = find(model, "a re-enable before NB is off", &[NB_GUARDED]);
+    print_path(&found[NB_GUARDED]);
 }
