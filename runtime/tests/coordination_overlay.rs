@@ -28,6 +28,15 @@
 //!    it, never carries plaintext Geneve; its pod reaches both others over
 //!    ESP and the controller admits it, NB and SB true throughout. With it,
 //!    every pair of the three nodes has carried ESP.
+//! 6. Disable: NB and SB turned off; as the patch does, every tunnel loses
+//!    intent and marks together, and each pair's window to its first
+//!    plaintext reply is printed (the NB-flip window); then, with pod
+//!    traffic running between every pair, the DaemonSet rolls node by node
+//!    to the cleanup shape (agent stopped, `kube-ovn-ipsec cleanup` as the
+//!    new Pod's init container) without losing a packet, the cluster
+//!    reaches `Disabled`, every node's XFRM dump is byte-identical to the
+//!    one taken before its agent first ran (foreign policies and ESP states
+//!    kept), and the underlay carries plaintext Geneve and no ESP again.
 //!
 //! On a kernel without those features this prints SKIPPED and returns;
 //! scripts/kernel-tests.sh runs it on a full kernel, where SKIPPED fails.
@@ -44,12 +53,12 @@ mod support;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, prerequisites, start_node};
+use agent_node::{AgentNode, prerequisites, run_cleanup, start_node, xfrm_dump};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
 use support::controller_cluster as cc;
-use support::controller_cluster::coordination::{flags, nb_sb, record};
+use support::controller_cluster::coordination::{flags, flags_wanting, nb_sb, record};
 use testbed::guest::HostFeatures;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::overlay::{self, Capture, Pinger, VSwitchd};
@@ -88,6 +97,25 @@ async fn armed(n: &AgentNode) -> bool {
         && n.status()
             .await
             .is_some_and(|s| s["protectionArmed"] == true)
+}
+
+/// Per pair `(i, j)`, concurrently: how long until pod `j` first answers
+/// node `i`'s pod (`None`: not within `limit`).
+fn first_replies(
+    nodes: &[AgentNode],
+    pairs: &[(usize, usize)],
+    limit: Duration,
+) -> Vec<Option<Duration>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = pairs
+            .iter()
+            .map(|&(i, j)| {
+                let ns = nodes[i].node.netns();
+                s.spawn(move || overlay::first_reply(ns, pod(j), limit))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
 
 /// Whether any tunnel of `n` has IPsec intent (`remote_name`).
@@ -133,6 +161,13 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
         "5",
     ];
     let mut free = std::mem::take(&mut mesh.nodes);
+    // Foreign state on every node, and the dump the disable must return
+    // to, before any agent runs.
+    let mut before = Vec::new();
+    for node in &free {
+        install_foreign(node);
+        before.push(xfrm_dump(node));
+    }
     let late = free.pop().unwrap();
     let mut nodes: Vec<AgentNode> = free
         .into_iter()
@@ -254,16 +289,7 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
                 .unwrap();
         }
     }
-    let windows: Vec<Option<Duration>> = std::thread::scope(|s| {
-        let handles: Vec<_> = pairs
-            .iter()
-            .map(|&(i, j)| {
-                let ns = nodes[i].node.netns();
-                s.spawn(move || overlay::first_reply(ns, pod(j), Duration::from_secs(120)))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let windows = first_replies(&nodes, &pairs, Duration::from_secs(120));
     for (w, &(i, j)) in windows.iter().zip(&pairs) {
         let w = w.unwrap_or_else(|| {
             panic!(
@@ -361,15 +387,8 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         overlay::split_horizon(&a.node, "pod0", &names).unwrap();
     }
-    let windows: Vec<Option<Duration>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..j)
-            .map(|i| {
-                let ns = nodes[j].node.netns();
-                s.spawn(move || overlay::first_reply(ns, pod(i), Duration::from_secs(180)))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let joiner_pairs: Vec<(usize, usize)> = (0..j).map(|i| (j, i)).collect();
+    let windows = first_replies(&nodes, &joiner_pairs, Duration::from_secs(180));
     for (i, w) in windows.iter().enumerate() {
         let w = w.unwrap_or_else(|| {
             panic!(
@@ -423,6 +442,150 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     }
     let (nb_on, sb_on) = nb_sb(&central).await;
     assert!(nb_on && sb_on, "NB {nb_on} SB {sb_on} after the join");
+
+    // 6. Disable (SPEC §7, §8, §10 "No one-way door").
+    controller.abort();
+    let t6 = Instant::now();
+    let (controller, _) = support::cluster::start_controller(
+        &api,
+        &admin,
+        &flags_wanting(false, &nb, &sb, "controller-0"),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while nb_sb(&central).await != (false, false) {
+        assert!(Instant::now() < deadline, "NB and SB not off");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    println!("disable: NB and SB off {:?} after the intent", t6.elapsed());
+    // The patched ovn-controller's part: intent and marks go together.
+    for a in &nodes {
+        for b in nodes
+            .iter()
+            .filter(|b| b.node.chassis() != a.node.chassis())
+        {
+            a.node
+                .unprotect_tunnel(&Tunnel::to(&b.node, 0).name)
+                .unwrap();
+        }
+    }
+    let n = nodes.len();
+    let pairs: Vec<(usize, usize)> = (0..n)
+        .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
+        .collect();
+    let windows = first_replies(&nodes, &pairs, Duration::from_secs(120));
+    for (w, &(i, j)) in windows.iter().zip(&pairs) {
+        let w = w.unwrap_or_else(|| {
+            panic!(
+                "{i}→{j}: no plaintext reply after the flip:\n{}",
+                nodes[i].node.diagnostics()
+            )
+        });
+        println!("disable window {i}→{j}: first plaintext reply {w:?} after intent went");
+    }
+    // The node-by-node cleanup, with pod traffic between every pair.
+    let pingers: Vec<Pinger> = pairs
+        .iter()
+        .map(|&(i, j)| Pinger::start(nodes[i].node.netns(), pod(j), PING_INTERVAL).unwrap())
+        .collect();
+    const CLEANUP_HASH: &str = "4c1ea9b70";
+    cc::set_template(&admin, &ds_uid, cc::Shape::Cleanup, CLEANUP_HASH).await;
+    let mut fxs: Vec<cc::NodeFx> = fxs.into_iter().chain([fx]).collect();
+    for (i, a) in nodes.iter_mut().enumerate() {
+        a.stop_agent();
+        let f = &mut fxs[i];
+        cc::replace_pod(
+            &api,
+            &admin,
+            &ds_uid,
+            f,
+            i,
+            cc::Shape::Cleanup,
+            CLEANUP_HASH,
+        )
+        .await;
+        let kubeconfig = dir.path().join(&f.name).join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig, &f.token).unwrap();
+        cc::set_cleanup_init_of(&admin, &f.pod_name, None).await;
+        let out = run_cleanup(&a.node, f, &a.key_dir, &kubeconfig, CLEANUP_HASH, 120);
+        let code = out.status.code().unwrap_or(1);
+        cc::set_cleanup_init_of(&admin, &f.pod_name, Some(code)).await;
+        assert_eq!(
+            code,
+            0,
+            "{}: cleanup failed:\n{}",
+            a.node.chassis(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while phase(&admin).await != Some(Disabled) {
+        assert!(
+            Instant::now() < deadline,
+            "not Disabled: {}",
+            support::controller_cluster::coordination::status(&admin).await
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    println!("Disabled {:?} after the intent", t6.elapsed());
+    for (p, &(i, j)) in pingers.into_iter().zip(&pairs) {
+        let s = p.stop().unwrap();
+        println!("{i}→{j} through the node-by-node cleanup: {s:?}");
+        assert!(s.transmitted >= 10, "too short a run to judge: {s:?}");
+        assert!(
+            s.transmitted - s.received <= 1,
+            "{i}→{j}: pod traffic lost during the cleanup: {s:?}"
+        );
+    }
+    for (i, a) in nodes.iter().enumerate() {
+        assert_eq!(
+            xfrm_dump(&a.node),
+            before[i],
+            "{}: XFRM differs from before its agent first ran",
+            a.node.chassis()
+        );
+        let cap =
+            Capture::start(a.node.netns(), "eth0", &a.node.dir().join("disabled.pcap")).unwrap();
+        let mut answered = 0;
+        for j in (0..n).filter(|j| *j != i) {
+            answered += overlay::ping(a.node.netns(), pod(j), 5, PING_INTERVAL)
+                .unwrap()
+                .received;
+        }
+        let wire = cap.stop().unwrap();
+        println!("node {i} disabled: {answered} answered, wire {wire:?}");
+        assert!(
+            answered as usize + 1 >= 5 * (n - 1),
+            "node {i}: traffic lost"
+        );
+        assert_eq!(wire.esp, 0, "node {i}: ESP after the disable: {wire:?}");
+        assert!(
+            wire.geneve >= 2 * answered as usize,
+            "node {i}: no plaintext Geneve: {wire:?}"
+        );
+    }
+    println!(
+        "disabled, plaintext between every pair after {:?}",
+        t0.elapsed()
+    );
     controller.abort();
     drop(vswitchds);
+}
+
+/// Foreign policies and ESP states in `node`'s namespace, installed before
+/// its agent first runs: the guards' priority and selector with marks that
+/// differ only under their masks, an ESP policy and SAs with a reqid
+/// neighbour on unrelated addresses. Allocation avoids aliasing them;
+/// nothing may touch them.
+fn install_foreign(node: &IpsecNode) {
+    for args in [
+        "xfrm policy add dir out src 0.0.0.0/0 dst 0.0.0.0/0 action block priority 2147483647 mark 0x10000 mask 0xffff0000",
+        "xfrm policy add dir out src ::/0 dst ::/0 action block priority 2147483647 mark 0x20 mask 0xf0",
+        "xfrm policy add dir out src 10.97.0.1/32 dst 10.97.0.2/32 proto udp dport 6081 priority 100 mark 0x5 mask 0xff tmpl src 10.97.0.1 dst 10.97.0.2 proto esp reqid 3 mode transport",
+        "xfrm state add src 10.97.0.1 dst 10.97.0.2 proto esp spi 0x5eed0001 reqid 3 mode transport mark 0x5 mask 0xff aead rfc4106(gcm(aes)) 0x0102030405060708091011121314151617181920 128",
+        "xfrm state add src 10.97.0.2 dst 10.97.0.1 proto esp spi 0x5eed0002 reqid 4 mode transport aead rfc4106(gcm(aes)) 0x0102030405060708091011121314151617181920 128",
+    ] {
+        let args: Vec<&str> = args.split_whitespace().collect();
+        node.netns().ip(&args).unwrap();
+    }
 }
