@@ -1049,6 +1049,7 @@ impl ProtocolModel {
             } else {
                 BTreeMap::new()
             },
+            claimants: BTreeMap::new(),
             fresh_challenge: challenge(record.epoch + 1),
         }
     }

@@ -235,6 +235,30 @@ pub fn peek_release(annotation: Option<&str>) -> Result<Unverified<ReleaseReceip
     decode(Doc::Release, annotation)
 }
 
+/// Whether a Node's annotations say it may hold this project's state: its
+/// receipt (`receipt`) decodes, names the Node's live UID (`node_uid`) and
+/// answers an enable-side phase, and no release receipt (`release`)
+/// answers that epoch or a later one. Nothing is verified: a claim only
+/// makes the disable ask the node for a verified release, so a forged one
+/// costs the forger's own Node a retirement and hides nothing. An
+/// undecodable release receipt counts as none (the claim stands).
+pub fn claims_state(node_uid: &Uid, receipt: Option<&str>, release: Option<&str>) -> bool {
+    let Ok(receipt) = peek(receipt) else {
+        return false;
+    };
+    let r = receipt.peek();
+    if r.node_uid != *node_uid || !r.phase.is_enable_side() {
+        return false;
+    }
+    match peek_release(release) {
+        Ok(release) => {
+            let rel = release.peek();
+            (rel.generation, rel.epoch) < (r.generation, r.epoch)
+        }
+        Err(_) => true,
+    }
+}
+
 /// Which certificate signed a receipt, as far as the live CSR says: the
 /// CSR named `csr_name` exists with UID `csr_uid` and carries an issued
 /// certificate that chains to the trust and names the node's chassis.

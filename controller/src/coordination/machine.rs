@@ -42,7 +42,10 @@
 //!   receipt for the record's generation and epoch (judged as
 //!   [`super::evidence::Answer::Admission`]); until then it is reported
 //!   with why it waits;
-//! - a target that is no longer scheduled is dropped;
+//! - a target leaves only when its Node is gone. A target whose Pod is
+//!   absent (a rollout's gap, a DaemonSet that no longer selects it) still
+//!   holds its guards, lease and SAs, so the next disable must ask it for
+//!   its release;
 //! - the frozen DaemonSet, template and trust follow the live ones, so a
 //!   joiner's receipt is judged against what its agent holds (a trust
 //!   rotation after the flip would otherwise refuse every joiner forever).
@@ -53,7 +56,10 @@
 //! # Disable side
 //!
 //! Intent off in any enable-side phase writes `Disabling` with a fresh
-//! challenge before NB is touched. Then, one step per pass:
+//! challenge before NB is touched; its targets are the frozen ones and
+//! the *claimants* ([`Observation::claimants`]: nodes that signed an
+//! enable-side receipt and no release since, e.g. a joiner armed for an
+//! admission that never came). Then, one step per pass:
 //! - `Disabling`: NB read true → set it false; NB false but SB not (yet)
 //!   false, or either unreadable → hold, naming it. Both false → wait for
 //!   the live DaemonSet's *cleanup shape* (its Pod template has the
@@ -61,8 +67,13 @@
 //!   with IPsec disabled). Then write `Cleanup`, recording the `NB_Global`
 //!   and `SB_Global` row UUIDs (read in the same select as `ipsec`), the
 //!   DaemonSet's UID and template hash; the targets are the frozen ones
-//!   whose Node still exists (a Node that is gone holds no state anyone can
-//!   reach; the write names it).
+//!   and the claimants, whose Node still exists (a Node that is gone holds
+//!   no state anyone can reach; the write names it). Claimants are taken
+//!   in here, not later: a joiner arms only on a fresh read of `Enabled`
+//!   after its receipt is visible, so the pass that writes `Cleanup`
+//!   (observed after `Disabling` was written) sees every node that can
+//!   hold state. In `Release` no claimant is added, so an operator's
+//!   retirement of one sticks.
 //! - `Cleanup` → `Release` on the next pass, if NB and SB still read false
 //!   and the rows, the DaemonSet and its template are still the recorded
 //!   ones with the cleanup shape.
@@ -81,7 +92,11 @@
 //! - Intent on again in any disable-side phase writes a fresh `Prepare`
 //!   (new generation) at once: a re-enable never waits for the cleanup it
 //!   abandons (the `Prepare`/`Arm` barriers re-arm every node before NB
-//!   turns on).
+//!   turns on). Its cohort follows the enable side's rule: while NB may
+//!   still be on (`Disabling` before NB read false) only the frozen
+//!   targets still scheduled, joiners waiting for `Enabled`; retirement
+//!   requests the abandoned disable did not carry out are carried out by
+//!   that write (see [`cohort`]).
 //!
 //! On the disable side a target "leaves" only when its **Node is gone**,
 //! not when the DaemonSet has no Pod on it: the DaemonSet's own rollout to
@@ -180,6 +195,14 @@ pub struct Observation {
     /// While the stored record is `Release`: per target, its release
     /// receipt's verdict against it. Absent counts as [`Verdict::Missing`].
     pub releases: BTreeMap<String, Verdict>,
+    /// Nodes that may hold this project's state without being targets of
+    /// the stored record: an existing Node whose receipt annotation is an
+    /// enable-side receipt for its live UID, with no release receipt since
+    /// (a release answering a later or equal epoch). name → Node UID. A
+    /// joiner arms only after such a receipt is visible and a fresh read
+    /// still shows `Enabled`; a target dropped from a cohort has one from
+    /// its barrier. The disable takes them in (see the module doc).
+    pub claimants: BTreeMap<String, Uid>,
     /// A fresh random challenge, used only if this pass starts a disable.
     pub fresh_challenge: Challenge,
 }
@@ -265,8 +288,12 @@ fn nb_may_be_on(o: &Observation) -> bool {
 /// The targets of a restart from `Prepare`. While NB reads false: what the
 /// DaemonSet schedules to. Once NB may be on: the frozen targets still
 /// scheduled, and no one else (joiners wait for `Enabled`). Never the
-/// `retired`; a re-created Node that is not retired keeps its frozen UID,
-/// so it still holds the barrier until it is.
+/// `retired` under the UID they were retired with: a retired node that is
+/// still scheduled under that very UID sits this write out and rejoins on
+/// the next pass, so the write carries the request out
+/// ([`retirements_done`]) instead of applying it again on every pass. A
+/// re-created Node that is not retired keeps its frozen UID, so it still
+/// holds the barrier until it is.
 fn cohort(
     record: &CoordinationRecord,
     o: &Observation,
@@ -282,6 +309,7 @@ fn cohort(
     }
     o.scheduled
         .iter()
+        .filter(|(n, live)| retired.get(*n) != Some(*live))
         .map(|(n, live)| {
             let uid = match record.targets.get(n) {
                 Some(frozen) if !retired.contains_key(n) => frozen,
@@ -462,7 +490,23 @@ pub fn node_status(
     };
     match next.phase {
         Disabling | Cleanup => {
-            return each_target(&|_| format!("release pending: the cohort is {}", next.phase));
+            let mut out =
+                each_target(&|_| format!("release pending: the cohort is {}", next.phase));
+            if next.phase == Disabling {
+                for name in o
+                    .claimants
+                    .keys()
+                    .filter(|n| !next.targets.contains_key(*n))
+                {
+                    out.insert(
+                        name.clone(),
+                        "release pending: signed an enable-side receipt and no release since, \
+                         taken in at Cleanup"
+                            .into(),
+                    );
+                }
+            }
+            return out;
         }
         Disabled => return each_target(&|_| "released".into()),
         Release => {
@@ -478,6 +522,11 @@ pub fn node_status(
     let barrier = next.phase != Enabled;
     let mut out = each_target(
         &|n| match (barrier, judged.then(|| o.receipts.get(n)).flatten()) {
+            (false, _) if !o.scheduled.contains_key(n) => {
+                "ok; the DaemonSet has no Pod on it (it keeps its state: a target until its \
+                 Node is gone)"
+                    .into()
+            }
             (false, _) => "ok".into(),
             (true, None) => missing(),
             (true, Some(v)) => v.waiting_reason().unwrap_or_else(|| "ok".into()),
@@ -535,15 +584,66 @@ fn enable(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
     if o.scheduled.is_empty() {
         return Ok(hold("enable wanted: the DaemonSet schedules to no node"));
     }
-    let why = if record.phase == CoordinationPhase::Disabled {
-        "enable: Prepare".to_owned()
-    } else {
-        format!(
-            "enable wanted during {}: Prepare (the unfinished disable is abandoned)",
-            record.phase
-        )
-    };
-    write(prepare(record, ds, trust, o.scheduled.clone())?, why)
+    if record.phase == CoordinationPhase::Disabled {
+        return write(
+            prepare(record, ds, trust, o.scheduled.clone())?,
+            "enable: Prepare",
+        );
+    }
+    // An abandoned disable: NB may still be on (before `Disabling` turned
+    // it off), so the enable side's cohort rule applies — a node that
+    // never armed must not become a target under an encrypted switch.
+    let retire = retirements(record, o);
+    let targets = cohort(record, o, &retire.apply);
+    let mut why = format!(
+        "enable wanted during {}: Prepare (the unfinished disable is abandoned)",
+        record.phase
+    );
+    if nb_may_be_on(o) {
+        why.push_str("; NB_Global.ipsec may be true, so no node joins before Enabled");
+    }
+    if !retire.apply.is_empty() {
+        why.push_str(&format!(
+            "; retired {} on the operator's request",
+            names(retire.apply.keys())
+        ));
+    }
+    write(prepare(record, ds, trust, targets)?, why)
+}
+
+/// `record`'s targets with the claimants added (a target keeps its frozen
+/// UID); the names added, for the write's reason.
+fn with_claimants(
+    record: &CoordinationRecord,
+    o: &Observation,
+) -> (BTreeMap<String, Uid>, Vec<String>) {
+    let mut targets = record.targets.clone();
+    let mut added = Vec::new();
+    for (name, uid) in &o.claimants {
+        if !targets.contains_key(name) {
+            targets.insert(name.clone(), uid.clone());
+            added.push(name.clone());
+        }
+    }
+    (targets, added)
+}
+
+/// The record of a disable's start from an enable-side `record`: the
+/// frozen targets and the claimants, a fresh challenge.
+fn start_disable(record: &CoordinationRecord, o: &Observation, why: &str) -> Result<Decision> {
+    let mut next = record
+        .transition(CoordinationPhase::Disabling, Some(o.fresh_challenge))
+        .map_err(Error::Coordination)?;
+    let (targets, added) = with_claimants(record, o);
+    next.targets = targets;
+    let mut why = why.to_owned();
+    if !added.is_empty() {
+        why.push_str(&format!(
+            "; took in {} (signed an enable-side receipt and no release since)",
+            names(&added)
+        ));
+    }
+    write(next, why)
 }
 
 /// The hold while NB and SB read false and the DaemonSet does not (yet)
@@ -590,12 +690,20 @@ fn disabling(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
     next.sb_global_uuid = Some(sb_row);
     next.daemon_set_uid = Some(ds.uid.clone());
     next.template_hash = Some(ds.template_hash.clone());
+    let (targets, added) = with_claimants(record, o);
+    next.targets = targets;
     next.targets.retain(|n, _| o.nodes.contains_key(n));
     let mut why = format!(
         "NB and SB read false, the DaemonSet runs the ipsec-cleanup init container \
          (template {}): Cleanup",
         ds.template_hash
     );
+    if !added.is_empty() {
+        why.push_str(&format!(
+            "; took in {} (signed an enable-side receipt and no release since)",
+            names(&added)
+        ));
+    }
     let gone = gone(record, o);
     if !gone.is_empty() {
         why.push_str(&format!(
@@ -772,10 +880,7 @@ fn release_waiting(
 fn barrier(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
     use CoordinationPhase::*;
     if !o.want_enabled {
-        let next = record
-            .transition(Disabling, Some(o.fresh_challenge))
-            .map_err(Error::Coordination)?;
-        return write(next, "disable wanted during the enable barrier");
+        return start_disable(record, o, "disable wanted during the enable barrier");
     }
     let Some(ds) = &o.daemon_set else {
         return Ok(hold("the kube-ovn-cni DaemonSet does not exist"));
@@ -868,10 +973,7 @@ fn barrier(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
 /// judged against a record that is up to date).
 fn enabled(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
     if !o.want_enabled {
-        let next = record
-            .transition(CoordinationPhase::Disabling, Some(o.fresh_challenge))
-            .map_err(Error::Coordination)?;
-        return write(next, "disable wanted");
+        return start_disable(record, o, "disable wanted");
     }
     // Enabled is the intent: a switch turned off behind the controller's
     // back is turned on again (every target is armed, so this costs
@@ -901,13 +1003,15 @@ fn enabled(record: &CoordinationRecord, o: &Observation) -> Result<Decision> {
             ),
         );
     }
-    let left = leavers(record, o);
+    // A target without a Pod keeps its state: it stays a target until its
+    // Node is gone, so the next disable asks it for its release.
+    let left = gone(record, o);
     if !left.is_empty() {
         let mut next = next_epoch(record)?;
-        next.targets.retain(|n, _| o.scheduled.contains_key(n));
+        next.targets.retain(|n, _| o.nodes.contains_key(n));
         return write(
             next,
-            format!("Enabled: dropped {}: no longer scheduled", names(left)),
+            format!("Enabled: dropped {}: the Node is gone", names(left)),
         );
     }
     if let Some(why) = frozen_change(record, ds, &trust) {

@@ -325,6 +325,12 @@ impl Coordinator {
             Arm | Enabled | Disabling | Cleanup | Release => self.read_switch(true).await,
             Disabled | Prepare => None,
         };
+        // Only a disable's start and its `Cleanup` write take them in.
+        let claimants = if self.config.want_enabled {
+            BTreeMap::new()
+        } else {
+            claimants(record, &nodes)
+        };
         let observation = Observation {
             want_enabled: self.config.want_enabled,
             daemon_set,
@@ -345,6 +351,7 @@ impl Coordinator {
             nb_global_uuid: nb.map(|(_, u)| u),
             sb_global_uuid: sb.map(|(_, u)| u),
             releases,
+            claimants,
             fresh_challenge: random_challenge()?,
         };
         self.report_refusals(&observation).await;
@@ -638,6 +645,26 @@ fn scheduled(pods: &[Pod], nodes: &BTreeMap<String, Node>) -> BTreeMap<String, U
             let name = live::pod_view(pod).node_name;
             let uid = nodes.get(&name)?.metadata.uid.clone()?;
             Some((name, Uid::new(uid).ok()?))
+        })
+        .collect()
+}
+
+/// The Nodes that are not targets of `record` and whose annotations claim
+/// this project's state ([`evidence::claims_state`]): name → live UID.
+fn claimants(record: &CoordinationRecord, nodes: &BTreeMap<String, Node>) -> BTreeMap<String, Uid> {
+    nodes
+        .iter()
+        .filter(|(name, _)| !record.targets.contains_key(*name))
+        .filter_map(|(name, node)| {
+            let uid = Uid::new(node.metadata.uid.clone()?).ok()?;
+            let a = node.annotations();
+            let get = |k: &str| a.get(k).map(String::as_str);
+            evidence::claims_state(
+                &uid,
+                get(RECEIPT_ANNOTATION),
+                get(RELEASE_RECEIPT_ANNOTATION),
+            )
+            .then(|| (name.clone(), uid))
         })
         .collect()
 }

@@ -688,3 +688,24 @@ fn a_release_receipt_verifies_after_its_csr_was_garbage_collected() {
         "ReleaseReceiptChassisMismatch"
     );
 }
+
+#[test]
+fn a_node_claims_state_from_an_enable_side_receipt_until_a_later_release() {
+    let f = Fx::new(); // an Arm receipt of generation 1, epoch 2
+    let rel = Rel::new(); // a release receipt of generation 2, epoch 7
+    let me = uid("node-a-uid");
+    let receipt = f.signed(&f.receipt());
+    let release = rel.signed(&rel.receipt());
+    assert!(claims_state(&me, Some(&receipt), None));
+    assert!(claims_state(&me, Some(&receipt), Some("garbage")));
+    // Released since: no claim.
+    assert!(!claims_state(&me, Some(&receipt), Some(&release)));
+    // A receipt after that release (the next enable): a claim again.
+    let mut later = f.receipt();
+    (later.generation, later.epoch) = (3, 8);
+    assert!(claims_state(&me, Some(&f.signed(&later)), Some(&release)));
+    // Another Node UID, no receipt, or garbage: no claim.
+    assert!(!claims_state(&uid("other"), Some(&receipt), None));
+    assert!(!claims_state(&me, None, None));
+    assert!(!claims_state(&me, Some("garbage"), None));
+}

@@ -44,6 +44,7 @@ fn observed(names: &[&str]) -> Observation {
         nb_global_uuid: Some(NB_ROW),
         sb_global_uuid: Some(SB_ROW),
         releases: BTreeMap::new(),
+        claimants: BTreeMap::new(),
         fresh_challenge: Challenge::from_bytes([7; 32]),
     }
 }
@@ -312,6 +313,7 @@ fn enabled_admits_a_joiner_on_its_arm_receipt_with_a_new_epoch() {
     let mut o = observed(&["a", "b"]);
     let en = enabled(&mut o);
     o.scheduled = nodes(&["a", "b", "c"]);
+    o.nodes = nodes(&["a", "b", "c"]);
     for v in [
         None,
         Some(Verdict::Refused {
@@ -348,15 +350,24 @@ fn enabled_keeps_nb_on_before_anything_else() {
 }
 
 #[test]
-fn enabled_drops_a_target_that_left_with_a_new_epoch() {
+fn enabled_keeps_a_target_without_a_pod_and_drops_it_when_its_node_is_gone() {
     let mut o = observed(&["a", "b"]);
     let en = enabled(&mut o);
+    // A rollout's gap, or a DaemonSet that no longer selects b: b still
+    // holds its guards, so it stays a target (the next disable asks it).
     o.scheduled = nodes(&["a"]);
+    assert_eq!(decide(&en, &o).unwrap(), Decision::Idle);
+    let st = node_status(&en, &en, &o);
+    assert!(
+        st["b"].starts_with("ok; the DaemonSet has no Pod"),
+        "{st:?}"
+    );
+    o.nodes = nodes(&["a"]);
     let (r, why) = written_why(decide(&en, &o).unwrap());
     assert_eq!(r.phase, CoordinationPhase::Enabled);
     assert_eq!(r.epoch, en.epoch + 1);
     assert_eq!(r.targets, nodes(&["a"]));
-    assert!(why.contains("dropped b"), "{why}");
+    assert!(why.contains("dropped b: the Node is gone"), "{why}");
 }
 
 #[test]
@@ -861,6 +872,14 @@ fn re_enabling_from_each_disable_phase_writes_a_fresh_prepare_at_once() {
         o.want_enabled = true;
         o.daemon_set = Some(ds("h2"));
         o.scheduled = nodes(&["a", "b", "c"]);
+        o.nodes = nodes(&["a", "b", "c"]);
+        if o.nb_ipsec != Some(false) {
+            // Before NB read false, c (never armed) waits for Enabled.
+            let (p, why) = written_why(decide(&stored, &o).unwrap());
+            assert_eq!(p.targets, nodes(&["a", "b"]), "from {}", stored.phase);
+            assert!(why.contains("no node joins before Enabled"), "{why}");
+            o.nb_ipsec = Some(false);
+        }
         let (p, why) = written_why(decide(&stored, &o).unwrap());
         assert_eq!(p.phase, CoordinationPhase::Prepare, "from {}", stored.phase);
         assert_eq!(
@@ -876,4 +895,65 @@ fn re_enabling_from_each_disable_phase_writes_a_fresh_prepare_at_once() {
         o.daemon_set = None;
         assert!(hold_reason(decide(&stored, &o).unwrap()).contains("DaemonSet"));
     }
+}
+
+#[test]
+fn a_disable_takes_in_the_claimants_at_its_start_and_at_cleanup_not_in_release() {
+    // A joiner c armed for an admission that never came: not a target.
+    let mut o = observed(&["a", "b"]);
+    let en = enabled(&mut o);
+    o.scheduled = nodes(&["a", "b", "c"]);
+    o.nodes = nodes(&["a", "b", "c"]);
+    o.claimants = nodes(&["c"]);
+    o.want_enabled = false;
+    o.fresh_challenge = challenge(1);
+    let (d, why) = written_why(decide(&en, &o).unwrap());
+    assert_eq!(d.phase, CoordinationPhase::Disabling);
+    assert_eq!(d.targets, nodes(&["a", "b", "c"]));
+    assert!(why.contains("took in c"), "{why}");
+
+    // One whose receipt becomes visible only after the start: status says
+    // so, and the Cleanup write takes it in.
+    let mut o = observed(&[]);
+    let d = disabling_over(&["a", "b"], &mut o);
+    o.nodes = nodes(&["a", "b", "c"]);
+    o.claimants = nodes(&["c"]);
+    let st = node_status(&d, &d, &o);
+    assert!(st["c"].contains("taken in at Cleanup"), "{st:?}");
+    o.nb_ipsec = Some(false);
+    o.sb_ipsec = Some(false);
+    o.daemon_set = Some(cleanup_ds());
+    let (c, why) = written_why(decide(&d, &o).unwrap());
+    assert_eq!(c.phase, CoordinationPhase::Cleanup);
+    assert_eq!(c.targets, nodes(&["a", "b", "c"]));
+    assert!(why.contains("took in c"), "{why}");
+
+    // In Release a claimant is not added: a retired one stays retired.
+    let mut o = observed(&[]);
+    let r = release_over(&["a", "b"], &mut o);
+    o.nodes = nodes(&["a", "b", "c"]);
+    o.claimants = nodes(&["c"]);
+    let waiting = waiting_of(decide(&r, &o).unwrap());
+    assert!(!waiting.contains_key("c"), "{waiting:?}");
+}
+
+#[test]
+fn a_retirement_left_over_from_release_is_carried_out_by_the_reenable() {
+    let mut o = observed(&[]);
+    let r = release_over(&["a", "b"], &mut o);
+    o.retirements.insert("b".into(), uid("uid-b"));
+    o.want_enabled = true;
+    o.daemon_set = Some(ds("h2"));
+    let (p, why) = written_why(decide(&r, &o).unwrap());
+    assert_eq!(p.phase, CoordinationPhase::Prepare);
+    // b sits this write out, so the request counts as carried out ...
+    assert_eq!(p.targets, nodes(&["a"]));
+    assert!(why.contains("retired b"), "{why}");
+    assert_eq!(retirements_done(&r, &p, &o.retirements), vec!["b"]);
+    // ... and, the request removed, b rejoins on the next pass.
+    o.retirements.clear();
+    let (p2, why) = written_why(decide(&p, &o).unwrap());
+    assert_eq!(p2.phase, CoordinationPhase::Prepare);
+    assert_eq!(p2.targets, nodes(&["a", "b"]));
+    assert!(why.contains("joined: b"), "{why}");
 }
