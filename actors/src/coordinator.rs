@@ -10,6 +10,14 @@
 //! copy of what `/status` says — the coordinator reads the board to report
 //! it, never to decide what to arm.
 //!
+//! A joiner (a node the `Enabled` record does not list) is granted its
+//! permit only once the receipt it published for the record is visible
+//! and a fresh read of the record ([`ReceiptPort::current_record`], not
+//! the follower's watch, which may lag) still has it joining: the
+//! controller's disable takes in every Node that shows such a receipt, so
+//! a joiner never arms where a disable that already started cannot see
+//! it.
+//!
 //! A receipt is published when its content changes (record generation,
 //! epoch or phase, the flags, the certificate, the trust) and again every
 //! `refresh` while the record still waits on it, so it stays fresh (the
@@ -24,7 +32,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use kube_ovn_ipsec_api::clock::Clock;
-use kube_ovn_ipsec_api::coordination::{CoordinationPhase, Receipt, ReceiptStatus};
+use kube_ovn_ipsec_api::coordination::{
+    CoordinationPhase, CoordinationRecord, Receipt, ReceiptStatus,
+};
 use kube_ovn_ipsec_api::digest::Sha256Digest;
 use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::pki::Certificate;
@@ -52,6 +62,10 @@ pub trait ReceiptPort: Send + Sync + std::fmt::Debug + 'static {
         key: &std::path::Path,
         certificate: &Certificate,
     ) -> Result<()>;
+
+    /// A fresh read of the coordination record (not the follower's
+    /// watch): what a joiner arms on, after its receipt is visible.
+    async fn current_record(&self) -> Result<RecordView>;
 }
 
 /// Who this node is, as a receipt names it.
@@ -183,9 +197,58 @@ async fn evaluate(state: &mut CoordinatorState) {
         }
         state.logged_wait = wait;
     }
-    let (Some(phase), RecordView::Present(record)) = (p.receipt, &view) else {
+    if let (Some(phase), RecordView::Present(record)) = (p.receipt, &view) {
+        publish_owed(state, phase, record).await;
+        if p.join {
+            join_when_claimed(state, record).await;
+        }
+    }
+}
+
+/// A joiner's permit, once its receipt for `record` is published (the
+/// patch succeeded, so the controller's next read of the Node sees it) and
+/// a fresh read of the record still has this node joining or arming.
+async fn join_when_claimed(state: &mut CoordinatorState, record: &CoordinationRecord) {
+    if state.args.permit.is_granted() {
         return;
+    }
+    let claimed = state
+        .last
+        .as_ref()
+        .is_some_and(|(p, _)| (p.generation, p.epoch) == (record.generation, record.epoch));
+    if !claimed {
+        return;
+    }
+    let fresh = match state.args.port.current_record().await {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the coordination record before joining failed; retried");
+            return;
+        }
     };
+    let me = &state.args.me;
+    let p = plan(&fresh, &me.node_name, &me.node_uid, false);
+    if p.join || p.arm {
+        tracing::info!(
+            "joining: the receipt is visible and the record still asks; arming: lease, guards, identity activation, IKE"
+        );
+        state.args.permit.grant();
+    } else {
+        tracing::info!(waiting = ?p.waiting, "the record moved on before this joiner armed; not arming");
+    }
+}
+
+/// Signs and publishes the receipt `phase` owed for `record`, when its
+/// content changed or it is due for a refresh.
+async fn publish_owed(
+    state: &mut CoordinatorState,
+    phase: CoordinationPhase,
+    record: &CoordinationRecord,
+) {
+    let status = state.args.board.snapshot();
+    let now = state.args.clock.now();
+    let me = &state.args.me;
+    let signer = state.signer().cloned();
     let Some(signer) = signer else {
         tracing::debug!("a receipt is owed but no identity is issued yet");
         return;

@@ -189,6 +189,43 @@ async fn disable_walks_disabling_cleanup_release_to_disabled_then_enables_again(
     s.stop().await;
 }
 
+/// A joiner that signed its `Prepare` receipt (so its agent may have
+/// armed) but was never admitted is taken into the disable: `Disabling`
+/// names it, and `Disabled` waits for its release receipt too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_never_admitted_is_asked_for_its_release() {
+    let (mut s, mut ids) = setup_with(3, None, None, true).await;
+    until_enabled(&s, Duration::from_secs(30)).await;
+    let enabled = record(&s.c.admin).await.unwrap();
+    assert_eq!(enabled.targets.len(), 2);
+    let id = schedule_late(&mut s, 2).await;
+    s.responders.push(tokio::spawn(respond(
+        s.c.admin.clone(),
+        s.c.nodes[2].clone(),
+        id.clone(),
+        id.key.clone(),
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    )));
+    until_node_status(&s, "node-2", |v| v.contains("ReceiptNotReady")).await;
+    ids.push(id);
+
+    s.restart_controller(false).await;
+    let disabling = until_record(&s, "Disabling", STEP, |r| r.phase == Disabling).await;
+    assert!(disabling.targets.contains_key("node-2"), "{disabling:?}");
+    assert_eq!(disabling.targets.len(), 3);
+    roll_to_cleanup(&mut s, [0, 0, 0]).await;
+    until_record(&s, "Release", STEP, |r| r.phase == Release).await;
+    for (n, id) in ids.iter().enumerate().take(2) {
+        publish_release(&s.c, n, id, |_| {}).await;
+    }
+    until_node_status(&s, "node-2", |v| v == "no release receipt yet").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(record(&s.c.admin).await.unwrap().phase, Release);
+    publish_release(&s.c, 2, &ids[2], |_| {}).await;
+    until_record(&s, "Disabled", STEP, |r| r.phase == Disabled).await;
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_refuses_an_old_epoch_another_challenge_another_pod_and_a_failed_init() {
     let (mut s, ids) = setup(3, None, None).await;

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use common::coordination::*;
 use common::*;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
@@ -232,30 +232,7 @@ async fn a_node_scheduled_after_enabled_is_admitted_on_its_receipts_with_nb_on()
 
     // The DaemonSet schedules to node-2 now: its Pod, a token bound to it,
     // an identity issued through that token.
-    let pods: Api<Pod> = Api::namespaced(s.c.admin.clone(), NS);
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "kube-ovn-cni-2-late", "namespace": NS,
-                     "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
-                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                                          "name": "kube-ovn-cni", "uid": s.c.ds_uid,
-                                          "controller": true}]},
-        "spec": {"nodeName": "node-2", "serviceAccountName": CNI_SA,
-                 "containers": [{"name": "cni-server", "image": "kube-ovn"}]}
-    }))
-    .unwrap();
-    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
-    let joiner = &mut s.c.nodes[2];
-    joiner.pod_name = pod.name_any();
-    joiner.pod_uid = pod.uid().unwrap();
-    joiner.token = mint_token(
-        &s.c.admin,
-        CNI_SA,
-        Some((&joiner.pod_name, &joiner.pod_uid)),
-    )
-    .await;
-    joiner.client = s.c.server.client(&joiner.token).await.unwrap();
-    let id = identity(&s.c, 2).await;
+    let id = schedule_late(&mut s, 2).await;
     let may_arm = Arc::new(AtomicBool::new(false));
     s.responders.push(tokio::spawn(respond(
         s.c.admin.clone(),

@@ -32,9 +32,7 @@ use actors::keydir::{self, ActiveRecord, KeyDir, OwnerLock};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::{Api, Client};
 use kube_ovn_ipsec_api::clock::{self, Clock, SystemClock};
-use kube_ovn_ipsec_api::coordination::{
-    CoordinationPhase, CoordinationRecord, ReleaseReceipt, ReleaseStatus,
-};
+use kube_ovn_ipsec_api::coordination::{CoordinationRecord, ReleaseReceipt, ReleaseStatus};
 use kube_ovn_ipsec_api::digest::Sha256Digest;
 use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::names::{exit_code, k8s, ovs};
@@ -44,7 +42,7 @@ use xfrm::guard::GuardKeeper;
 use xfrm::{Xfrm, XfrmHandle};
 
 use crate::agent::config::NodeArgs;
-use crate::agent::coordination::{annotate_node, sign_receipt, view_of};
+use crate::agent::coordination::{annotate_node, sign_receipt};
 use crate::lease::{Lease, LeaseStore};
 use crate::sa;
 use judge::{InterfaceOptions, Live, Local, Step};
@@ -179,6 +177,8 @@ pub async fn run(
     let mut keeper = GuardKeeper::new(open_xfrm(args.node.xfrm_netns.as_deref())?);
     let mut lease = held.lease.clone();
     let mut record = None;
+    // Set when releasing unasked: the live Node UID the receipt names.
+    let mut unasked: Option<String> = None;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.wait);
     let mut last_wait = String::new();
     loop {
@@ -196,6 +196,7 @@ pub async fn run(
             template_hash: args.node.pod_template_hash.as_deref(),
             lease: lease.as_ref(),
             csr: held.signer.as_ref().and_then(|s| s.active.csr.as_ref()),
+            holds_state: held.has_state(),
         };
         let live = Live {
             record: &view,
@@ -210,12 +211,15 @@ pub async fn run(
                 }
                 break;
             }
-            Step::NotTarget(why) => {
-                if held.has_state() {
-                    tracing::warn!(reason = %why, "this node holds IPsec state but is not asked to release it; leaving it in place");
+            Step::ReleaseUnasked(why) => {
+                tracing::warn!(reason = %why, "releasing unasked");
+                if let RecordView::Present(r) = view {
+                    record = Some(*r);
                 }
-                return Ok(Outcome::NothingToRelease(why));
+                unasked = Some(node_uid.clone());
+                break;
             }
+            Step::NotTarget(why) => return Ok(Outcome::NothingToRelease(why)),
             Step::Refuse(why) => return Err(CleanupError::NotSafe(why)),
             Step::Wait(why) => {
                 if why != last_wait {
@@ -259,19 +263,26 @@ pub async fn run(
         None => 0,
     };
     clear_identity_paths(&ovs, &held.identity_keys).await?;
-    let Some(signer) = &held.signer else {
-        return Err(CleanupError::NotSafe(
-            "no identity to sign the release receipt with".into(),
-        ));
-    };
-    publish_receipt(
-        &client,
-        &args.node,
-        &node_uid_of(&record, &args)?,
-        &record,
-        signer,
-    )
-    .await?;
+    match (&held.signer, unasked) {
+        (Some(signer), None) => {
+            let node_uid = node_uid_of(&record, &args)?;
+            publish_receipt(&client, &args.node, &node_uid, &record, signer).await?;
+        }
+        (None, None) => {
+            return Err(CleanupError::NotSafe(
+                "no identity to sign the release receipt with".into(),
+            ));
+        }
+        // Nobody waits for it; it ends this Node's claim (its enable-side
+        // receipt), so the next disable does not ask again.
+        (Some(signer), Some(live_uid)) => {
+            let node_uid = Uid::new(live_uid).map_err(|e| failed("the Node UID")(e.to_string()))?;
+            publish_receipt(&client, &args.node, &node_uid, &record, signer).await?;
+        }
+        (None, Some(_)) => {
+            tracing::info!("released unasked; no identity to sign a release receipt with");
+        }
+    }
     remove_evidence(&dir)?;
     tracing::info!(states, policies, guards, "released");
     Ok(Outcome::Released {
@@ -517,7 +528,9 @@ async fn publish_receipt(
     let receipt = ReleaseReceipt {
         generation: record.generation,
         epoch: record.epoch,
-        phase: CoordinationPhase::Release,
+        // A target answers `Release`; a node releasing unasked says what
+        // it saw (`Release`, or `Disabled`).
+        phase: record.phase,
         node_name: node.node_name.clone(),
         node_uid: node_uid.clone(),
         pod_uid: Uid::new(node.pod_uid.clone()).map_err(|e| bad("POD_UID", e.to_string()))?,
@@ -588,11 +601,9 @@ fn remove_evidence(dir: &Path) -> Result<(), CleanupError> {
 
 async fn read_record(client: &Client, node: &NodeArgs) -> Result<RecordView, CleanupError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &node.coordination_namespace());
-    match api.get_opt(k8s::COORDINATION_CONFIGMAP).await {
-        Ok(Some(cm)) => Ok(view_of(&cm)),
-        Ok(None) => Ok(RecordView::Absent),
-        Err(e) => Err(failed("reading the coordination record")(e.to_string())),
-    }
+    crate::agent::coordination::read_view(&api, k8s::COORDINATION_CONFIGMAP)
+        .await
+        .map_err(|e| failed("reading the coordination record")(e.to_string()))
 }
 
 async fn read_node_uid(client: &Client, name: &str) -> Result<String, CleanupError> {

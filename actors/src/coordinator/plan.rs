@@ -7,14 +7,18 @@
 //! | `Prepare` | target, same Node UID | no | `Prepare` |
 //! | `Arm` | target, same Node UID | yes | `Arm` |
 //! | `Enabled` | target, same Node UID | yes | none |
-//! | `Enabled` | not a target (joining) | yes | `Prepare`, then `Arm` once armed, applied and healthy |
+//! | `Enabled` | not a target (joining) | once its receipt is visible | `Prepare`, then `Arm` once armed, applied and healthy |
 //! | `Prepare`/`Arm` | not a target | no | none: the controller re-freezes the cohort |
 //! | any | target under another Node UID | no | none: an operator retires the old Node |
 //!
 //! A joiner arms without a barrier of its own: while `SB_Global.ipsec` is
 //! true the patched ovn-controller builds no tunnel for a chassis whose
 //! lease is not published (SPEC §4), so arming costs nothing and sends no
-//! plaintext; the controller admits it on its `Arm` receipt.
+//! plaintext; the controller admits it on its `Arm` receipt. It arms only
+//! once the receipt it published for the record is visible on its Node
+//! and a fresh read of the record still has it joining ([`Plan::join`]):
+//! a disable takes in every Node with such a receipt, so no node holds
+//! state the disable cannot see.
 //!
 //! "No" to arming never disarms: a node holding a lease keeps its guards
 //! whatever the record says (only cleanup withdraws them).
@@ -42,6 +46,9 @@ pub enum RecordView {
 pub struct Plan {
     /// Allocate a lease and arm (never withdrawn once granted).
     pub arm: bool,
+    /// A joiner: arm once the receipt published for this record is
+    /// visible and a fresh read of the record still says join.
+    pub join: bool,
     /// The receipt phase owed for the record, if any.
     pub receipt: Option<CoordinationPhase>,
     /// The record asks this node to prepare (readiness then needs only an
@@ -55,6 +62,7 @@ impl Plan {
     fn wait(reason: Reason, why: impl Into<String>) -> Self {
         Plan {
             arm: false,
+            join: false,
             receipt: None,
             prepare: false,
             waiting: Some((reason, why.into())),
@@ -102,24 +110,28 @@ pub fn plan(view: &RecordView, node_name: &str, node_uid: &Uid, armed_ready: boo
     match (phase, target) {
         (CoordinationPhase::Prepare, true) => Plan {
             arm: false,
+            join: false,
             receipt: Some(CoordinationPhase::Prepare),
             prepare: true,
             waiting: None,
         },
         (CoordinationPhase::Arm, true) => Plan {
             arm: true,
+            join: false,
             receipt: Some(CoordinationPhase::Arm),
             prepare: false,
             waiting: None,
         },
         (CoordinationPhase::Enabled, true) => Plan {
             arm: true,
+            join: false,
             receipt: None,
             prepare: false,
             waiting: None,
         },
         (CoordinationPhase::Enabled, false) => Plan {
-            arm: true,
+            arm: false,
+            join: true,
             receipt: Some(if armed_ready {
                 CoordinationPhase::Arm
             } else {
@@ -176,11 +188,12 @@ mod tests {
     }
 
     #[test]
-    fn a_joiner_while_enabled_arms_and_owes_prepare_then_arm() {
+    fn a_joiner_while_enabled_joins_and_owes_prepare_then_arm() {
         let me = uid(1);
         let t = [("other", uid(2))];
         let p = plan(&view(CoordinationPhase::Enabled, &t), "n1", &me, false);
-        assert!(p.arm);
+        // Not armed outright: only once its receipt is visible.
+        assert!(p.join && !p.arm);
         assert_eq!(p.receipt, Some(CoordinationPhase::Prepare));
         let p = plan(&view(CoordinationPhase::Enabled, &t), "n1", &me, true);
         assert_eq!(p.receipt, Some(CoordinationPhase::Arm));
@@ -199,7 +212,10 @@ mod tests {
             view(CoordinationPhase::Disabled, &[]),
         ] {
             let p = plan(&v, "n1", &me, true);
-            assert!(!p.arm && p.receipt.is_none() && !p.prepare, "{v:?}");
+            assert!(
+                !p.arm && !p.join && p.receipt.is_none() && !p.prepare,
+                "{v:?}"
+            );
             assert!(p.waiting.is_some(), "{v:?}");
         }
         let p = plan(&RecordView::Invalid("bad".into()), "n1", &me, true);
@@ -215,7 +231,7 @@ mod tests {
             CoordinationPhase::Enabled,
         ] {
             let p = plan(&view(phase, &[("n1", uid(9))]), "n1", &me, true);
-            assert!(!p.arm && p.receipt.is_none(), "{phase:?}");
+            assert!(!p.arm && !p.join && p.receipt.is_none(), "{phase:?}");
             assert!(p.waiting.unwrap().1.contains("retired"), "{phase:?}");
         }
     }

@@ -499,6 +499,8 @@ async fn drifted_publications_are_restored_reported_and_block_readiness_meanwhil
 #[derive(Debug, Default)]
 struct RecordingReceipts {
     published: std::sync::Mutex<Vec<kube_ovn_ipsec_api::coordination::Receipt>>,
+    /// What a fresh read of the record returns (none: the read fails).
+    fresh: std::sync::Mutex<Option<crate::coordinator::plan::RecordView>>,
 }
 
 #[async_trait::async_trait]
@@ -517,6 +519,14 @@ impl crate::coordinator::ReceiptPort for RecordingReceipts {
             signed::verify(&annotation, certificate).unwrap();
         self.published.lock().unwrap().push(verified);
         Ok(())
+    }
+
+    async fn current_record(&self) -> crate::error::Result<crate::coordinator::plan::RecordView> {
+        self.fresh
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or_else(|| crate::Error::Receipt("the record cannot be read in this test".into()))
     }
 }
 
@@ -628,6 +638,76 @@ async fn the_node_arms_only_when_the_record_says_arm_and_signs_each_barrier() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(h.protection.guards_present() && h.board.readyz().is_ok());
     assert_eq!(h.ike.starts().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_joiner_arms_only_on_a_fresh_read_after_its_receipt_is_published() {
+    use crate::coordinator::NodeSelf;
+    use crate::coordinator::plan::RecordView;
+    use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
+
+    let node_uid = Uid::new("11111111-2222-4333-8444-555555555555").unwrap();
+    let other = Uid::new("22222222-2222-4333-8444-555555555555").unwrap();
+    let (record_tx, record_rx) = watch::channel(RecordView::Unknown);
+    let receipts = Arc::new(RecordingReceipts::default());
+    let permit = crate::gate::ArmPermit::withheld();
+    let h = harness_full(
+        |_| {},
+        permit.clone(),
+        Some(CoordinationPorts {
+            me: NodeSelf {
+                node_name: "node-7".into(),
+                node_uid,
+                pod_uid: Uid::new("66666666-7777-4888-8999-000000000000").unwrap(),
+                template_hash: Some("tmpl-1".into()),
+            },
+            record: record_rx,
+            receipts: receipts.clone(),
+            refresh: Duration::from_secs(60),
+        }),
+    )
+    .await;
+    let published = || receipts.published.lock().unwrap().clone();
+    let set_fresh = |v: Option<RecordView>| *receipts.fresh.lock().unwrap() = v;
+
+    // Enabled without this node: a joiner. Its Prepare receipt goes out,
+    // but the record cannot be read afresh: nothing is armed.
+    let mut enabled = CoordinationRecord::initial();
+    (enabled.generation, enabled.epoch) = (1, 3);
+    enabled.phase = CoordinationPhase::Enabled;
+    enabled.template_hash = Some("tmpl-1".into());
+    enabled.targets = [("node-1".to_owned(), other)].into();
+    record_tx.send_replace(RecordView::Present(Box::new(enabled.clone())));
+    until("a Prepare receipt", Duration::from_secs(10), || {
+        !published().is_empty()
+    })
+    .await;
+    assert_eq!(published()[0].phase, CoordinationPhase::Prepare);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(!permit.is_granted() && !h.protection.guards_present());
+
+    // The watch lags: a fresh read shows the disable already started.
+    let mut disabling = enabled.clone();
+    (disabling.generation, disabling.epoch) = (2, 4);
+    disabling.phase = CoordinationPhase::Disabling;
+    set_fresh(Some(RecordView::Present(Box::new(disabling))));
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(!permit.is_granted() && !h.protection.guards_present());
+    assert!(h.ike.starts().is_empty());
+
+    // A fresh read of Enabled after the receipt is out: it arms, and owes
+    // its Arm receipt.
+    set_fresh(Some(RecordView::Present(Box::new(enabled))));
+    until("armed", Duration::from_secs(30), || {
+        permit.is_granted() && h.protection.guards_present()
+    })
+    .await;
+    until("an Arm receipt", Duration::from_secs(30), || {
+        published()
+            .iter()
+            .any(|r| r.phase == CoordinationPhase::Arm)
+    })
+    .await;
 }
 
 #[tokio::test(start_paused = true)]

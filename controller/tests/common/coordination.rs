@@ -32,7 +32,9 @@ use testbed::ovs::OvnCentral;
 
 use tokio::time::Instant;
 
-use super::{Cluster, HASH, NS, NodeFx, Outcome, csr_object, request_pem, wait_outcome};
+use super::{
+    CNI_SA, Cluster, HASH, NS, NodeFx, Outcome, csr_object, mint_token, request_pem, wait_outcome,
+};
 
 /// The coordination ConfigMap (record under `state`, status under `status`).
 pub const COORDINATION_CONFIGMAP: &str = "ovn-ipsec-coordination";
@@ -394,6 +396,35 @@ pub async fn setup_with(
         },
         ids,
     )
+}
+
+/// The DaemonSet schedules to the late node `n` of a [`setup_with`]: its
+/// CNI Pod, a token bound to it, an identity issued through that token.
+pub async fn schedule_late(s: &mut Setup, n: usize) -> Identity {
+    let pods: Api<Pod> = Api::namespaced(s.c.admin.clone(), NS);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("kube-ovn-cni-{n}-late"), "namespace": NS,
+                     "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                          "name": "kube-ovn-cni", "uid": s.c.ds_uid,
+                                          "controller": true}]},
+        "spec": {"nodeName": s.c.nodes[n].name, "serviceAccountName": CNI_SA,
+                 "containers": [{"name": "cni-server", "image": "kube-ovn"}]}
+    }))
+    .unwrap();
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let joiner = &mut s.c.nodes[n];
+    joiner.pod_name = pod.name_any();
+    joiner.pod_uid = pod.uid().unwrap();
+    joiner.token = mint_token(
+        &s.c.admin,
+        CNI_SA,
+        Some((&joiner.pod_name, &joiner.pod_uid)),
+    )
+    .await;
+    joiner.client = s.c.server.client(&joiner.token).await.unwrap();
+    identity(&s.c, n).await
 }
 
 /// [`setup_with`] every node scheduled.

@@ -96,20 +96,35 @@ pub fn view_of(cm: &ConfigMap) -> RecordView {
     }
 }
 
+/// A fresh read of the coordination ConfigMap `name` (not a watch):
+/// `Absent` when it does not exist.
+pub async fn read_view(maps: &Api<ConfigMap>, name: &str) -> Result<RecordView, kube::Error> {
+    Ok(match maps.get_opt(name).await? {
+        Some(cm) => view_of(&cm),
+        None => RecordView::Absent,
+    })
+}
+
 /// [`ReceiptPort`] on the Kubernetes API: this Node's
-/// `kube-ovn.io/ipsec-receipt`, written with the Node's resourceVersion.
+/// `kube-ovn.io/ipsec-receipt`, written with the Node's resourceVersion;
+/// the record read from ConfigMap `namespace/configmap`.
 #[derive(Debug, Clone)]
 pub struct KubeReceipts {
     nodes: Api<Node>,
     node_name: String,
+    maps: Api<ConfigMap>,
+    configmap: String,
 }
 
 impl KubeReceipts {
-    /// Publishes on Node `node_name`.
-    pub fn new(client: Client, node_name: &str) -> Self {
+    /// Publishes on Node `node_name`; reads the record from
+    /// `namespace/configmap`.
+    pub fn new(client: Client, node_name: &str, namespace: &str, configmap: &str) -> Self {
         KubeReceipts {
-            nodes: Api::all(client),
+            nodes: Api::all(client.clone()),
             node_name: node_name.to_owned(),
+            maps: Api::namespaced(client, namespace),
+            configmap: configmap.to_owned(),
         }
     }
 }
@@ -165,6 +180,12 @@ impl ReceiptPort for KubeReceipts {
             &annotation,
         )
         .await
+    }
+
+    async fn current_record(&self) -> actors::Result<RecordView> {
+        read_view(&self.maps, &self.configmap)
+            .await
+            .map_err(|e| receipt_err("reading the coordination record", e))
     }
 }
 

@@ -427,7 +427,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         tracing::info!(%namespace, configmap = k8s::COORDINATION_CONFIGMAP, "following the cluster's coordination: this node arms when it asks");
         record_follower = Some(tokio::spawn(coordination::follow(
             client.clone(),
-            namespace,
+            namespace.clone(),
             k8s::COORDINATION_CONFIGMAP.to_owned(),
             record_tx,
             shutdown.clone(),
@@ -442,7 +442,12 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
                     template_hash: args.node.pod_template_hash.clone(),
                 },
                 record: record_rx,
-                receipts: Arc::new(KubeReceipts::new(client.clone(), &args.node.node_name)),
+                receipts: Arc::new(KubeReceipts::new(
+                    client.clone(),
+                    &args.node.node_name,
+                    &namespace,
+                    k8s::COORDINATION_CONFIGMAP,
+                )),
                 refresh: Duration::from_secs(args.receipt_refresh),
             },
         );

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use actors::coordinator::plan::RecordView;
 use actors::keydir::CsrBinding;
-use kube_ovn_ipsec_api::coordination::CoordinationPhase;
+use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
 use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::names::ovs;
 
@@ -34,6 +34,9 @@ pub struct Local<'a> {
     pub lease: Option<&'a Lease>,
     /// The CSR the active identity came from, if recorded.
     pub csr: Option<&'a CsrBinding>,
+    /// Whether the node holds anything of this project (a lease, SA
+    /// observations, published lease keys, identity paths).
+    pub holds_state: bool,
 }
 
 /// One OVS interface as read: its name and `options`.
@@ -70,6 +73,13 @@ pub enum Step {
     Refuse(String),
     /// This node is not asked to release anything: exit 0.
     NotTarget(String),
+    /// Not a target, yet it holds state (a joiner armed for an admission
+    /// the disable did not see, a target some cohort dropped), the
+    /// controller confirmed NB and SB off (the record is `Release`, or
+    /// `Disabled` after a disable) and every local check passed: drain and
+    /// withdraw on its own, so no stale state stays behind and no init
+    /// container waits forever for a release nobody asks for.
+    ReleaseUnasked(String),
 }
 
 /// The first interface that still carries IPsec intent or the lease's
@@ -123,12 +133,12 @@ pub fn judge(local: &Local<'_>, live: &Live<'_>) -> Step {
         RecordView::Present(r) => r,
     };
     let Some(frozen) = record.targets.get(local.node_name) else {
-        return Step::NotTarget(format!(
-            "{} is not a target of the coordination (phase {})",
-            local.node_name, record.phase
-        ));
+        return not_a_target(local, live, record);
     };
     if record.phase == CoordinationPhase::Disabled {
+        if local.holds_state {
+            return not_a_target(local, live, record);
+        }
         return Step::NotTarget("the coordination is Disabled: nothing is awaited".into());
     }
     if frozen.as_str() != live.node_uid {
@@ -137,13 +147,8 @@ pub fn judge(local: &Local<'_>, live: &Live<'_>) -> Step {
             local.node_name, live.node_uid
         ));
     }
-    if let Some(lease) = local.lease
-        && lease.node_uid != live.node_uid
-    {
-        return Step::Refuse(format!(
-            "the lease {} belongs to Node UID {}, not {} (this Node's now)",
-            lease.lease_id, lease.node_uid, live.node_uid
-        ));
+    if let Some(refusal) = lease_of_another_node(local, live) {
+        return refusal;
     }
     // The Pod binding itself (live, on this node, of the frozen DaemonSet
     // and template, its init container's exit) is the controller's to
@@ -187,13 +192,65 @@ pub fn judge(local: &Local<'_>, live: &Live<'_>) -> Step {
             record.template_hash.as_deref().unwrap_or("none")
         ));
     }
+    match converged(live, local) {
+        Some(wait) => wait,
+        None => Step::Proceed,
+    }
+}
+
+/// The refusal when the lease was granted to another Node UID (the Node
+/// was re-created): its state cannot be attributed to this Node's release.
+fn lease_of_another_node(local: &Local<'_>, live: &Live<'_>) -> Option<Step> {
+    let lease = local.lease.filter(|l| l.node_uid != live.node_uid)?;
+    Some(Step::Refuse(format!(
+        "the lease {} belongs to Node UID {}, not {} (this Node's now)",
+        lease.lease_id, lease.node_uid, live.node_uid
+    )))
+}
+
+/// The wait while a tunnel still carries intent or the IKE daemon lives.
+fn converged(live: &Live<'_>, local: &Local<'_>) -> Option<Step> {
     if let Some(why) = unconverged(live.interfaces, local.lease) {
-        return Step::Wait(format!("TunnelsNotConverged: {why}"));
+        return Some(Step::Wait(format!("TunnelsNotConverged: {why}")));
     }
-    if let Some(why) = &live.ike_alive {
-        return Step::Wait(format!("IkeDaemonRunning: {why}"));
+    live.ike_alive
+        .as_ref()
+        .map(|why| Step::Wait(format!("IkeDaemonRunning: {why}")))
+}
+
+/// A node the record does not ask for a release (or a `Disabled` record).
+/// Without state there is nothing to do. With state it waits while the
+/// switch may still be on (the record on the enable side, `Disabling`,
+/// or `Cleanup` about to become `Release`), then releases on its own.
+fn not_a_target(local: &Local<'_>, live: &Live<'_>, record: &CoordinationRecord) -> Step {
+    let why = format!(
+        "{} is not a target of the coordination (phase {})",
+        local.node_name, record.phase
+    );
+    if !local.holds_state {
+        return Step::NotTarget(why);
     }
-    Step::Proceed
+    // `Release`, or `Disabled` reached through one (it keeps the disable's
+    // challenge): NB and SB were read false before `Cleanup` was written.
+    let confirmed_off = match record.phase {
+        CoordinationPhase::Release => true,
+        CoordinationPhase::Disabled => record.challenge.is_some(),
+        _ => false,
+    };
+    if !confirmed_off {
+        return Step::Wait(format!(
+            "{why}, but it holds this project's state (lease, guards or identity paths): \
+             waiting for the controller to confirm NB_Global.ipsec and SB_Global.ipsec off \
+             (Release)"
+        ));
+    }
+    if let Some(refusal) = lease_of_another_node(local, live) {
+        return refusal;
+    }
+    match converged(live, local) {
+        Some(wait) => wait,
+        None => Step::ReleaseUnasked(format!("{why}; it holds state: releasing it on its own")),
+    }
 }
 
 #[cfg(test)]

@@ -47,6 +47,7 @@ struct Case {
     pod_uid: &'static str,
     interfaces: Vec<InterfaceOptions>,
     ike: Option<String>,
+    holds_state: bool,
 }
 
 impl Case {
@@ -67,6 +68,7 @@ impl Case {
                 &[("remote_ip", "10.0.0.2"), ("egress_pkt_mark", "7")],
             )],
             ike: None,
+            holds_state: true,
         }
     }
 
@@ -77,6 +79,7 @@ impl Case {
             template_hash: self.template,
             lease: Some(&self.lease),
             csr: self.csr.as_ref(),
+            holds_state: self.holds_state,
         };
         let live = Live {
             record: &self.record,
@@ -108,19 +111,71 @@ fn every_check_holding_proceeds() {
 }
 
 #[test]
-fn a_node_that_is_not_asked_leaves_at_once() {
+fn a_node_that_is_not_asked_and_holds_nothing_leaves_at_once() {
     let mut c = Case::ready();
     c.record = RecordView::Absent;
     assert!(matches!(c.judge(), Step::NotTarget(_)));
     let mut c = Case::ready();
+    c.holds_state = false;
     let RecordView::Present(r) = &mut c.record else {
         unreachable!()
     };
     r.targets.clear();
     assert!(matches!(c.judge(), Step::NotTarget(_)));
     let mut c = Case::ready();
+    c.holds_state = false;
     c.record = record(CoordinationPhase::Disabled);
     assert!(matches!(c.judge(), Step::NotTarget(_)));
+}
+
+#[test]
+fn a_node_not_asked_that_holds_state_waits_for_release_then_releases_unasked() {
+    let not_a_target = |phase| {
+        let mut c = Case::ready();
+        c.record = record(phase);
+        let RecordView::Present(r) = &mut c.record else {
+            unreachable!()
+        };
+        r.targets.clear();
+        c
+    };
+    // While the switch may still be on: wait, guards kept.
+    for phase in [
+        CoordinationPhase::Prepare,
+        CoordinationPhase::Arm,
+        CoordinationPhase::Enabled,
+        CoordinationPhase::Disabling,
+        CoordinationPhase::Cleanup,
+    ] {
+        waits(not_a_target(phase).judge(), "holds this project's state");
+    }
+    // Once NB and SB were confirmed off: the same live checks as a target.
+    for phase in [CoordinationPhase::Release, CoordinationPhase::Disabled] {
+        assert!(matches!(
+            not_a_target(phase).judge(),
+            Step::ReleaseUnasked(_)
+        ));
+        let mut c = not_a_target(phase);
+        c.ike = Some("pidfile".into());
+        waits(c.judge(), "IkeDaemonRunning");
+        let mut c = not_a_target(phase);
+        c.interfaces = vec![iface("ovn-abc-0", &[("remote_name", "n2")])];
+        waits(c.judge(), "TunnelsNotConverged");
+        let mut c = not_a_target(phase);
+        c.node_uid = "0b0e6a3c-1111-4222-8333-444455556699";
+        refused(c.judge(), "belongs to Node UID");
+    }
+    // A target of a Disabled record holding state (released unasked too).
+    let mut c = Case::ready();
+    c.record = record(CoordinationPhase::Disabled);
+    assert!(matches!(c.judge(), Step::ReleaseUnasked(_)));
+    // A Disabled record no disable went through (no challenge): wait.
+    let mut c = not_a_target(CoordinationPhase::Disabled);
+    let RecordView::Present(r) = &mut c.record else {
+        unreachable!()
+    };
+    r.challenge = None;
+    waits(c.judge(), "holds this project's state");
 }
 
 #[test]
