@@ -282,6 +282,20 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(guards_present(&n.node, mark));
 
+    // Enabled without this node (a joiner armed for an admission): it
+    // holds state, so it waits for the disable instead of leaving it.
+    let mut enabled = release_record(fx, &ds_uid);
+    (enabled.phase, enabled.challenge) = (CoordinationPhase::Enabled, None);
+    (enabled.nb_global_uuid, enabled.sb_global_uuid) = (None, None);
+    enabled.targets.clear();
+    enabled.trust_hash = Some(kube_ovn_ipsec_api::digest::Sha256Digest::from_bytes(
+        [1; 32],
+    ));
+    write_record(&admin, &enabled).await;
+    let o = cleanup(&n.node, fx, &n.key_dir, &kubeconfig, 1);
+    refused_with(&o, "holds this project's state");
+    assert!(guards_present(&n.node, mark));
+
     let record = release_record(fx, &ds_uid);
     write_record(&admin, &record).await;
 
@@ -321,7 +335,13 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
         ),
     );
 
-    // Everything holds: exactly the node's own state goes.
+    // Everything holds: exactly the node's own state goes — here as a
+    // node the Release does not list (the disable never saw its claim),
+    // which releases on its own after the same checks (a target's path is
+    // the coordination tests').
+    let mut unasked = record.clone();
+    unasked.targets.clear();
+    write_record(&admin, &unasked).await;
     let leaf = n.leaf();
     let o = cleanup(&n.node, fx, &n.key_dir, &kubeconfig, 10);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -349,6 +369,9 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
         .remove(k8s::ANNOTATION_RELEASE_RECEIPT)
         .expect("no release receipt on the Node");
     let receipt: ReleaseReceipt = signed::verify(&annotation, &leaf).unwrap();
+    // It names the live Node and answers this Release: had the disable
+    // listed the node, it would count.
+    assert_eq!(receipt.node_uid.as_str(), fx.uid);
     receipt
         .check_against(
             &record,
