@@ -56,10 +56,11 @@
 //! # Disable side
 //!
 //! Intent off in any enable-side phase writes `Disabling` with a fresh
-//! challenge before NB is touched; its targets are the frozen ones and
-//! the *claimants* ([`Observation::claimants`]: nodes that signed an
+//! challenge before NB is touched; its targets are the frozen ones (the
+//! *claimants*, [`Observation::claimants`] — nodes that signed an
 //! enable-side receipt and no release since, e.g. a joiner armed for an
-//! admission that never came). Then, one step per pass:
+//! admission that never came — join at `Cleanup`, once NB reads false).
+//! Then, one step per pass:
 //! - `Disabling`: NB read true → set it false; NB false but SB not (yet)
 //!   false, or either unreadable → hold, naming it. Both false → wait for
 //!   the live DaemonSet's *cleanup shape* (its Pod template has the
@@ -69,11 +70,12 @@
 //!   DaemonSet's UID and template hash; the targets are the frozen ones
 //!   and the claimants, whose Node still exists (a Node that is gone holds
 //!   no state anyone can reach; the write names it). Claimants are taken
-//!   in here, not later: a joiner arms only on a fresh read of `Enabled`
-//!   after its receipt is visible, so the pass that writes `Cleanup`
-//!   (observed after `Disabling` was written) sees every node that can
-//!   hold state. In `Release` no claimant is added, so an operator's
-//!   retirement of one sticks.
+//!   in here, and only here: a joiner arms only on a fresh read of
+//!   `Enabled` after its receipt is visible, so the pass that writes
+//!   `Cleanup` (observed after `Disabling` was written) sees every node
+//!   that can hold state; not earlier, because one that never armed would
+//!   be a target without guards while NB may still be on; not in
+//!   `Release`, so an operator's retirement of one sticks.
 //! - `Cleanup` → `Release` on the next pass, if NB and SB still read false
 //!   and the rows, the DaemonSet and its template are still the recorded
 //!   ones with the cleanup shape.
@@ -629,20 +631,13 @@ fn with_claimants(
 }
 
 /// The record of a disable's start from an enable-side `record`: the
-/// frozen targets and the claimants, a fresh challenge.
+/// frozen targets, a fresh challenge. Claimants wait for the `Cleanup`
+/// write: one that never armed would be a target without guards while NB
+/// is still on, and a re-enable from `Disabling` would keep it.
 fn start_disable(record: &CoordinationRecord, o: &Observation, why: &str) -> Result<Decision> {
-    let mut next = record
+    let next = record
         .transition(CoordinationPhase::Disabling, Some(o.fresh_challenge))
         .map_err(Error::Coordination)?;
-    let (targets, added) = with_claimants(record, o);
-    next.targets = targets;
-    let mut why = why.to_owned();
-    if !added.is_empty() {
-        why.push_str(&format!(
-            "; took in {} (signed an enable-side receipt and no release since)",
-            names(&added)
-        ));
-    }
     write(next, why)
 }
 
