@@ -201,6 +201,15 @@ pub async fn reconcile(csr: Arc<CertificateSigningRequest>, shared: Arc<Shared>)
         .await?;
     }
 
+    // The watch may hand a pass a copy older than an earlier pass's
+    // certificate patch: read the CSR itself, so a CSR is signed (or its
+    // CertificateRequest created) once, not again from a stale copy.
+    let csrs: Api<CertificateSigningRequest> = Api::all(shared.client.clone());
+    match csrs.get_opt(&name).await? {
+        Some(fresh) if fresh.metadata.uid == csr.metadata.uid && !is_final(&fresh) => {}
+        _ => return Ok(Action::await_change()),
+    }
+
     let now = shared.clock.now();
     let pem = match &shared.signer {
         SignerMode::BuiltIn(ca) => {
@@ -234,7 +243,6 @@ pub async fn reconcile(csr: Arc<CertificateSigningRequest>, shared: Arc<Shared>)
         }
     };
 
-    let csrs: Api<CertificateSigningRequest> = Api::all(shared.client.clone());
     let patch = serde_json::json!({
         "status": { "certificate": base64::engine::general_purpose::STANDARD.encode(pem.as_bytes()) }
     });
