@@ -61,7 +61,7 @@ use support::controller_cluster as cc;
 use support::controller_cluster::coordination::{flags, flags_wanting, nb_sb, record};
 use testbed::guest::HostFeatures;
 use testbed::ipsec::{IpsecNode, Tunnel};
-use testbed::overlay::{self, Capture, Pinger, VSwitchd};
+use testbed::overlay::{self, Capture, CaptureSummary, Pinger, VSwitchd};
 use testbed::ovs::OvnCentral;
 
 const PING_INTERVAL: Duration = Duration::from_millis(200);
@@ -309,16 +309,8 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     }
 
     // Encrypted on the wire between every pair.
-    for (i, a) in nodes.iter().enumerate() {
-        let cap =
-            Capture::start(a.node.netns(), "eth0", &a.node.dir().join("enabled.pcap")).unwrap();
-        let mut answered = 0;
-        for j in (0..n).filter(|j| *j != i) {
-            answered += overlay::ping(a.node.netns(), pod(j), 5, PING_INTERVAL)
-                .unwrap()
-                .received;
-        }
-        let wire = cap.stop().unwrap();
+    for i in 0..n {
+        let (answered, wire) = ping_peers_captured(&nodes, i, "enabled.pcap");
         let sent = 5 * (n - 1) as u32;
         println!("node {i}: {answered}/{sent} answered, wire {wire:?}");
         assert!(answered + 1 >= sent, "node {i}: encrypted pod traffic lost");
@@ -544,15 +536,7 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
             "{}: XFRM differs from before its agent first ran",
             a.node.chassis()
         );
-        let cap =
-            Capture::start(a.node.netns(), "eth0", &a.node.dir().join("disabled.pcap")).unwrap();
-        let mut answered = 0;
-        for j in (0..n).filter(|j| *j != i) {
-            answered += overlay::ping(a.node.netns(), pod(j), 5, PING_INTERVAL)
-                .unwrap()
-                .received;
-        }
-        let wire = cap.stop().unwrap();
+        let (answered, wire) = ping_peers_captured(&nodes, i, "disabled.pcap");
         println!("node {i} disabled: {answered} answered, wire {wire:?}");
         assert!(
             answered as usize + 1 >= 5 * (n - 1),
@@ -570,6 +554,21 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     );
     controller.abort();
     drop(vswitchds);
+}
+
+/// Node `i`'s pod pings every other node's pod 5 times while its underlay
+/// is captured (into `pcap` in its directory): the echoes answered and
+/// what crossed the wire.
+fn ping_peers_captured(nodes: &[AgentNode], i: usize, pcap: &str) -> (u32, CaptureSummary) {
+    let a = &nodes[i].node;
+    let cap = Capture::start(a.netns(), "eth0", &a.dir().join(pcap)).unwrap();
+    let mut answered = 0;
+    for j in (0..nodes.len()).filter(|j| *j != i) {
+        answered += overlay::ping(a.netns(), pod(j), 5, PING_INTERVAL)
+            .unwrap()
+            .received;
+    }
+    (answered, cap.stop().unwrap())
 }
 
 /// Foreign policies and ESP states in `node`'s namespace, installed before

@@ -530,14 +530,17 @@ impl crate::coordinator::ReceiptPort for RecordingReceipts {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_node_arms_only_when_the_record_says_arm_and_signs_each_barrier() {
+/// The tree with the node coordinator as Node `node-7` (UID
+/// [`NODE_7_UID`]), its arm permit withheld: the harness, the record's
+/// sender and the receipts it publishes.
+async fn coordinated() -> (
+    Harness,
+    crate::gate::ArmPermit,
+    watch::Sender<crate::coordinator::plan::RecordView>,
+    Arc<RecordingReceipts>,
+) {
     use crate::coordinator::NodeSelf;
     use crate::coordinator::plan::RecordView;
-    use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
-    use kube_ovn_ipsec_api::status::Phase;
-
-    let node_uid = Uid::new("11111111-2222-4333-8444-555555555555").unwrap();
     let (record_tx, record_rx) = watch::channel(RecordView::Unknown);
     let receipts = Arc::new(RecordingReceipts::default());
     let permit = crate::gate::ArmPermit::withheld();
@@ -547,7 +550,7 @@ async fn the_node_arms_only_when_the_record_says_arm_and_signs_each_barrier() {
         Some(CoordinationPorts {
             me: NodeSelf {
                 node_name: "node-7".into(),
-                node_uid: node_uid.clone(),
+                node_uid: Uid::new(NODE_7_UID).unwrap(),
                 pod_uid: Uid::new("66666666-7777-4888-8999-000000000000").unwrap(),
                 template_hash: Some("tmpl-1".into()),
             },
@@ -557,6 +560,20 @@ async fn the_node_arms_only_when_the_record_says_arm_and_signs_each_barrier() {
         }),
     )
     .await;
+    (h, permit, record_tx, receipts)
+}
+
+/// The Node UID of [`coordinated`]'s node.
+const NODE_7_UID: &str = "11111111-2222-4333-8444-555555555555";
+
+#[tokio::test(start_paused = true)]
+async fn the_node_arms_only_when_the_record_says_arm_and_signs_each_barrier() {
+    use crate::coordinator::plan::RecordView;
+    use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
+    use kube_ovn_ipsec_api::status::Phase;
+
+    let node_uid = Uid::new(NODE_7_UID).unwrap();
+    let (h, permit, record_tx, receipts) = coordinated().await;
     let published = || receipts.published.lock().unwrap().clone();
 
     // No record: an identity is issued, nothing is allocated, armed,
@@ -642,31 +659,11 @@ async fn the_node_arms_only_when_the_record_says_arm_and_signs_each_barrier() {
 
 #[tokio::test(start_paused = true)]
 async fn a_joiner_arms_only_on_a_fresh_read_after_its_receipt_is_published() {
-    use crate::coordinator::NodeSelf;
     use crate::coordinator::plan::RecordView;
     use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
 
-    let node_uid = Uid::new("11111111-2222-4333-8444-555555555555").unwrap();
     let other = Uid::new("22222222-2222-4333-8444-555555555555").unwrap();
-    let (record_tx, record_rx) = watch::channel(RecordView::Unknown);
-    let receipts = Arc::new(RecordingReceipts::default());
-    let permit = crate::gate::ArmPermit::withheld();
-    let h = harness_full(
-        |_| {},
-        permit.clone(),
-        Some(CoordinationPorts {
-            me: NodeSelf {
-                node_name: "node-7".into(),
-                node_uid,
-                pod_uid: Uid::new("66666666-7777-4888-8999-000000000000").unwrap(),
-                template_hash: Some("tmpl-1".into()),
-            },
-            record: record_rx,
-            receipts: receipts.clone(),
-            refresh: Duration::from_secs(60),
-        }),
-    )
-    .await;
+    let (h, permit, record_tx, receipts) = coordinated().await;
     let published = || receipts.published.lock().unwrap().clone();
     let set_fresh = |v: Option<RecordView>| *receipts.fresh.lock().unwrap() = v;
 
