@@ -18,6 +18,9 @@
 //! - `serviceaccount`: TokenRequest (`serviceaccounts/<name>/token`) and the
 //!   Pod-bound identity it shares with [`ApiServerHandle::token_for_pod`];
 //! - `discovery`: `/version`, `/api`, `/apis` documents;
+//! - [`kube_ovn`]: a Kube-OVN-shaped cluster on this server (RBAC, the CNI
+//!   DaemonSet, Nodes, CNI Pods with Pod-bound tokens) and the DaemonSet
+//!   controller's and kubelet's part in a rollout;
 //! - `routes`: the pure path grammar (what a path names, query parameters);
 //! - `handlers`: the verbs; `protobuf`: the protobuf bodies kubectl sends;
 //!   `tls`: CA and serving certificate; `error`: `Status` errors.
@@ -49,6 +52,7 @@ mod auth;
 mod discovery;
 mod error;
 mod handlers;
+pub mod kube_ovn;
 mod objects;
 mod patch;
 mod protobuf;

@@ -17,34 +17,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerBuilder, ApiServerHandle, Identity};
+use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerBuilder, ApiServerHandle, Identity, kube_ovn};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 
 pub mod coordination;
 
-pub const NS: &str = "kube-system";
-pub const CONTROLLER_SA: &str = "ovn";
-pub const HASH: &str = "6d8f9c7b5";
-/// The CNI Pods' ServiceAccount: the agent's identity.
-pub const CNI_SA: &str = "kube-ovn-cni";
+pub use apiserver::kube_ovn::{CNI_SA, CONTROLLER_SA, HASH, NS, Shape};
 
-#[derive(Clone)]
-pub struct NodeFx {
-    pub name: String,
-    pub uid: String,
-    pub chassis: String,
-    pub pod_name: String,
-    pub pod_uid: String,
-    /// The Pod-bound ServiceAccount token `client` authenticates with.
-    pub token: String,
-    pub client: Client,
-}
+/// One node of the test cluster (the library's [`apiserver::kube_ovn::CniNode`]).
+pub type NodeFx = apiserver::kube_ovn::CniNode;
 
 pub struct Cluster {
     pub server: ApiServerHandle,
@@ -56,285 +41,33 @@ pub struct Cluster {
     pub metrics: Arc<controller::metrics::Metrics>,
 }
 
-async fn create(admin: &Client, v: Value) -> Value {
-    let obj: kube::api::DynamicObject = serde_json::from_value(v.clone()).unwrap();
-    let (group, version) = match v["apiVersion"].as_str().unwrap().split_once('/') {
-        Some((g, ver)) => (g.to_owned(), ver.to_owned()),
-        None => (String::new(), v["apiVersion"].as_str().unwrap().to_owned()),
-    };
-    let kind = v["kind"].as_str().unwrap();
-    let gvk = kube::api::GroupVersionKind::gvk(&group, &version, kind);
-    let plural = match kind {
-        "ClusterRole" => "clusterroles",
-        "ClusterRoleBinding" => "clusterrolebindings",
-        "Role" => "roles",
-        "RoleBinding" => "rolebindings",
-        "DaemonSet" => "daemonsets",
-        "ControllerRevision" => "controllerrevisions",
-        "Node" => "nodes",
-        "Pod" => "pods",
-        "ConfigMap" => "configmaps",
-        "ServiceAccount" => "serviceaccounts",
-        other => panic!("no plural for {other}"),
-    };
-    let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
-    let api: Api<kube::api::DynamicObject> = match obj.metadata.namespace.as_deref() {
-        Some(ns) => Api::namespaced_with(admin.clone(), ns, &ar),
-        None => Api::all_with(admin.clone(), &ar),
-    };
-    let created = api.create(&PostParams::default(), &obj).await.unwrap();
-    serde_json::to_value(created).unwrap()
-}
-
-fn rbac() -> Vec<Value> {
-    let ctrl = json!([{"kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": NS}]);
-    let cni = json!([{"kind": "ServiceAccount", "name": CNI_SA, "namespace": NS}]);
-    vec![
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "kube-ovn-ipsec-controller"},
-        "rules": [
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval", "certificatesigningrequests/status"], "verbs": ["update", "patch"]},
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["kubeovn.io/signer"], "verbs": ["approve", "sign"]},
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
-        ]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "kube-ovn-ipsec-controller"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kube-ovn-ipsec-controller"},
-            "subjects": ctrl}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": "kube-ovn-ipsec-controller", "namespace": NS},
-        "rules": [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["apps"], "resources": ["controllerrevisions"], "verbs": ["list", "watch"]},
-            {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get", "create", "update"]},
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
-            {"apiGroups": ["cert-manager.io"], "resources": ["certificaterequests"], "verbs": ["get", "create", "delete"]},
-            {"apiGroups": ["cert-manager.io"], "resources": ["certificaterequests/status"], "verbs": ["patch", "update"]}
-        ]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "kube-ovn-ipsec-controller", "namespace": NS},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kube-ovn-ipsec-controller"},
-            "subjects": ctrl}),
-        json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": CONTROLLER_SA, "namespace": NS}}),
-        json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": CNI_SA, "namespace": NS}}),
-        // The agent: its CSRs, its Node (the UID it binds; its receipt
-        // annotation), Events on its Node (namespace `default`), the trust
-        // ConfigMap.
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "kube-ovn-cni-ipsec"},
-        "rules": [
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
-        ]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "kube-ovn-cni-ipsec"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kube-ovn-cni-ipsec"},
-            "subjects": cni}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": "kube-ovn-cni-ipsec", "namespace": NS},
-            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "kube-ovn-cni-ipsec", "namespace": NS},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kube-ovn-cni-ipsec"},
-            "subjects": cni}),
-    ]
-}
-
-/// Mints a token for ServiceAccount `sa` in [`NS`] through `TokenRequest`,
-/// bound to Pod `pod` (name, UID) when given: what the kubelet asks for a
-/// Pod's projected token.
+/// [`apiserver::kube_ovn::mint_token`]; a failure fails the test.
 pub async fn mint_token(admin: &Client, sa: &str, pod: Option<(&str, &str)>) -> String {
-    use k8s_openapi::api::authentication::v1::{
-        BoundObjectReference, TokenRequest, TokenRequestSpec,
-    };
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            bound_object_ref: pod.map(|(name, uid)| BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(name.into()),
-                uid: Some(uid.into()),
-            }),
-        },
-        ..Default::default()
-    };
-    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(admin.clone(), NS);
-    let answer = sas
-        .create_token_request(sa, &PostParams::default(), &request)
-        .await
-        .unwrap();
-    answer.status.unwrap().token
+    kube_ovn::mint_token(admin, sa, pod).await.unwrap()
 }
 
-/// Creates the ServiceAccounts, RBAC objects, the DaemonSet, its revisions,
-/// the nodes and their pods, and a Pod-bound token per node.
+/// [`apiserver::kube_ovn::populate`]; a failure fails the test.
 pub async fn populate(
     server: &ApiServerHandle,
     admin: &Client,
     nodes: usize,
 ) -> (Vec<NodeFx>, String) {
-    for obj in rbac() {
-        create(admin, obj).await;
-    }
-    let labels = json!({"app": "kube-ovn-cni"});
-    let ds = create(admin, json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "kube-ovn-cni", "namespace": NS},
-            "spec": {"selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "cni-server", "image": "kube-ovn"}]}}}}))
-        .await;
-    let ds_uid = ds["metadata"]["uid"].as_str().unwrap().to_owned();
-    let owner = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "kube-ovn-cni",
-                            "uid": ds_uid, "controller": true}]);
-    create(
-        admin,
-        json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
-            "metadata": {"name": format!("kube-ovn-cni-{HASH}"), "namespace": NS,
-                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
-                         "ownerReferences": owner},
-            "revision": 2}),
-    )
-    .await;
-    create(
-        admin,
-        json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
-            "metadata": {"name": "kube-ovn-cni-oldhash", "namespace": NS,
-                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": "oldhash"},
-                         "ownerReferences": owner},
-            "revision": 1}),
-    )
-    .await;
-    let mut fxs = Vec::new();
-    for i in 0..nodes {
-        fxs.push(add_node(server, admin, &ds_uid, i).await);
-    }
-    (fxs, ds_uid)
+    kube_ovn::populate(server, admin, nodes).await.unwrap()
 }
 
-/// Node `node-<i>` (chassis `chassis-<i>`) with its CNI Pod of the current
-/// template, owned by the DaemonSet `ds_uid`, and a token bound to that
-/// Pod: what the DaemonSet scheduling to a new node amounts to.
+/// [`apiserver::kube_ovn::add_node`]; a failure fails the test.
 pub async fn add_node(server: &ApiServerHandle, admin: &Client, ds_uid: &str, i: usize) -> NodeFx {
-    let owner = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "kube-ovn-cni",
-                            "uid": ds_uid, "controller": true}]);
-    let name = format!("node-{i}");
-    let chassis = format!("chassis-{i}");
-    let node = create(
-        admin,
-        json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "annotations": {"ovn.kubernetes.io/chassis": chassis}}}),
-    )
-    .await;
-    let uid = node["metadata"]["uid"].as_str().unwrap().to_owned();
-    let pod_name = format!("kube-ovn-cni-{i}");
-    let pod = create(
-        admin,
-        json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "namespace": NS,
-                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": HASH},
-                         "ownerReferences": owner},
-            "spec": {"nodeName": name, "serviceAccountName": CNI_SA,
-                     "containers": [{"name": "cni-server", "image": "kube-ovn"}]}}),
-    )
-    .await;
-    let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-    let token = mint_token(admin, CNI_SA, Some((&pod_name, &pod_uid))).await;
-    let client = server.client(&token).await.unwrap();
-    NodeFx {
-        name,
-        uid,
-        chassis,
-        pod_name,
-        pod_uid,
-        token,
-        client,
-    }
+    kube_ovn::add_node(server, admin, ds_uid, i).await.unwrap()
 }
 
-/// The kube-ovn-cni DaemonSet's Pod template as the chart renders it
-/// (SPEC §9).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// IPsec enabled: the `ipsec` agent container beside the CNI server.
-    Ipsec,
-    /// IPsec disabled after it was enabled: the `ipsec-cleanup` init
-    /// container instead of the agent.
-    Cleanup,
-}
-
-impl Shape {
-    /// The Pod spec's containers of this shape.
-    fn containers(self) -> Value {
-        let c = |name: &str| json!({"name": name, "image": "kube-ovn"});
-        match self {
-            Shape::Ipsec => json!({"containers": [c("cni-server"), c("ipsec")]}),
-            Shape::Cleanup => json!({
-                "initContainers": [c("ipsec-cleanup")],
-                "containers": [c("cni-server")],
-            }),
-        }
-    }
-}
-
-/// Makes `shape` under template hash `hash` the DaemonSet's Pod template,
-/// as applying the chart does: the template, and the ControllerRevision
-/// `kube-ovn-cni-<hash>` made the newest (an existing one, as for a
-/// template reverted to, gets the next revision number). The Pods are
-/// rolled separately ([`replace_pod`]).
+/// [`apiserver::kube_ovn::set_template`]; a failure fails the test.
 pub async fn set_template(admin: &Client, ds_uid: &str, shape: Shape, hash: &str) {
-    let sets: Api<DaemonSet> = Api::namespaced(admin.clone(), NS);
-    let template = json!({"spec": {"template": {"spec": shape.containers()}}});
-    sets.patch(
-        "kube-ovn-cni",
-        &PatchParams::default(),
-        &Patch::Merge(&template),
-    )
-    .await
-    .unwrap();
-    let revisions: Api<ControllerRevision> = Api::namespaced(admin.clone(), NS);
-    let newest = revisions
-        .list(&Default::default())
+    kube_ovn::set_template(admin, ds_uid, shape, hash)
         .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|r| r.revision)
-        .max()
-        .unwrap_or(0)
-        + 1;
-    let name = format!("kube-ovn-cni-{hash}");
-    if revisions.get_opt(&name).await.unwrap().is_some() {
-        let bump = json!({"revision": newest});
-        revisions
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&bump))
-            .await
-            .unwrap();
-    } else {
-        create(
-            admin,
-            json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
-                "metadata": {"name": name, "namespace": NS,
-                             "labels": {"app": "kube-ovn-cni", "controller-revision-hash": hash},
-                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                                 "name": "kube-ovn-cni", "uid": ds_uid, "controller": true}]},
-                "revision": newest}),
-        )
-        .await;
-    }
+        .unwrap();
 }
 
-/// Deletes `node`'s CNI Pod (the `n`th node) and creates a new one of
-/// template `hash` in `shape` (what deleting a Pod under the DaemonSet
-/// controller amounts to), with a token bound to it: `node` then names the
-/// new Pod.
+/// [`apiserver::kube_ovn::replace_pod`]; a failure fails the test.
 pub async fn replace_pod(
     server: &ApiServerHandle,
     admin: &Client,
@@ -344,46 +77,23 @@ pub async fn replace_pod(
     shape: Shape,
     hash: &str,
 ) {
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
-    let _ = pods.delete(&node.pod_name, &Default::default()).await;
-    let mut spec = shape.containers();
-    spec["nodeName"] = json!(node.name);
-    spec["serviceAccountName"] = json!(CNI_SA);
-    let pod = create(
-        admin,
-        json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": format!("kube-ovn-cni-{n}-"), "namespace": NS,
-                         "labels": {"app": "kube-ovn-cni", "controller-revision-hash": hash},
-                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                             "name": "kube-ovn-cni", "uid": ds_uid, "controller": true}]},
-            "spec": spec}),
-    )
-    .await;
-    let pod_name = pod["metadata"]["name"].as_str().unwrap().to_owned();
-    let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-    let token = mint_token(admin, CNI_SA, Some((&pod_name, &pod_uid))).await;
-    let client = server.client(&token).await.unwrap();
-    node.pod_name = pod_name;
-    node.pod_uid = pod_uid;
-    node.token = token;
-    node.client = client;
+    kube_ovn::replace_pod(server, admin, ds_uid, node, n, shape, hash)
+        .await
+        .unwrap();
 }
 
 /// The kubelet's report of the `ipsec-cleanup` init container of Pod
-/// `pod_name` (a `pods/status` write): terminated with `exit` when given,
-/// running otherwise.
+/// `pod_name`: terminated with `exit` when given (a failure's message
+/// names a refusal), running otherwise.
 pub async fn set_cleanup_init_of(admin: &Client, pod_name: &str, exit: Option<i32>) {
-    let state = match exit {
-        Some(0) => json!({"terminated": {"exitCode": 0, "reason": "Completed"}}),
-        Some(code) => json!({"terminated": {"exitCode": code, "reason": "Error",
-                                            "message": "a foreign owner holds the lease's mark"}}),
-        None => json!({"running": {}}),
+    let report = match exit {
+        Some(exit_code) => kube_ovn::InitReport::Terminated {
+            exit_code,
+            message: "a foreign owner holds the lease's mark",
+        },
+        None => kube_ovn::InitReport::Running,
     };
-    let status = json!({"status": {"initContainerStatuses": [{
-        "name": "ipsec-cleanup", "image": "kube-ovn", "imageID": "", "ready": exit == Some(0),
-        "restartCount": 0, "state": state}]}});
-    Api::<Pod>::namespaced(admin.clone(), NS)
-        .patch_status(pod_name, &PatchParams::default(), &Patch::Merge(&status))
+    kube_ovn::set_cleanup_init(admin, pod_name, report)
         .await
         .unwrap();
 }
