@@ -10,6 +10,12 @@
 //!   resumes from the stored record: Prepare → Arm → Enabled with no phase
 //!   skipped or repeated, epochs only growing, `NB_Global.ipsec` turning
 //!   true exactly once and never while the record is `Prepare`;
+//! - killed at every boundary of the disable (each record write, NB turned
+//!   off, the hold for the cleanup shape, mid-`Release` with one release
+//!   receipt missing), a restarted controller resumes: `Disabling →
+//!   Cleanup → Release → Disabled` with no phase skipped or repeated, one
+//!   challenge throughout (the disable never restarts), `NB_Global.ipsec`
+//!   turned off exactly once and never on again;
 //! - two replicas at once: one holds the Lease, only it writes, the other
 //!   follows; killed, the leader is replaced by the other, which takes the
 //!   cohort over as it stands (`Enabled`, same epoch) without re-running a
@@ -46,7 +52,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use testbed::ovs::OvnCentral;
 
-use CoordinationPhase::{Arm, Enabled, Prepare};
+use CoordinationPhase::{Arm, Cleanup, Disabled, Disabling, Enabled, Prepare, Release};
 
 /// How often the test looks at the record, NB and the Lease: well under
 /// the 1 s pass period, so no boundary goes by unseen.
@@ -55,12 +61,16 @@ const POLL: Duration = Duration::from_millis(50);
 /// The enable's phases in the order they must be written.
 const ORDER: [CoordinationPhase; 3] = [Prepare, Arm, Enabled];
 
-/// Where `phase` stands in [`ORDER`] (anything else is a failure here).
+/// The disable's phases in the order they must be written.
+const DISABLE_ORDER: [CoordinationPhase; 4] = [Disabling, Cleanup, Release, Disabled];
+
+/// Where `phase` stands in an enable followed by a disable.
 fn rank(phase: CoordinationPhase) -> usize {
     ORDER
         .iter()
+        .chain(&DISABLE_ORDER)
         .position(|p| *p == phase)
-        .unwrap_or_else(|| panic!("the enable wrote {phase}"))
+        .unwrap_or_else(|| panic!("no rank for {phase}"))
 }
 
 /// The cluster, OVN, a kubeconfig with the controller's own token, the
@@ -152,8 +162,13 @@ impl Run {
 
     /// [`Self::replica`] with the coordinator on, enable wanted.
     fn coordinator(&mut self, name: &str) -> Replica {
+        self.coordinator_wanting(name, true)
+    }
+
+    /// [`Self::replica`] with the coordinator on and the intent `enable`.
+    fn coordinator_wanting(&mut self, name: &str, enable: bool) -> Replica {
         let (nb, sb) = (self.central.nb.address(), self.central.sb.address());
-        self.replica(name, &flags(&nb, &sb, name))
+        self.replica(name, &flags_wanting(enable, &nb, &sb, name))
     }
 
     async fn stop(self) {
@@ -298,6 +313,23 @@ enum Boundary {
     NbOnWhileArm,
     /// The record reads `Enabled`.
     EnabledWritten,
+    /// The record reads `Disabling` (NB may still be on).
+    DisablingWritten,
+    /// NB reads false while the record is `Disabling`: set, not yet
+    /// confirmed.
+    NbOffWhileDisabling,
+    /// `Disabling` with NB and SB off, the current process holding for the
+    /// DaemonSet's cleanup shape (its status says so).
+    HoldingForCleanupShape,
+    /// The record reads `Cleanup`.
+    CleanupWritten,
+    /// The record reads `Release`.
+    ReleaseWritten,
+    /// `Release` with two of three release receipts verified, the third
+    /// node's missing, and the current process has finished a pass on it.
+    MidRelease,
+    /// The record reads `Disabled`.
+    DisabledWritten,
 }
 
 impl Boundary {
@@ -307,6 +339,12 @@ impl Boundary {
             Boundary::PrepareWritten | Boundary::MidPrepareBarrier => Prepare,
             Boundary::ArmWritten | Boundary::NbOnWhileArm => Arm,
             Boundary::EnabledWritten => Enabled,
+            Boundary::DisablingWritten
+            | Boundary::NbOffWhileDisabling
+            | Boundary::HoldingForCleanupShape => Disabling,
+            Boundary::CleanupWritten => Cleanup,
+            Boundary::ReleaseWritten | Boundary::MidRelease => Release,
+            Boundary::DisabledWritten => Disabled,
         }
     }
 }
@@ -387,9 +425,13 @@ fn at(b: Boundary, seen: &Seen, renewals: usize) -> bool {
     let Some(r) = &seen.record else { return false };
     let nodes = &seen.status["nodes"];
     match b {
-        Boundary::PrepareWritten | Boundary::ArmWritten | Boundary::EnabledWritten => {
-            r.phase == b.phase()
-        }
+        Boundary::PrepareWritten
+        | Boundary::ArmWritten
+        | Boundary::EnabledWritten
+        | Boundary::DisablingWritten
+        | Boundary::CleanupWritten
+        | Boundary::ReleaseWritten
+        | Boundary::DisabledWritten => r.phase == b.phase(),
         // Two rounds: the first one's pass has finished before the second.
         Boundary::MidPrepareBarrier => {
             r.phase == Prepare
@@ -399,7 +441,72 @@ fn at(b: Boundary, seen: &Seen, renewals: usize) -> bool {
                 && nodes["node-2"] == "no receipt yet"
         }
         Boundary::NbOnWhileArm => r.phase == Arm && seen.nb,
+        Boundary::NbOffWhileDisabling => r.phase == Disabling && !seen.nb,
+        Boundary::HoldingForCleanupShape => {
+            r.phase == Disabling
+                && renewals >= 2
+                && seen.status["reason"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("waiting for the kube-ovn-cni DaemonSet"))
+        }
+        Boundary::MidRelease => {
+            r.phase == Release
+                && renewals >= 2
+                && nodes["node-0"] == "ok"
+                && nodes["node-1"] == "ok"
+                && nodes["node-2"] == "no release receipt yet"
+        }
     }
+}
+
+/// Waits until the cluster shows `b` (rounds counted since the running
+/// process started; the record may not pass `b`'s phase unseen), then
+/// SIGKILLs that process and starts the next one at once, with the
+/// intent `enable`.
+async fn kill_at(
+    run: &mut Run,
+    trail: &mut Trail,
+    replicas: &mut Vec<Replica>,
+    b: Boundary,
+    enable: bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let since = replicas.last().unwrap().started;
+    let mut renewals = Vec::new();
+    loop {
+        let seen = trail.look(&run.c.admin).await;
+        if let Some(t) = seen.lease.as_ref().and_then(renewed)
+            && t > since
+            && renewals.last() != Some(&t)
+        {
+            renewals.push(t);
+        }
+        if at(b, &seen, renewals.len()) {
+            break;
+        }
+        if let Some(r) = &seen.record {
+            assert!(
+                rank(r.phase) <= rank(b.phase()),
+                "{b:?} went by unseen: the record is already {}",
+                r.phase
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{b:?} not reached in 20 s: {:?}\nstatus: {}",
+            seen.record,
+            seen.status
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let at_kill = trail.t0.elapsed();
+    let current = replicas.last_mut().unwrap();
+    current.sigkill().await;
+    let up = since.elapsed().unwrap();
+    let name = current.name.clone();
+    println!("{at_kill:>6.2?}  SIGKILL {name} at {b:?}, {up:.2?} after it started; new process");
+    let next = run.coordinator_wanting(&name, enable);
+    replicas.push(next);
 }
 
 /// SIGKILL at every boundary of the enable and once mid-barrier, each time
@@ -423,45 +530,7 @@ async fn sigkill_at_every_phase_boundary_resumes_and_flips_nb_once() {
     ];
     let mut kills = Vec::new();
     for b in boundaries {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let since = replicas.last().unwrap().started;
-        let mut renewals = Vec::new();
-        loop {
-            let seen = trail.look(&run.c.admin).await;
-            if let Some(t) = seen.lease.as_ref().and_then(renewed)
-                && t > since
-                && renewals.last() != Some(&t)
-            {
-                renewals.push(t);
-            }
-            if at(b, &seen, renewals.len()) {
-                break;
-            }
-            if let Some(r) = &seen.record {
-                assert!(
-                    rank(r.phase) <= rank(b.phase()),
-                    "{b:?} went by unseen: the record is already {}",
-                    r.phase
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{b:?} not reached in 20 s: {:?}\nstatus: {}",
-                seen.record,
-                seen.status
-            );
-            tokio::time::sleep(POLL).await;
-        }
-        let at_kill = trail.t0.elapsed();
-        let current = replicas.last_mut().unwrap();
-        current.sigkill().await;
-        let up = since.elapsed().unwrap();
-        let next = run.coordinator("controller-0");
-        println!(
-            "{at_kill:>6.2?}  SIGKILL {} at {b:?}, {up:.2?} after it started; new process",
-            current.name
-        );
-        replicas.push(next);
+        kill_at(&mut run, &mut trail, &mut replicas, b, true).await;
         kills.push(b);
         if b == Boundary::MidPrepareBarrier {
             run.responders.push(responder(&run.c, 2, &run.ids[2]));
@@ -524,6 +593,123 @@ async fn sigkill_at_every_phase_boundary_resumes_and_flips_nb_once() {
     let spec = lease(&run.c.admin).await.unwrap();
     assert_eq!(spec.holder_identity.as_deref(), Some("controller-0"));
     assert_eq!(spec.lease_transitions, Some(0));
+    println!("whole test {:?}", t_setup.elapsed());
+    drop(replicas);
+    run.stop().await;
+}
+
+/// Enabled by one process, then SIGKILL at every boundary of the disable,
+/// each time a new process with the intent off at once; the cohort ends
+/// `Disabled` as if nothing had happened: one write per phase, one
+/// challenge (the disable never went back to `Disabling`), NB turned off
+/// once and never on again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_every_disable_boundary_resumes_and_turns_nb_off_once() {
+    const CLEANUP_HASH: &str = "5e0c3b8a1";
+    let t_setup = Instant::now();
+    let mut run = Run::start(3, None).await;
+    let (nb_stop, nb_task) = watch_nb(&run.central, &run.c.admin);
+    let mut trail = Trail::new(&run.central).await;
+    let mut replicas = vec![run.coordinator("controller-0")];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while trail.look(&run.c.admin).await.record.map(|r| r.phase) != Some(Enabled) {
+        assert!(Instant::now() < deadline, "not Enabled in 30 s");
+        tokio::time::sleep(POLL).await;
+    }
+    for h in run.responders.drain(..) {
+        h.abort();
+    }
+    // The operator's chart upgrade turns the intent off: a new process.
+    replicas.last_mut().unwrap().sigkill().await;
+    println!(
+        "{:>6.2?}  Enabled; restarted with the intent off",
+        trail.t0.elapsed()
+    );
+    replicas.push(run.coordinator_wanting("controller-0", false));
+
+    let boundaries = [
+        Boundary::DisablingWritten,
+        Boundary::NbOffWhileDisabling,
+        Boundary::HoldingForCleanupShape,
+        Boundary::CleanupWritten,
+        Boundary::ReleaseWritten,
+        Boundary::MidRelease,
+        Boundary::DisabledWritten,
+    ];
+    for b in boundaries {
+        kill_at(&mut run, &mut trail, &mut replicas, b, false).await;
+        match b {
+            // The chart's cleanup shape rolls out; every init container
+            // completes.
+            Boundary::HoldingForCleanupShape => {
+                run.c.roll_daemon_set(Shape::Cleanup, CLEANUP_HASH).await;
+                for n in 0..3 {
+                    run.c.set_cleanup_init(n, Some(0)).await;
+                }
+            }
+            Boundary::ReleaseWritten => {
+                for n in 0..2 {
+                    publish_release(&run.c, n, &run.ids[n], |_| {}).await;
+                }
+            }
+            Boundary::MidRelease => {
+                publish_release(&run.c, 2, &run.ids[2], |_| {}).await;
+            }
+            _ => {}
+        }
+    }
+
+    // The last process finds the cohort Disabled and leaves it so.
+    let disabled = record(&run.c.admin).await.unwrap();
+    let since = replicas.last().unwrap().started;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut renewals = Vec::new();
+    while renewals.len() < 3 {
+        let seen = trail.look(&run.c.admin).await;
+        if let Some(t) = seen.lease.as_ref().and_then(renewed)
+            && t > since
+            && renewals.last() != Some(&t)
+        {
+            renewals.push(t);
+        }
+        assert_eq!(
+            seen.record.as_ref(),
+            Some(&disabled),
+            "Disabled is left alone"
+        );
+        assert!(Instant::now() < deadline, "the last process did not lead");
+        tokio::time::sleep(POLL).await;
+    }
+    nb_stop.store(true, Ordering::SeqCst);
+    let nb_trail = nb_task.await.unwrap();
+    println!(
+        "{:>6.2?}  done: {} kills in the disable; NB read {} times: {nb_trail:?}",
+        trail.t0.elapsed(),
+        boundaries.len(),
+        nb_trail.reads
+    );
+    let all: Vec<CoordinationPhase> = ORDER.iter().chain(&DISABLE_ORDER).copied().collect();
+    assert_eq!(trail.phases(), all, "phases in order, none skipped");
+    assert_eq!(
+        trail.seen.iter().map(|s| (s.1, s.2)).collect::<Vec<_>>(),
+        [(1, 1), (1, 2), (1, 3), (2, 4), (2, 5), (2, 6), (2, 7)],
+        "one epoch per phase: resumed every time, the disable never restarted"
+    );
+    assert_eq!(
+        nb_trail.ups, 1,
+        "NB turned true once, by the enable: {nb_trail:?}"
+    );
+    assert_eq!(
+        nb_trail.downs, 1,
+        "NB turned false exactly once: {nb_trail:?}"
+    );
+    assert_eq!(nb_sb(&run.central).await, (false, false));
+    assert_eq!(disabled.phase, Disabled);
+    assert_eq!(disabled.targets.len(), 3);
+    let (to, nb_sets) = writes(&replicas);
+    let names: Vec<&str> = all.iter().map(|p| p.as_str()).collect();
+    assert_eq!(to, names, "record writes");
+    assert_eq!(nb_sets, 2, "NB_Global.ipsec set twice in all: on, then off");
     println!("whole test {:?}", t_setup.elapsed());
     drop(replicas);
     run.stop().await;
