@@ -15,6 +15,7 @@
 //! - `overlay`: the data path beside it — ovs-vswitchd on the OVS kernel
 //!   datapath, pod ports, and the instruments that show what the underlay
 //!   carries (capture, ping, TCP throughput, XFRM counters).
+//! - `probe`: a steady ping stream whose losses are counted per phase.
 //! - `guest`: a full kernel (ESP, GENEVE, OVS kernel datapath) for the
 //!   kernel checks: the host's when it has them, otherwise Debian's under
 //!   qemu; `koi-kernel-run` runs a command there.
@@ -29,6 +30,7 @@ pub mod ipsec;
 pub mod netns;
 pub mod overlay;
 pub mod ovs;
+pub mod probe;
 
 use std::path::PathBuf;
 
