@@ -6,7 +6,10 @@
 //! - [`demo`]: the quick-start demo on the real OVS/OVN databases and
 //!   ovn-northd: an identity generation activated and the NB/SB ipsec switch
 //!   flipped (until the full lifecycle lands).
+//! - [`state`]: one lab at a time (a lock in [`state::RUN_DIR`]) and a
+//!   `down` that removes what a lab made, also after it crashed.
 //! - `main.rs`: the `kube-ovn-ipsec-lab` binary, a thin subcommand dispatcher
 //!   (`demo`, and `apiserver` to run the embedded API server on its own).
 
 pub mod demo;
+pub mod state;
