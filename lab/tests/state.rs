@@ -85,7 +85,7 @@ fn a_second_lab_is_refused_and_down_removes_a_crashed_labs_leftovers() {
     let report = down(run.path()).unwrap();
     println!("down in {:?}: {report:?}", t.elapsed());
     assert!(report.stopped.is_empty(), "the lab was already dead");
-    assert_eq!(report.dirs, [made.clone()]);
+    assert_eq!(report.dirs, std::slice::from_ref(&made));
     assert!(!made.exists());
     assert!(
         !lab_netns().contains(&format!("{NETNS_PREFIX}-{pid}-0")),
