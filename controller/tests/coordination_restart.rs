@@ -459,6 +459,33 @@ fn at(b: Boundary, seen: &Seen, renewals: usize) -> bool {
     }
 }
 
+/// The record as the last process found it, once that process has led
+/// three rounds without changing it.
+async fn left_alone(run: &Run, trail: &mut Trail, replicas: &[Replica]) -> CoordinationRecord {
+    let found = record(&run.c.admin).await.unwrap();
+    let since = replicas.last().unwrap().started;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut renewals = Vec::new();
+    while renewals.len() < 3 {
+        let seen = trail.look(&run.c.admin).await;
+        if let Some(t) = seen.lease.as_ref().and_then(renewed)
+            && t > since
+            && renewals.last() != Some(&t)
+        {
+            renewals.push(t);
+        }
+        assert_eq!(
+            seen.record.as_ref(),
+            Some(&found),
+            "{} is left alone",
+            found.phase
+        );
+        assert!(Instant::now() < deadline, "the last process did not lead");
+        tokio::time::sleep(POLL).await;
+    }
+    found
+}
+
 /// Waits until the cluster shows `b` (rounds counted since the running
 /// process started; the record may not pass `b`'s phase unseen), then
 /// SIGKILLs that process and starts the next one at once, with the
@@ -539,26 +566,7 @@ async fn sigkill_at_every_phase_boundary_resumes_and_flips_nb_once() {
     assert_eq!(kills, boundaries, "a kill at every boundary");
 
     // The last process finds the cohort Enabled and leaves it so.
-    let enabled = record(&run.c.admin).await.unwrap();
-    let since = replicas.last().unwrap().started;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut renewals = Vec::new();
-    while renewals.len() < 3 {
-        let seen = trail.look(&run.c.admin).await;
-        if let Some(t) = seen.lease.as_ref().and_then(renewed)
-            && t > since
-            && renewals.last() != Some(&t)
-        {
-            renewals.push(t);
-        }
-        assert_eq!(
-            seen.record.as_ref(),
-            Some(&enabled),
-            "Enabled is left alone"
-        );
-        assert!(Instant::now() < deadline, "the last process did not lead");
-        tokio::time::sleep(POLL).await;
-    }
+    let enabled = left_alone(&run, &mut trail, &replicas).await;
     nb_stop.store(true, Ordering::SeqCst);
     let nb_trail = nb_task.await.unwrap();
     println!(
@@ -660,26 +668,7 @@ async fn sigkill_at_every_disable_boundary_resumes_and_turns_nb_off_once() {
     }
 
     // The last process finds the cohort Disabled and leaves it so.
-    let disabled = record(&run.c.admin).await.unwrap();
-    let since = replicas.last().unwrap().started;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut renewals = Vec::new();
-    while renewals.len() < 3 {
-        let seen = trail.look(&run.c.admin).await;
-        if let Some(t) = seen.lease.as_ref().and_then(renewed)
-            && t > since
-            && renewals.last() != Some(&t)
-        {
-            renewals.push(t);
-        }
-        assert_eq!(
-            seen.record.as_ref(),
-            Some(&disabled),
-            "Disabled is left alone"
-        );
-        assert!(Instant::now() < deadline, "the last process did not lead");
-        tokio::time::sleep(POLL).await;
-    }
+    let disabled = left_alone(&run, &mut trail, &replicas).await;
     nb_stop.store(true, Ordering::SeqCst);
     let nb_trail = nb_task.await.unwrap();
     println!(

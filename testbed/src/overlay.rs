@@ -403,6 +403,27 @@ pub fn ping(
     })
 }
 
+/// `ping -n <flags> -i interval dst` in `ns`, its output piped: the one
+/// way the instruments here start a continuous ping.
+pub(crate) fn background_ping(
+    ns: &Netns,
+    flags: &[&str],
+    dst: Ipv4Addr,
+    interval: Duration,
+) -> Result<Child, IpsecError> {
+    ns.command("ping")
+        .arg("-n")
+        .args(flags)
+        .arg("-i")
+        .arg(format!("{:.3}", interval.as_secs_f64()))
+        .arg(dst.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| failed("spawning ping", e.to_string()))
+}
+
 /// A ping running in the background until stopped.
 #[derive(Debug)]
 pub struct Pinger {
@@ -413,16 +434,7 @@ pub struct Pinger {
 impl Pinger {
     /// Starts `ping -i interval -W 1 dst` in `ns`.
     pub fn start(ns: &Netns, dst: Ipv4Addr, interval: Duration) -> Result<Self, IpsecError> {
-        let child = ns
-            .command("ping")
-            .args(["-n", "-q", "-W", "1", "-i"])
-            .arg(format!("{:.3}", interval.as_secs_f64()))
-            .arg(dst.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| failed("spawning ping", e.to_string()))?;
+        let child = background_ping(ns, &["-q", "-W", "1"], dst, interval)?;
         Ok(Self { child: Some(child) })
     }
 

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::net::Ipv4Addr;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -24,6 +24,7 @@ use nix::unistd::Pid;
 
 use crate::ipsec::IpsecError;
 use crate::netns::Netns;
+use crate::overlay::background_ping;
 
 /// One line of `ping -D -O` that says something about an echo.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -215,19 +216,7 @@ pub struct ProbeStream {
 impl ProbeStream {
     /// Starts `ping -n -D -O -i interval dst` in `ns`.
     pub fn start(ns: &Netns, dst: Ipv4Addr, interval: Duration) -> Result<Self, IpsecError> {
-        let mut child = ns
-            .command("ping")
-            .args(["-n", "-D", "-O", "-i"])
-            .arg(format!("{:.3}", interval.as_secs_f64()))
-            .arg(dst.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| IpsecError::Failed {
-                what: "spawning the probe's ping".into(),
-                detail: e.to_string(),
-            })?;
+        let mut child = background_ping(ns, &["-D", "-O"], dst, interval)?;
         let log = Arc::new(Mutex::new(ProbeLog::new(interval)));
         let reader = child.stdout.take().map(|out| {
             let log = log.clone();
