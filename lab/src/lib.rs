@@ -9,6 +9,9 @@
 //! - [`cluster`]: the control plane — the embedded API server with the
 //!   Kube-OVN-shaped cluster, OVN NB/SB with ovn-northd, and the real
 //!   controller binary as a process with its ServiceAccount's token.
+//! - [`node`]: one simulated node — namespaces, its ovsdb-server,
+//!   `br-int`, the named emulation of the patched ovn-controller's version,
+//!   and the agent binary as a process.
 //! - [`state`]: one lab at a time (a lock in [`state::RUN_DIR`]) and a
 //!   `down` that removes what a lab made, also after it crashed.
 //! - `main.rs`: the `kube-ovn-ipsec-lab` binary, a thin subcommand dispatcher
@@ -16,4 +19,5 @@
 
 pub mod cluster;
 pub mod demo;
+pub mod node;
 pub mod state;

@@ -1,0 +1,274 @@
+//! One simulated node: its namespaces and files (`testbed::ipsec`), its
+//! own `ovsdb-server` (socket `/run/openvswitch/db.sock` inside), `br-int`,
+//! and the agent — the project's `kube-ovn-ipsec run` as a process with
+//! its Pod-bound token, running the real strongSwan and the patched
+//! ovs-monitor-ipsec inside the node's namespaces.
+//!
+//! **Emulated, and named so:** the patched ovn-controller (SPEC §11) is not
+//! in this image. The agent's capability gate asks it for its version, so
+//! the node carries a stand-in `ovn-controller` that prints the
+//! output-protection marker, and an `ovs-appctl` wrapper that answers
+//! ovn-controller's `version` the same way and passes every other call to
+//! the real `ovs-appctl`. Its tunnel management — intent and marks set
+//! and removed together, only for a chassis whose lease is published — is
+//! the lab driver's to play, in the node's OVSDB.
+
+// A node of real processes in real time: blocking waits for sockets and
+// process exits, from the lab driver, outside any executor.
+#![allow(clippy::disallowed_methods)]
+
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use apiserver::ApiServerHandle;
+use apiserver::kube_ovn::{CniNode, NS};
+use kube_ovn_ipsec_api::names::host::CAPABILITY_MARKER;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use testbed::ipsec::{IpsecNode, SYSTEM_PYTHON};
+
+/// Why a node could not be set up or its agent started.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// A step failed.
+    #[error("{what}: {detail}")]
+    Failed {
+        /// What was being done.
+        what: String,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+fn failed(what: impl Into<String>) -> impl FnOnce(String) -> NodeError {
+    let what = what.into();
+    move |detail| NodeError::Failed { what, detail }
+}
+
+/// A node with its database and (while running) its agent. Dropped, it
+/// stops the agent (SIGTERM: it stops its IKE daemon and monitor and
+/// leaves its guards), the database, then the namespaces and files.
+pub struct SimNode {
+    // Field order is drop order.
+    agent: Option<Child>,
+    ovsdb: Child,
+    /// The namespaces, files and strongSwan configuration.
+    pub node: IpsecNode,
+    /// The agent's key directory.
+    pub key_dir: PathBuf,
+    /// The loopback port of the agent's status server.
+    pub status_port: u16,
+    /// The agent's log (JSON lines, appended across restarts).
+    pub log: PathBuf,
+    dir: PathBuf,
+}
+
+impl std::fmt::Debug for SimNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimNode")
+            .field("chassis", &self.node.chassis())
+            .field("status_port", &self.status_port)
+            .finish_non_exhaustive()
+    }
+}
+
+fn script(path: &Path, body: &str) -> Result<(), NodeError> {
+    std::fs::write(path, body)
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)))
+        .map_err(|e| failed(format!("writing {}", path.display()))(e.to_string()))
+}
+
+impl SimNode {
+    /// Starts `node`'s `ovsdb-server` (system-id its chassis, `br-int`) and
+    /// writes its stand-ins under `dir/<chassis>`; no agent yet.
+    pub fn prepare(node: IpsecNode, dir: &Path) -> Result<Self, NodeError> {
+        let own = dir.join(node.chassis());
+        std::fs::create_dir_all(&own)
+            .map_err(|e| failed("creating the node's directory")(e.to_string()))?;
+        let db = node.dir().join("conf.db");
+        let out = Command::new("ovsdb-tool")
+            .arg("create")
+            .arg(&db)
+            .arg("/usr/share/openvswitch/vswitch.ovsschema")
+            .output()
+            .map_err(|e| failed("running ovsdb-tool")(e.to_string()))?;
+        if !out.status.success() {
+            return Err(failed("ovsdb-tool create")(
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ));
+        }
+        let log = std::fs::File::create(own.join("ovsdb-server.out"))
+            .map_err(|e| failed("the ovsdb-server log")(e.to_string()))?;
+        let ovsdb = node
+            .netns()
+            .command("ovsdb-server")
+            .arg(&db)
+            .args([
+                "--remote=punix:/run/openvswitch/db.sock",
+                "--unixctl=/run/openvswitch/ovsdb-server.ctl",
+                "--no-chdir",
+            ])
+            .stdin(Stdio::null())
+            .stdout(
+                log.try_clone()
+                    .map_err(|e| failed("the ovsdb-server log")(e.to_string()))?,
+            )
+            .stderr(log)
+            .spawn()
+            .map_err(|e| failed("starting ovsdb-server")(e.to_string()))?;
+        let sock = node.run_path("openvswitch/db.sock");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sock.exists() {
+            if Instant::now() > deadline {
+                return Err(failed("ovsdb-server")(format!(
+                    "no socket {} in 10 s",
+                    sock.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let vsctl = |args: &[&str]| {
+            node.vsctl(args)
+                .map_err(|e| failed("ovs-vsctl")(e.to_string()))
+        };
+        vsctl(&["init"])?;
+        vsctl(&[
+            "set",
+            "Open_vSwitch",
+            ".",
+            &format!("external_ids:system-id={}", node.chassis()),
+        ])?;
+        vsctl(&["add-br", "br-int"])?;
+        let marker = format!("ovn-controller (emulated by the lab)\\n{CAPABILITY_MARKER}\\n");
+        script(
+            &own.join("ovn-controller"),
+            &format!(
+                "#!/bin/sh\n# The lab's emulation of the patched ovn-controller's version.\nprintf '{marker}'\n"
+            ),
+        )?;
+        script(
+            &own.join("ovs-appctl"),
+            &format!(
+                "#!/bin/sh\n# ovn-controller's version from the lab's emulation, the rest from ovs-appctl.\n\
+                 if [ \"$3\" = version ] && [ \"$2\" = ovn-controller ]; then printf '{marker}'; exit 0; fi\n\
+                 exec ovs-appctl \"$@\"\n"
+            ),
+        )?;
+        let status_port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| failed("choosing a status port")(e.to_string()))?;
+        Ok(SimNode {
+            agent: None,
+            ovsdb,
+            key_dir: own.join("keys"),
+            log: own.join("agent.log"),
+            status_port,
+            node,
+            dir: own,
+        })
+    }
+
+    /// Starts `kube-ovn-ipsec run` (binary `agent`) as `cni`'s Pod of
+    /// template `template_hash` (its `controller-revision-hash`, which the
+    /// downward API gives the container), following the cluster's
+    /// coordination, with the real runtime in the node's namespaces and
+    /// the patched monitor `monitor_script`.
+    pub fn start_agent(
+        &mut self,
+        agent: &Path,
+        cni: &CniNode,
+        template_hash: &str,
+        api: &ApiServerHandle,
+        monitor_script: &Path,
+    ) -> Result<(), NodeError> {
+        self.stop_agent();
+        let kubeconfig = self.dir.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig, &cni.token)
+            .map_err(|e| failed("writing the agent's kubeconfig")(e.to_string()))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| failed("opening the agent's log")(e.to_string()))?;
+        let node = &self.node;
+        let p = |p: PathBuf| p.into_os_string();
+        let child = Command::new(agent)
+            .args(["run", "--node-name", &cni.name, "--pod-name", &cni.pod_name])
+            .args(["--pod-namespace", NS, "--pod-uid", &cni.pod_uid])
+            .arg("--key-dir")
+            .arg(&self.key_dir)
+            .arg("--ovsdb")
+            .arg(format!(
+                "unix:{}",
+                node.run_path("openvswitch/db.sock").display()
+            ))
+            .args(["--status-addr", &format!("127.0.0.1:{}", self.status_port)])
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--ovn-controller")
+            .arg(p(self.dir.join("ovn-controller")))
+            .arg("--ovs-appctl")
+            .arg(p(self.dir.join("ovs-appctl")))
+            .args(["--ovn-controller-ctl", "ovn-controller", "--ipsec", "ipsec"])
+            .arg("--ike-rundir")
+            .arg(p(node.run_path("")))
+            .arg("--ipsec-cacerts-dir")
+            .arg(p(node.etc_path("ipsec.d/cacerts")))
+            .arg("--ike-log-file")
+            .arg(p(node.dir().join("starter.out")))
+            .arg("--monitor-script")
+            .arg(monitor_script)
+            .args(["--monitor-python", SYSTEM_PYTHON])
+            .args(["--monitor-rundir", "/run/openvswitch"])
+            .args(["--monitor-log-file", "/run/ovs-monitor-ipsec.log"])
+            .arg("--monitor-output-file")
+            .arg(p(node.dir().join("ovs-monitor-ipsec.out")))
+            .args(["--xfrm-netns", node.netns().name()])
+            .args(["--node-netns-pid", &node.netns().holder_pid().to_string()])
+            // A 5 s probe: under qemu's TCG a 1 s probe times out and
+            // restarts a healthy monitor (docs/coordination.md).
+            .args(["--probe-period", "5", "--stop-grace", "3"])
+            .env("POD_TEMPLATE_HASH", template_hash)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| failed("starting the agent")(e.to_string()))?;
+        self.agent = Some(child);
+        Ok(())
+    }
+
+    /// Stops the agent as a Pod deletion does (SIGTERM; its guards stay).
+    pub fn stop_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            if let Ok(pid) = i32::try_from(a.id()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(a.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+    }
+
+    /// The agent's log so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for SimNode {
+    fn drop(&mut self) {
+        self.stop_agent();
+        let _ = self.ovsdb.kill();
+        let _ = self.ovsdb.wait();
+    }
+}
