@@ -147,6 +147,8 @@ pub struct CoordinatorState {
     last: Option<(Published, SystemTime)>,
     /// The waiting reason last logged (logged once per change).
     logged_wait: Option<String>,
+    /// Why an owed receipt could not be published, last logged.
+    blocked: Option<String>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -238,6 +240,15 @@ async fn join_when_claimed(state: &mut CoordinatorState, record: &CoordinationRe
     }
 }
 
+/// Logs at WARN why an owed receipt cannot be published, once per reason:
+/// the coordinator re-evaluates every few hundred milliseconds.
+fn cannot_publish(state: &mut CoordinatorState, why: String) {
+    if state.blocked.as_deref() != Some(why.as_str()) {
+        tracing::warn!(reason = %why, "a receipt is owed but cannot be published");
+        state.blocked = Some(why);
+    }
+}
+
 /// Signs and publishes the receipt `phase` owed for `record`, when its
 /// content changed or it is due for a refresh.
 async fn publish_owed(
@@ -247,15 +258,15 @@ async fn publish_owed(
 ) {
     let status = state.args.board.snapshot();
     let now = state.args.clock.now();
-    let me = &state.args.me;
     let signer = state.signer().cloned();
     let Some(signer) = signer else {
         tracing::debug!("a receipt is owed but no identity is issued yet");
         return;
     };
-    let Some(template_hash) = me.template_hash.clone() else {
-        tracing::warn!(
-            "a receipt is owed but this Pod's template hash is unknown (POD_TEMPLATE_HASH)"
+    let Some(template_hash) = state.args.me.template_hash.clone() else {
+        cannot_publish(
+            state,
+            "this Pod's template hash is unknown (POD_TEMPLATE_HASH)".into(),
         );
         return;
     };
@@ -264,9 +275,13 @@ async fn publish_owed(
         return;
     };
     let Some(csr) = signer.csr.clone() else {
-        tracing::warn!(
-            generation = signer.generation,
-            "a receipt is owed but the key directory does not record the CSR of this generation; it is recorded from the next renewal on"
+        cannot_publish(
+            state,
+            format!(
+                "the key directory does not record the CSR of generation {}; it is recorded \
+                 from the next renewal on",
+                signer.generation
+            ),
         );
         return;
     };
@@ -274,9 +289,13 @@ async fn publish_owed(
         Uid::new(csr.uid.clone()),
         timestamp(now) < signer.certificate.not_after(),
     ) else {
-        tracing::warn!(csr = %csr.name, "the recorded CSR UID is not a UID");
+        cannot_publish(
+            state,
+            format!("the recorded UID of CSR {} is not a UID", csr.name),
+        );
         return;
     };
+    let me = &state.args.me;
     let body = Published {
         generation: record.generation,
         epoch: record.epoch,
@@ -334,6 +353,7 @@ async fn publish_owed(
                 "coordination receipt published"
             );
             state.last = Some((body, now));
+            state.blocked = None;
         }
         Err(e) => {
             tracing::warn!(error = %e, phase = phase.as_str(), "publishing the coordination receipt failed; retried");
@@ -410,6 +430,7 @@ impl Actor for NodeCoordinator {
             active: None,
             last: None,
             logged_wait: None,
+            blocked: None,
             tasks,
         })
     }
