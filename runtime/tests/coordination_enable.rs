@@ -5,8 +5,9 @@
 //! own ovsdb-server, real strongSwan and the patched ovs-monitor-ipsec in
 //! the node's namespaces.
 //!
-//! Asserted: in `Prepare` every node is ready on its issued identity with
-//! nothing published or armed; the record walks `Prepare → Arm → Enabled`;
+//! Asserted: in `Prepare` no node has anything published or armed, and
+//! readiness on the issued identity alone is served (every node's is
+//! proven by the barrier's verified receipts); the record walks `Prepare → Arm → Enabled`;
 //! `NB_Global.ipsec` never reads true while a node lacks its published
 //! lease and read-back guards; at `Enabled` NB and SB are true and every
 //! node is ready; then, with each pair's tunnels added as the patched
