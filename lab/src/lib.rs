@@ -19,5 +19,9 @@
 
 pub mod cluster;
 pub mod demo;
+pub mod emulated_ovn_controller;
+pub mod lifecycle;
 pub mod node;
 pub mod state;
+pub mod summary;
+pub mod up;

@@ -18,11 +18,47 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the whole IPsec lifecycle on simulated nodes (the real OVS,
+    /// OVN, strongSwan, kernel XFRM, agent and controller), printing each
+    /// step, then the summary. Exits non-zero naming the failed step.
+    Up(UpCli),
+    /// Remove everything a lab created (processes, guest, namespaces,
+    /// directories), also after the lab itself crashed.
+    Down,
+    /// Print the running lab's table (or the last run's).
+    Status {
+        /// The summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start the real OVS and OVN databases and ovn-northd, activate an
     /// identity generation and flip the NB/SB ipsec switch, printing each step.
     Demo,
     /// Run the embedded Kubernetes API server until SIGTERM or ctrl-c.
     Apiserver(ApiserverArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct UpCli {
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=20))]
+    nodes: u16,
+    /// The summary as JSON on stdout (progress goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// The certificate lifetime the agents ask for, in seconds (the
+    /// Kubernetes floor, 600, by default: renewal falls at 40–60 % of it).
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(600..))]
+    certificate_lifetime: u32,
+    /// The probe streams' interval, in milliseconds.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(50..=5000))]
+    probe_interval_ms: u64,
+    /// Run here and report on the console (what `up` runs inside the guest).
+    #[arg(long, hide = true)]
+    in_guest: bool,
+    /// The kernel as `up` described it (with `--in-guest`).
+    #[arg(long, hide = true, default_value = "")]
+    kernel_description: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -59,6 +95,85 @@ async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn up(cli: UpCli) -> anyhow::Result<()> {
+    let args = lab::up::UpArgs {
+        nodes: usize::from(cli.nodes),
+        certificate_lifetime: cli.certificate_lifetime,
+        probe_interval: std::time::Duration::from_millis(cli.probe_interval_ms),
+        json: cli.json,
+    };
+    if cli.in_guest {
+        let summary = lab::up::in_guest(&args, cli.kernel_description).await;
+        std::process::exit(i32::from(summary.failed.is_some()));
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // Interrupted, the run's future is dropped: its processes, namespaces
+    // and guest are stopped by their owners' drops; `down` does the rest.
+    let summary = tokio::select! {
+        s = lab::up::up(&args) => s?,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; `kube-ovn-ipsec-lab down` removes what is left"),
+        _ = term.recv() => anyhow::bail!("terminated; `kube-ovn-ipsec-lab down` removes what is left"),
+    };
+    if cli.json {
+        println!("{}", summary.to_json());
+    } else {
+        println!("\n{}", summary.table());
+    }
+    match &summary.failed {
+        Some(f) => anyhow::bail!("the lab failed at step `{}`: {}", f.step, f.reason),
+        None => Ok(()),
+    }
+}
+
+fn down() -> anyhow::Result<()> {
+    let dir = std::path::Path::new(lab::state::RUN_DIR);
+    let report = lab::state::down(dir)?;
+    let _ = std::fs::remove_file(dir.join(lab::up::STATUS_FILE));
+    if let Some(why) = &report.unusable_state {
+        println!("the state file was unusable ({why}): removed what the namespace prefix names");
+    }
+    if report.stopped.is_empty() && report.dirs.is_empty() {
+        println!("no lab processes or directories left; stale lab namespaces, if any, removed");
+    } else {
+        println!(
+            "stopped {:?}, removed {}",
+            report.stopped,
+            report
+                .dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn status(json: bool) -> anyhow::Result<()> {
+    let dir = std::path::Path::new(lab::state::RUN_DIR);
+    let running = lab::state::read_state(dir)?;
+    let path = dir.join(lab::up::STATUS_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::bail!("no lab is running and none has run since the last `down`")
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let summary = lab::summary::Summary::from_json(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    if json {
+        println!("{}", summary.to_json());
+        return Ok(());
+    }
+    match running {
+        Some(s) => println!("a lab is running (PID {}, kernel {})\n", s.process.pid, s.kernel),
+        None => println!("no lab is running; the last run:\n"),
+    }
+    print!("{}", summary.table());
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -66,6 +181,9 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Up(cli) => up(cli).await,
+        Command::Down => down(),
+        Command::Status { json } => status(json),
         Command::Demo => {
             let dir = tempfile::tempdir().context("creating the lab's temporary directory")?;
             lab::demo::run(dir.path()).await?;

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 use apiserver::ApiServerHandle;
 use apiserver::kube_ovn::{CniNode, NS};
 use kube_ovn_ipsec_api::names::host::CAPABILITY_MARKER;
+use kube_ovn_ipsec_api::names::ovs;
+use kube_ovn_ipsec_api::status::Status;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use testbed::ipsec::{IpsecNode, SYSTEM_PYTHON};
@@ -178,6 +180,8 @@ impl SimNode {
     /// downward API gives the container), following the cluster's
     /// coordination, with the real runtime in the node's namespaces and
     /// the patched monitor `monitor_script`.
+    /// `certificate_lifetime` is the `expirationSeconds` it asks for (the
+    /// lab's short lifetime makes a renewal happen while traffic runs).
     pub fn start_agent(
         &mut self,
         agent: &Path,
@@ -185,6 +189,7 @@ impl SimNode {
         template_hash: &str,
         api: &ApiServerHandle,
         monitor_script: &Path,
+        certificate_lifetime: u32,
     ) -> Result<(), NodeError> {
         self.stop_agent();
         let kubeconfig = self.dir.join("kubeconfig");
@@ -233,6 +238,7 @@ impl SimNode {
             // A 5 s probe: under qemu's TCG a 1 s probe times out and
             // restarts a healthy monitor (docs/coordination.md).
             .args(["--probe-period", "5", "--stop-grace", "3"])
+            .args(["--certificate-lifetime", &certificate_lifetime.to_string()])
             .env("POD_TEMPLATE_HASH", template_hash)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -263,6 +269,153 @@ impl SimNode {
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The agent's PID while it runs.
+    pub fn agent_pid(&self) -> Option<u32> {
+        self.agent.as_ref().map(Child::id)
+    }
+
+    /// The agent's `/status` (`None`: not answering, or not a document).
+    pub async fn status(&self) -> Option<Status> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let get = async {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.status_port))
+                .await
+                .ok()?;
+            s.write_all(b"GET /status HTTP/1.0\r\nHost: lab\r\n\r\n")
+                .await
+                .ok()?;
+            let mut buf = Vec::new();
+            s.read_to_end(&mut buf).await.ok()?;
+            let text = String::from_utf8_lossy(&buf);
+            let (head, body) = text.split_once("\r\n\r\n")?;
+            head.starts_with("HTTP/1.1 200")
+                .then(|| serde_json::from_str(body).ok())?
+        };
+        tokio::time::timeout(Duration::from_secs(3), get)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The lease the agent published in OVSDB (mark, reqid), if any.
+    pub fn lease(&self) -> Option<(u32, u32)> {
+        let get = |key: &str| -> Option<u32> {
+            self.node
+                .vsctl(&["get", "Open_vSwitch", ".", &format!("external_ids:{key}")])
+                .ok()?
+                .trim()
+                .trim_matches('"')
+                .parse()
+                .ok()
+        };
+        Some((
+            get(ovs::EXTERNAL_ID_PROTECTION_MARK)?,
+            get(ovs::EXTERNAL_ID_PROTECTION_REQID)?,
+        ))
+    }
+
+    /// The PID of the agent's ovs-monitor-ipsec, if it runs.
+    pub fn monitor_pid(&self) -> Option<u32> {
+        descendants(self.agent_pid()?)
+            .into_iter()
+            .find(|&pid| cmdline(pid).contains("ovs-monitor-ipsec"))
+    }
+
+    /// Runs `kube-ovn-ipsec cleanup` (binary `agent`) as `cni`'s Pod's
+    /// `ipsec-cleanup` init container of template `template_hash`, waiting
+    /// up to `wait_secs` for its node's release to be asked; returns its
+    /// exit code and the end of its output (the termination message).
+    pub fn run_cleanup(
+        &self,
+        agent: &Path,
+        cni: &CniNode,
+        template_hash: &str,
+        api: &ApiServerHandle,
+        wait_secs: u64,
+    ) -> Result<(i32, String), NodeError> {
+        let kubeconfig = self.dir.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig, &cni.token)
+            .map_err(|e| failed("writing the cleanup's kubeconfig")(e.to_string()))?;
+        let node = &self.node;
+        let out = Command::new(agent)
+            .args(["cleanup", "--node-name", &cni.name, "--pod-name", &cni.pod_name])
+            .args(["--pod-namespace", NS, "--pod-uid", &cni.pod_uid])
+            .args(["--pod-template-hash", template_hash])
+            .arg("--key-dir")
+            .arg(&self.key_dir)
+            .arg("--ovsdb")
+            .arg(format!(
+                "unix:{}",
+                node.run_path("openvswitch/db.sock").display()
+            ))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--ike-rundir")
+            .arg(node.run_path(""))
+            .args(["--xfrm-netns", node.netns().name()])
+            .args(["--wait", &wait_secs.to_string(), "--poll-ms", "200"])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| failed("running kube-ovn-ipsec cleanup")(e.to_string()))?;
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        let _ = std::fs::write(self.dir.join("cleanup.log"), &log);
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(5)..].join("\n");
+        Ok((out.status.code().unwrap_or(128), tail))
+    }
+
+    /// The directory of this node's lab files (logs, kubeconfig, keys).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// The resident set of process `pid` in KiB (`VmRSS`).
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `pid`'s command line, its arguments joined by spaces.
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Every descendant of `root` (not `root` itself), from `/proc`.
+fn descendants(root: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+        {
+            parents.push((pid, ppid));
+        }
+    }
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        out.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    out.remove(0);
+    out
 }
 
 impl Drop for SimNode {

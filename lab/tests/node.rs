@@ -43,7 +43,7 @@ async fn two_simulated_nodes_reach_enabled_with_the_real_agent_and_controller() 
         SimNode::prepare(b, dir.path()).unwrap(),
     ];
     for (n, cni) in nodes.iter_mut().zip(&cp.nodes) {
-        n.start_agent(&bins.agent, cni, kube_ovn::HASH, &cp.api, script)
+        n.start_agent(&bins.agent, cni, kube_ovn::HASH, &cp.api, script, 3600)
             .unwrap();
     }
     cp.start_controller(&bins.controller, true).unwrap();

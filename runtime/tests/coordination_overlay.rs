@@ -165,7 +165,7 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     // to, before any agent runs.
     let mut before = Vec::new();
     for node in &free {
-        install_foreign(node);
+        node.install_foreign_xfrm().unwrap();
         before.push(xfrm_dump(node));
     }
     let late = free.pop().unwrap();
@@ -569,22 +569,4 @@ fn ping_peers_captured(nodes: &[AgentNode], i: usize, pcap: &str) -> (u32, Captu
             .received;
     }
     (answered, cap.stop().unwrap())
-}
-
-/// Foreign policies and ESP states in `node`'s namespace, installed before
-/// its agent first runs: the guards' priority and selector with marks that
-/// differ only under their masks, an ESP policy and SAs with a reqid
-/// neighbour on unrelated addresses. Allocation avoids aliasing them;
-/// nothing may touch them.
-fn install_foreign(node: &IpsecNode) {
-    for args in [
-        "xfrm policy add dir out src 0.0.0.0/0 dst 0.0.0.0/0 action block priority 2147483647 mark 0x10000 mask 0xffff0000",
-        "xfrm policy add dir out src ::/0 dst ::/0 action block priority 2147483647 mark 0x20 mask 0xf0",
-        "xfrm policy add dir out src 10.97.0.1/32 dst 10.97.0.2/32 proto udp dport 6081 priority 100 mark 0x5 mask 0xff tmpl src 10.97.0.1 dst 10.97.0.2 proto esp reqid 3 mode transport",
-        "xfrm state add src 10.97.0.1 dst 10.97.0.2 proto esp spi 0x5eed0001 reqid 3 mode transport mark 0x5 mask 0xff aead rfc4106(gcm(aes)) 0x0102030405060708091011121314151617181920 128",
-        "xfrm state add src 10.97.0.2 dst 10.97.0.1 proto esp spi 0x5eed0002 reqid 4 mode transport aead rfc4106(gcm(aes)) 0x0102030405060708091011121314151617181920 128",
-    ] {
-        let args: Vec<&str> = args.split_whitespace().collect();
-        node.netns().ip(&args).unwrap();
-    }
 }

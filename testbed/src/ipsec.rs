@@ -250,6 +250,16 @@ struct Daemons {
     monitor: Child,
 }
 
+/// The foreign state [`IpsecNode::install_foreign_xfrm`] installs, as
+/// `ip` arguments.
+const FOREIGN_XFRM: [&str; 5] = [
+    "xfrm policy add dir out src 0.0.0.0/0 dst 0.0.0.0/0 action block priority 2147483647 mark 0x10000 mask 0xffff0000",
+    "xfrm policy add dir out src ::/0 dst ::/0 action block priority 2147483647 mark 0x20 mask 0xf0",
+    "xfrm policy add dir out src 10.97.0.1/32 dst 10.97.0.2/32 proto udp dport 6081 priority 100 mark 0x5 mask 0xff tmpl src 10.97.0.1 dst 10.97.0.2 proto esp reqid 3 mode transport",
+    "xfrm state add src 10.97.0.1 dst 10.97.0.2 proto esp spi 0x5eed0001 reqid 3 mode transport mark 0x5 mask 0xff aead rfc4106(gcm(aes)) 0x0102030405060708091011121314151617181920 128",
+    "xfrm state add src 10.97.0.2 dst 10.97.0.1 proto esp spi 0x5eed0002 reqid 4 mode transport aead rfc4106(gcm(aes)) 0x0102030405060708091011121314151617181920 128",
+];
+
 /// Nodes on one underlay segment ([`IpsecNode::mesh`]).
 #[derive(Debug)]
 pub struct Mesh {
@@ -711,6 +721,28 @@ impl IpsecNode {
     /// new ACQUIREs (`TESTBED.md` defect 3).
     pub fn flush_xfrm_states(&self) -> Result<(), IpsecError> {
         self.netns.ip(["xfrm", "state", "flush"])?;
+        Ok(())
+    }
+
+    /// `ip xfrm policy list` and `ip xfrm state list` of this node's
+    /// namespace, verbatim: what "left as it was" is compared with.
+    pub fn xfrm_dump(&self) -> Result<String, IpsecError> {
+        let p = self.netns.ip(["xfrm", "policy", "list"])?;
+        let s = self.netns.ip(["xfrm", "state", "list"])?;
+        Ok(format!("{p}\n--- states ---\n{s}"))
+    }
+
+    /// Installs XFRM state this project never made, as another IPsec user
+    /// of the host would: policies at the guards' priority and selector
+    /// whose marks differ from a lease's only under their masks, an ESP
+    /// policy, and ESP states with a reqid neighbour, on addresses nothing
+    /// routes (`10.97.0.0/24`). Allocation must avoid aliasing them and
+    /// nothing may touch them.
+    pub fn install_foreign_xfrm(&self) -> Result<(), IpsecError> {
+        for args in FOREIGN_XFRM {
+            let args: Vec<&str> = args.split_whitespace().collect();
+            self.netns.ip(&args)?;
+        }
         Ok(())
     }
 

@@ -467,10 +467,7 @@ pub fn run_cleanup(
 
 /// `ip xfrm policy list` and `ip xfrm state list` of `node`, verbatim.
 pub fn xfrm_dump(node: &IpsecNode) -> String {
-    let ns = node.netns();
-    let p = ns.ip(["xfrm", "policy", "list"]).unwrap();
-    let s = ns.ip(["xfrm", "state", "list"]).unwrap();
-    format!("{p}\n--- states ---\n{s}")
+    node.xfrm_dump().unwrap()
 }
 
 /// `Open_vSwitch .` map `column` of `node` (`external_ids`, `other_config`).

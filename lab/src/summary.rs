@@ -1,0 +1,354 @@
+//! What a lab run came to: the per-node table, the per-pair windows, the
+//! packets lost per phase and the run's figures — a pure codec (JSON for
+//! `--json` and `status`, the text table for people), no I/O.
+//!
+//! The same document is the lab's live status: the run rewrites it after
+//! every step, so `kube-ovn-ipsec-lab status` of a running lab prints the
+//! table as far as it has got. When the lab runs inside the guest kernel
+//! the document crosses the serial console as one [`STATUS_PREFIX`] line.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+/// The start of a console line carrying the summary as JSON.
+pub const STATUS_PREFIX: &str = "KOI-LAB-STATUS ";
+
+/// One lab run, as far as it has got.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Summary {
+    /// Which kernel runs the nodes (the host's, or the guest's under qemu).
+    pub kernel: String,
+    /// The step running now, or the last one.
+    pub step: String,
+    /// The run got through every step.
+    pub finished: bool,
+    /// The step that failed, and why.
+    pub failed: Option<Failure>,
+    /// One row per node.
+    pub nodes: Vec<NodeRow>,
+    /// One row per pod pair.
+    pub pairs: Vec<PairRow>,
+    /// Echoes sent and lost per phase, over every pair's probe stream.
+    pub phases: Vec<PhaseLoss>,
+    /// Each step's end, in seconds since `up`.
+    pub steps: Vec<StepTime>,
+    /// The run's figures.
+    pub figures: Figures,
+}
+
+/// The step that failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Failure {
+    /// The step's name.
+    pub step: String,
+    /// What went wrong, for the operator.
+    pub reason: String,
+}
+
+/// One simulated node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeRow {
+    /// The Node's name.
+    pub name: String,
+    /// Its chassis.
+    pub chassis: String,
+    /// The agent's phase (its `/status`), or what replaced the agent.
+    pub phase: String,
+    /// The active identity generation.
+    pub generation: Option<u64>,
+    /// The active certificate's notAfter (RFC 3339).
+    pub expires: Option<String>,
+    /// ESP SAs of the node's lease in its kernel.
+    pub sas: Option<u32>,
+    /// The guards read back from the kernel.
+    pub guards: Option<bool>,
+    /// The newest receipt on its Node (phase it answers, or `release`).
+    pub receipt: Option<String>,
+    /// Echoes lost on the probe streams from or to this node's pod.
+    pub lost: u32,
+    /// The longest enable window of its pairs, in milliseconds.
+    pub enable_window_ms: Option<u64>,
+    /// The agent's resident set, KiB.
+    pub agent_rss_kib: Option<u64>,
+    /// ovs-monitor-ipsec's resident set, KiB, in the same run.
+    pub monitor_rss_kib: Option<u64>,
+}
+
+/// One pod pair.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PairRow {
+    /// The first node's index.
+    pub a: usize,
+    /// The second node's index.
+    pub b: usize,
+    /// From intent on the tunnels to the first encrypted reply, ms.
+    pub enable_window_ms: Option<u64>,
+    /// From intent removed to the first plaintext reply, ms.
+    pub disable_window_ms: Option<u64>,
+    /// Echoes sent on this pair's stream.
+    pub sent: u32,
+    /// Of those, lost.
+    pub lost: u32,
+}
+
+/// One phase of the probe streams.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PhaseLoss {
+    /// The phase.
+    pub phase: String,
+    /// Echoes sent in it, over every pair.
+    pub sent: u32,
+    /// Of those, lost.
+    pub lost: u32,
+    /// Whether losses are expected in it (the flips), rather than a fault.
+    pub window: bool,
+}
+
+/// When a step ended.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepTime {
+    /// The step.
+    pub step: String,
+    /// Seconds since `up`.
+    pub at_s: f64,
+}
+
+/// The run's figures (docs/performance.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Figures {
+    /// From `up` to the coordination record's `Enabled`, seconds.
+    pub up_to_enabled_s: Option<f64>,
+    /// From `up` to ESP SAs between every pair, seconds.
+    pub up_to_sas_s: Option<f64>,
+    /// One IKE_SA plus CHILD_SA negotiation, measured the way the enable
+    /// window is (trap, ACQUIRE, first reply) on a pair whose SAs were
+    /// taken down, ms.
+    pub negotiation_ms: Option<u64>,
+    /// Echoes lost across the renewal (target 0).
+    pub renewal_lost: Option<u32>,
+    /// From the actor's process killed to the agent healthy again, seconds.
+    pub actor_recovery_s: Option<f64>,
+    /// From the intent turned off to `Disabled`, seconds.
+    pub disable_s: Option<f64>,
+}
+
+/// Phases in which lost echoes are the design's expected windows.
+const WINDOWS: [&str; 2] = ["enable flip", "disable flip"];
+
+/// Whether `phase` is a flip window (losses expected there).
+pub fn is_window(phase: &str) -> bool {
+    WINDOWS.contains(&phase)
+}
+
+impl Summary {
+    /// The JSON document (`--json`, `status --json`).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// Decodes a document written by [`Summary::to_json`] or carried by a
+    /// status line; the error says what is wrong with it.
+    pub fn from_json(text: &str) -> Result<Summary, String> {
+        serde_json::from_str(text).map_err(|e| format!("not a lab summary: {e}"))
+    }
+
+    /// The summary as one console line ([`STATUS_PREFIX`], compact JSON).
+    pub fn status_line(&self) -> String {
+        format!(
+            "{STATUS_PREFIX}{}",
+            serde_json::to_string(self).unwrap_or_default()
+        )
+    }
+
+    /// The summary a console line carries: `None` for any other line,
+    /// `Some(Err)` for a status line that does not decode.
+    pub fn from_status_line(line: &str) -> Option<Result<Summary, String>> {
+        let at = line.find(STATUS_PREFIX)?;
+        Some(Summary::from_json(&line[at + STATUS_PREFIX.len()..]))
+    }
+
+    /// The table people read: nodes, pairs, phases, figures, outcome.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            s,
+            "{:<8} {:<10} {:<10} {:>4} {:<20} {:>4} {:<6} {:<9} {:>5} {:>9} {:>9} {:>9}",
+            "NODE",
+            "CHASSIS",
+            "PHASE",
+            "GEN",
+            "EXPIRES",
+            "SAS",
+            "GUARDS",
+            "RECEIPT",
+            "LOST",
+            "ENABLE-MS",
+            "AGENT-KIB",
+            "MON-KIB"
+        );
+        for n in &self.nodes {
+            let _ = writeln!(
+                s,
+                "{:<8} {:<10} {:<10} {:>4} {:<20} {:>4} {:<6} {:<9} {:>5} {:>9} {:>9} {:>9}",
+                n.name,
+                n.chassis,
+                n.phase,
+                dash(n.generation.map(|g| g.to_string())),
+                dash(n.expires.clone()),
+                dash(n.sas.map(|v| v.to_string())),
+                dash(n.guards.map(|g| if g { "armed" } else { "none" }.to_string())),
+                dash(n.receipt.clone()),
+                n.lost,
+                dash(n.enable_window_ms.map(|v| v.to_string())),
+                dash(n.agent_rss_kib.map(|v| v.to_string())),
+                dash(n.monitor_rss_kib.map(|v| v.to_string())),
+            );
+        }
+        if !self.pairs.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n{:<8} {:>10} {:>11} {:>6} {:>5}",
+                "PAIR", "ENABLE-MS", "DISABLE-MS", "SENT", "LOST"
+            );
+            for p in &self.pairs {
+                let _ = writeln!(
+                    s,
+                    "{:<8} {:>10} {:>11} {:>6} {:>5}",
+                    format!("{}<->{}", p.a, p.b),
+                    dash(p.enable_window_ms.map(|v| v.to_string())),
+                    dash(p.disable_window_ms.map(|v| v.to_string())),
+                    p.sent,
+                    p.lost
+                );
+            }
+        }
+        if !self.phases.is_empty() {
+            let _ = writeln!(s, "\n{:<18} {:>6} {:>5}", "PHASE", "SENT", "LOST");
+            for p in &self.phases {
+                let note = if p.window {
+                    "  (the flip's window)"
+                } else if p.lost > 0 {
+                    "  (expected none)"
+                } else {
+                    ""
+                };
+                let _ = writeln!(s, "{:<18} {:>6} {:>5}{note}", p.phase, p.sent, p.lost);
+            }
+        }
+        let f = &self.figures;
+        let secs = |v: Option<f64>| dash(v.map(|v| format!("{v:.1} s")));
+        let _ = writeln!(
+            s,
+            "\nup→Enabled {}, up→SAs {}, one IKE+CHILD negotiation {}, lost across the renewal {}, \
+             actor recovered in {}, disable→Disabled {}",
+            secs(f.up_to_enabled_s),
+            secs(f.up_to_sas_s),
+            dash(f.negotiation_ms.map(|v| format!("{v} ms"))),
+            dash(f.renewal_lost.map(|v| v.to_string())),
+            secs(f.actor_recovery_s),
+            secs(f.disable_s),
+        );
+        let _ = writeln!(s, "kernel: {}", self.kernel);
+        match (&self.failed, self.finished) {
+            (Some(f), _) => {
+                let _ = writeln!(s, "FAILED at step `{}`: {}", f.step, f.reason);
+            }
+            (None, true) => {
+                let _ = writeln!(s, "every step passed");
+            }
+            (None, false) => {
+                let _ = writeln!(s, "running: {}", self.step);
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Summary {
+        Summary {
+            kernel: "host".into(),
+            step: "disable".into(),
+            nodes: vec![NodeRow {
+                name: "node-0".into(),
+                chassis: "chassis-0".into(),
+                phase: "Active".into(),
+                generation: Some(2),
+                sas: Some(4),
+                guards: Some(true),
+                lost: 3,
+                ..NodeRow::default()
+            }],
+            pairs: vec![PairRow {
+                a: 0,
+                b: 1,
+                enable_window_ms: Some(840),
+                sent: 100,
+                lost: 3,
+                ..PairRow::default()
+            }],
+            phases: vec![
+                PhaseLoss {
+                    phase: "Prepare".into(),
+                    sent: 40,
+                    lost: 0,
+                    window: false,
+                },
+                PhaseLoss {
+                    phase: "enable flip".into(),
+                    sent: 10,
+                    lost: 3,
+                    window: true,
+                },
+            ],
+            ..Summary::default()
+        }
+    }
+
+    #[test]
+    fn json_round_trips_and_a_status_line_carries_it() {
+        let s = sample();
+        assert_eq!(Summary::from_json(&s.to_json()).unwrap(), s);
+        let line = format!("\u{1b}[0m{}", s.status_line());
+        assert_eq!(Summary::from_status_line(&line).unwrap().unwrap(), s);
+        assert!(Summary::from_status_line("== in the kernel").is_none());
+    }
+
+    #[test]
+    fn a_damaged_status_line_is_an_error_not_a_summary() {
+        let err = Summary::from_status_line("KOI-LAB-STATUS {\"kernel\":")
+            .unwrap()
+            .unwrap_err();
+        assert!(err.contains("not a lab summary"), "{err}");
+        let err = Summary::from_json("{\"kernel\":\"x\",\"bogus\":1}").unwrap_err();
+        assert!(err.contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn the_table_names_rows_windows_and_the_outcome() {
+        let mut s = sample();
+        let t = s.table();
+        assert!(t.contains("node-0") && t.contains("chassis-0") && t.contains("armed"));
+        assert!(t.contains("0<->1") && t.contains("840"));
+        assert!(t.contains("(the flip's window)"));
+        assert!(t.contains("running: disable"));
+        s.failed = Some(Failure {
+            step: "renewal".into(),
+            reason: "4 echoes lost".into(),
+        });
+        assert!(s.table().contains("FAILED at step `renewal`: 4 echoes lost"));
+        assert!(is_window("disable flip") && !is_window("Arm"));
+    }
+}

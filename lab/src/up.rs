@@ -1,0 +1,369 @@
+//! `kube-ovn-ipsec-lab up` on the host: one lab at a time (the lock in
+//! [`RUN_DIR`]), the kernel chosen and named once, the run itself — here
+//! when this kernel has ESP, GENEVE and openvswitch, otherwise in the
+//! testbed's Debian guest under qemu, where the lab re-runs itself with
+//! `up --in-guest` and its progress and status lines come back on the
+//! console — and the live status in `RUN_DIR/status.json` for `status`.
+
+// The lab drives real processes in real time, from its own thread.
+#![allow(clippy::disallowed_methods)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use testbed::guest::{GuestKernel, HostFeatures, KERNEL_ENV, KernelChoice, run_in_guest};
+
+use crate::cluster::Binaries;
+use crate::lifecycle::{self, Options, Report};
+use crate::state::{LabLock, LabState, Process, RUN_DIR};
+use crate::summary::Summary;
+
+/// The live status of the running (or last) lab.
+pub const STATUS_FILE: &str = "status.json";
+
+/// How long a guest run may take before it is killed.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// What `up` was asked for.
+#[derive(Debug, Clone)]
+pub struct UpArgs {
+    /// Simulated nodes.
+    pub nodes: usize,
+    /// The agents' certificate lifetime, seconds.
+    pub certificate_lifetime: u32,
+    /// The probe streams' interval.
+    pub probe_interval: Duration,
+    /// Progress lines to stderr (stdout carries JSON).
+    pub json: bool,
+}
+
+/// Why `up` could not run the lifecycle at all.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpError {
+    /// Another lab runs, or the run directory is unusable.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    /// The guest kernel.
+    #[error(transparent)]
+    Guest(#[from] testbed::guest::GuestError),
+    /// The project's binaries.
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
+    /// A file of the lab.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The guest run ended without a summary.
+    #[error("the lab in the guest ended without a summary (exit {0}); its output is above")]
+    NoSummary(i32),
+}
+
+/// Progress to the terminal, status to [`STATUS_FILE`].
+struct HostReport {
+    json: bool,
+    run_dir: PathBuf,
+}
+
+impl Report for HostReport {
+    fn line(&mut self, line: &str) {
+        if self.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
+
+    fn status(&mut self, summary: &Summary) {
+        write_status(&self.run_dir, summary);
+    }
+}
+
+/// Progress and status as console lines (inside the guest).
+struct ConsoleReport;
+
+impl Report for ConsoleReport {
+    fn line(&mut self, line: &str) {
+        println!("{line}");
+    }
+
+    fn status(&mut self, summary: &Summary) {
+        println!("{}", summary.status_line());
+    }
+}
+
+fn write_status(run_dir: &Path, summary: &Summary) {
+    let tmp = run_dir.join("status.json.tmp");
+    if std::fs::write(&tmp, summary.to_json()).is_ok() {
+        let _ = std::fs::rename(&tmp, run_dir.join(STATUS_FILE));
+    }
+}
+
+fn seconds_since_epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+/// Runs the lab on the host: takes the lock, runs the lifecycle on the
+/// right kernel, returns the summary (the caller prints it and chooses
+/// the exit code).
+pub async fn up(args: &UpArgs) -> Result<Summary, UpError> {
+    let run_dir = PathBuf::from(RUN_DIR);
+    let choice = KernelChoice::decide()?;
+    let dir = tempfile::Builder::new()
+        .prefix("koi-lab-")
+        .tempdir()
+        .map_err(|source| UpError::Io {
+            what: "creating the lab's directory",
+            source,
+        })?
+        .keep();
+    let process = Process::current().ok_or_else(|| UpError::Io {
+        what: "reading this process from /proc",
+        source: std::io::Error::other("no /proc entry"),
+    })?;
+    let mut state = LabState {
+        process,
+        started: seconds_since_epoch(),
+        kernel: match choice {
+            KernelChoice::Host => "host".into(),
+            KernelChoice::Vm { kvm } => format!("guest ({})", if kvm { "kvm" } else { "tcg" }),
+        },
+        guest: None,
+        dirs: vec![dir.clone()],
+    };
+    let lock = match LabLock::acquire(&run_dir, &state) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e.into());
+        }
+    };
+    let _ = std::fs::remove_file(run_dir.join(STATUS_FILE));
+    let bins = Binaries::beside_current_exe()?;
+    let mut report = HostReport {
+        json: args.json,
+        run_dir: run_dir.clone(),
+    };
+    report.line(&format!(
+        "kube-ovn-ipsec-lab: {} nodes; logs in {}",
+        args.nodes,
+        dir.display()
+    ));
+    let summary = match choice {
+        KernelChoice::Host => {
+            let opts = Options {
+                nodes: args.nodes,
+                certificate_lifetime: args.certificate_lifetime,
+                probe_interval: args.probe_interval,
+                kernel: "this host's kernel (it has ESP, GENEVE and the OVS kernel datapath)".into(),
+                dir: dir.clone(),
+            };
+            lifecycle::run(&opts, &bins, &mut report).await
+        }
+        KernelChoice::Vm { kvm } => {
+            let features = HostFeatures::probe();
+            let kernel = GuestKernel::prepare(&GuestKernel::cache_dir())?;
+            let desc = format!(
+                "Debian's {} under qemu ({}): this host's kernel lacks {}",
+                kernel.release,
+                if kvm { "kvm" } else { "tcg" },
+                [
+                    (!features.esp).then_some("ESP"),
+                    (!features.geneve).then_some("GENEVE"),
+                    (!features.openvswitch).then_some("openvswitch"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(", ")
+            );
+            let exe = std::env::current_exe().map_err(|source| UpError::Io {
+                what: "locating this executable",
+                source,
+            })?;
+            let command: Vec<String> = vec![
+                exe.display().to_string(),
+                "up".into(),
+                "--in-guest".into(),
+                "--kernel-description".into(),
+                desc,
+                "--nodes".into(),
+                args.nodes.to_string(),
+                "--certificate-lifetime".into(),
+                args.certificate_lifetime.to_string(),
+                "--probe-interval-ms".into(),
+                args.probe_interval.as_millis().to_string(),
+            ];
+            let env = vec![
+                (KERNEL_ENV.to_string(), "host".to_string()),
+                ("RUST_LOG".to_string(), "warn".to_string()),
+            ];
+            // The guest is qemu, this process's child: recorded so `down`
+            // stops it even after this process was killed.
+            let me = std::process::id();
+            let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+            let recorder = std::thread::spawn(move || {
+                for _ in 0..600 {
+                    if let Some(pid) = child_named(me, "qemu") {
+                        return Process::of(pid);
+                    }
+                    if stop_rx.recv_timeout(Duration::from_millis(100)).is_ok() {
+                        return None;
+                    }
+                }
+                None
+            });
+            let cwd = dir.clone();
+            let json = args.json;
+            let relay_dir = run_dir.clone();
+            let guest = tokio::task::spawn_blocking(move || {
+                let mut out = Relay {
+                    json,
+                    run_dir: relay_dir,
+                    last: None,
+                    partial: Vec::new(),
+                };
+                let r = run_in_guest(&kernel, kvm, &cwd, &command, &env, GUEST_TIMEOUT, &mut out);
+                (r, out.last)
+            });
+            // Record qemu as soon as it is seen.
+            let recorded = tokio::task::spawn_blocking(move || recorder.join().ok().flatten());
+            if let Ok(Some(p)) = recorded.await {
+                state.guest = Some(p);
+                lock.record(&state)?;
+            }
+            let (r, last) = guest.await.map_err(|e| UpError::Io {
+                what: "the guest's relay",
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            let _ = stop_tx.send(());
+            let run = r?;
+            match last {
+                Some(s) => s,
+                None => return Err(UpError::NoSummary(run.status)),
+            }
+        }
+    };
+    write_status(&run_dir, &summary);
+    // The lab's own files go; its summary stays for `status`.
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(run_dir.join("state.json"));
+    drop(lock);
+    Ok(summary)
+}
+
+/// Runs the lifecycle here, reporting on the console: `up --in-guest`.
+pub async fn in_guest(args: &UpArgs, kernel: String) -> Summary {
+    let dir = std::env::temp_dir().join("koi-lab-guest");
+    let _ = std::fs::create_dir_all(&dir);
+    let opts = Options {
+        nodes: args.nodes,
+        certificate_lifetime: args.certificate_lifetime,
+        probe_interval: args.probe_interval,
+        kernel,
+        dir: dir.clone(),
+    };
+    let mut report = ConsoleReport;
+    let bins = match Binaries::beside_current_exe() {
+        Ok(b) => b,
+        Err(e) => {
+            let s = Summary {
+                failed: Some(crate::summary::Failure {
+                    step: "binaries".into(),
+                    reason: e.to_string(),
+                }),
+                ..Summary::default()
+            };
+            report.status(&s);
+            return s;
+        }
+    };
+    let summary = lifecycle::run(&opts, &bins, &mut report).await;
+    if summary.failed.is_some() {
+        // The guest's files vanish with it: their ends go to the console.
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            for log in ["agent.log", "diagnostics.txt", "cleanup.log"] {
+                let p = entry.path().join(log);
+                if let Ok(text) = std::fs::read_to_string(&p) {
+                    let lines: Vec<&str> = text.lines().collect();
+                    println!("--- {} (last 30 lines)", p.display());
+                    for l in &lines[lines.len().saturating_sub(30)..] {
+                        println!("{l}");
+                    }
+                }
+            }
+        }
+        if let Ok(text) = std::fs::read_to_string(dir.join("controller.log")) {
+            let lines: Vec<&str> = text.lines().collect();
+            println!("--- controller.log (last 30 lines)");
+            for l in &lines[lines.len().saturating_sub(30)..] {
+                println!("{l}");
+            }
+        }
+    }
+    summary
+}
+
+/// The guest's console: status lines become the status file (and the
+/// last summary), the rest is printed.
+struct Relay {
+    json: bool,
+    run_dir: PathBuf,
+    last: Option<Summary>,
+    partial: Vec<u8>,
+}
+
+impl Write for Relay {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.partial.extend_from_slice(buf);
+        while let Some(at) = self.partial.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=at).collect();
+            let line = String::from_utf8_lossy(&line);
+            let line = line.trim_end();
+            match Summary::from_status_line(line) {
+                Some(Ok(s)) => {
+                    write_status(&self.run_dir, &s);
+                    self.last = Some(s);
+                }
+                Some(Err(e)) => eprintln!("kube-ovn-ipsec-lab: a damaged status line: {e}"),
+                None if self.json => eprintln!("{line}"),
+                None => println!("{line}"),
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A child of `parent` whose command name starts with `prefix`.
+fn child_named(parent: u32, prefix: &str) -> Option<u32> {
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let (Some(open), Some((head, rest))) = (stat.find('('), stat.rsplit_once(')')) else {
+            continue;
+        };
+        let comm = &head[open + 1..];
+        let ppid = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok());
+        if ppid == Some(parent) && comm.starts_with(prefix) {
+            return Some(pid);
+        }
+    }
+    None
+}
