@@ -15,7 +15,8 @@ PACKAGES=(
   # boots Debian's stock kernel (fetched with `apt-get download` at test time
   # into a cache, never installed into /boot) with an initramfs built from
   # busybox-static by cpio; ping and tcpdump look at the traffic.
-  qemu-system-x86 busybox-static cpio iputils-ping tcpdump
+  # depmod (kmod) indexes the unpacked kernel's modules for modprobe.
+  qemu-system-x86 busybox-static cpio kmod iputils-ping tcpdump
   # Build and test tooling used by scripts/test.sh.
   build-essential pkg-config python3 python3-venv openssl patch util-linux procps psmisc
 )

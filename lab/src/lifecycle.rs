@@ -139,6 +139,8 @@ struct World {
     bins: Binaries,
     monitor: PathBuf,
     lifetime: u32,
+    /// Each agent's first generation (renewal is a later one).
+    issued_generation: Vec<u64>,
     _mesh: testbed::ipsec::Mesh,
 }
 
@@ -272,6 +274,7 @@ async fn lifecycle(
         bins: bins.clone(),
         monitor,
         lifetime: opts.certificate_lifetime,
+        issued_generation: vec![0; n],
         _mesh: mesh,
     });
     let Some(w) = world.as_mut() else {
@@ -370,6 +373,7 @@ async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
             let name = w.cp.nodes[i].name.clone();
             if !issued[i] && s.generation.is_some() {
                 issued[i] = true;
+                w.issued_generation[i] = s.generation.unwrap_or_default();
                 run.line(
                     "identity issued",
                     &name,
@@ -473,8 +477,10 @@ async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
             format!("first encrypted reply {ms} ms after intent"),
         );
     }
-    let want = u32::try_from(2 * (n - 1)).unwrap_or(u32::MAX);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let want = lease_sas_want(n);
+    // Under emulation a pair may negotiate twice (both ends ACQUIRE) and
+    // settle later: wait for every node at once.
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let counts: Vec<u32> = w.nodes.iter().map(lease_sas).collect();
         if counts.iter().all(|&c| c >= want) {
@@ -595,12 +601,27 @@ async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
     run.phase("renewal");
     let started = unix_now();
     let n = w.nodes.len();
-    let mut first = vec![None; n];
-    for i in 0..n {
-        first[i] = w.nodes[i].status().await.and_then(|s| s.generation);
-    }
     let mut renewed = vec![false; n];
-    let deadline = Instant::now() + Duration::from_secs(u64::from(w.lifetime) * 6 / 10 + 120);
+    for (i, r) in renewed.iter_mut().enumerate() {
+        // A renewal that fell before this step (it is timed from the
+        // certificate, not from the lab) still counts; its echoes are in
+        // the phase it fell in.
+        if let Some(g) = w.nodes[i].status().await.and_then(|s| s.generation)
+            && g > w.issued_generation[i]
+        {
+            *r = true;
+            run.line(
+                "renewal",
+                &w.cp.nodes[i].name.clone(),
+                format!("already renewed before this step (generation {g})"),
+            );
+        }
+    }
+    // The renewal point is 40–60 % of the whole validity, which starts
+    // LEAF_BACKDATE before the signing.
+    let backdate = kube_ovn_ipsec_api::pki::LEAF_BACKDATE.as_secs();
+    let latest = (u64::from(w.lifetime) + backdate) * 6 / 10 - backdate;
+    let deadline = Instant::now() + Duration::from_secs(latest + 120);
     run.line(
         "renewal",
         "-",
@@ -615,7 +636,9 @@ async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
                 continue;
             }
             if let Some(s) = w.nodes[i].status().await {
-                if s.generation.is_some() && s.generation > first[i] && s.configuration_applied {
+                if s.generation.is_some_and(|g| g > w.issued_generation[i])
+                    && s.configuration_applied
+                {
                     renewed[i] = true;
                     run.line(
                         "renewal",

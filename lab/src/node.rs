@@ -289,7 +289,8 @@ impl SimNode {
             s.read_to_end(&mut buf).await.ok()?;
             let text = String::from_utf8_lossy(&buf);
             let (head, body) = text.split_once("\r\n\r\n")?;
-            head.starts_with("HTTP/1.1 200")
+            // hyper answers in the request's version: `HTTP/1.0 200 OK`.
+            (head.split_whitespace().nth(1) == Some("200"))
                 .then(|| serde_json::from_str(body).ok())?
         };
         tokio::time::timeout(Duration::from_secs(3), get)

@@ -30,8 +30,9 @@ const GUEST_TIMEOUT: Duration = Duration::from_secs(1800);
 pub struct UpArgs {
     /// Simulated nodes.
     pub nodes: usize,
-    /// The agents' certificate lifetime, seconds.
-    pub certificate_lifetime: u32,
+    /// The agents' certificate lifetime, seconds (`None`: the kernel's
+    /// default, [`default_lifetime`]).
+    pub certificate_lifetime: Option<u32>,
     /// The probe streams' interval.
     pub probe_interval: Duration,
     /// Progress lines to stderr (stdout carries JSON).
@@ -63,6 +64,18 @@ pub enum UpError {
     /// The guest run ended without a summary.
     #[error("the lab in the guest ended without a summary (exit {0}); its output is above")]
     NoSummary(i32),
+}
+
+/// The certificate lifetime the lab asks for when not told: the
+/// renewal point is 40–60 % of the validity, which starts 5 minutes
+/// before the signing, so 600 s renews 60–240 s after issue — after
+/// `Enabled` on a real kernel (seconds), but not always under qemu's TCG,
+/// where `Enabled` comes ~100 s after issue; 780 s renews 132–348 s after.
+pub fn default_lifetime(choice: KernelChoice) -> u32 {
+    match choice {
+        KernelChoice::Host => 600,
+        KernelChoice::Vm { .. } => 780,
+    }
 }
 
 /// Progress to the terminal, status to [`STATUS_FILE`].
@@ -148,10 +161,30 @@ pub async fn up(args: &UpArgs) -> Result<Summary, UpError> {
         }
     };
     let _ = std::fs::remove_file(run_dir.join(STATUS_FILE));
+    let outcome = run_on(choice, args, &dir, &run_dir, &lock, &mut state).await;
+    // The lab's own files go, also when it could not run; its summary
+    // stays for `status`.
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(run_dir.join("state.json"));
+    drop(lock);
+    let summary = outcome?;
+    write_status(&run_dir, &summary);
+    Ok(summary)
+}
+
+/// The run itself, on `choice`'s kernel.
+async fn run_on(
+    choice: KernelChoice,
+    args: &UpArgs,
+    dir: &Path,
+    run_dir: &Path,
+    lock: &LabLock,
+    state: &mut LabState,
+) -> Result<Summary, UpError> {
     let bins = Binaries::beside_current_exe()?;
     let mut report = HostReport {
         json: args.json,
-        run_dir: run_dir.clone(),
+        run_dir: run_dir.to_path_buf(),
     };
     report.line(&format!(
         "kube-ovn-ipsec-lab: {} nodes; logs in {}",
@@ -162,10 +195,12 @@ pub async fn up(args: &UpArgs) -> Result<Summary, UpError> {
         KernelChoice::Host => {
             let opts = Options {
                 nodes: args.nodes,
-                certificate_lifetime: args.certificate_lifetime,
+                certificate_lifetime: args
+                    .certificate_lifetime
+                    .unwrap_or(default_lifetime(choice)),
                 probe_interval: args.probe_interval,
                 kernel: "this host's kernel (it has ESP, GENEVE and the OVS kernel datapath)".into(),
-                dir: dir.clone(),
+                dir: dir.to_path_buf(),
             };
             lifecycle::run(&opts, &bins, &mut report).await
         }
@@ -199,7 +234,9 @@ pub async fn up(args: &UpArgs) -> Result<Summary, UpError> {
                 "--nodes".into(),
                 args.nodes.to_string(),
                 "--certificate-lifetime".into(),
-                args.certificate_lifetime.to_string(),
+                args.certificate_lifetime
+                    .unwrap_or(default_lifetime(choice))
+                    .to_string(),
                 "--probe-interval-ms".into(),
                 args.probe_interval.as_millis().to_string(),
             ];
@@ -222,9 +259,9 @@ pub async fn up(args: &UpArgs) -> Result<Summary, UpError> {
                 }
                 None
             });
-            let cwd = dir.clone();
+            let cwd = dir.to_path_buf();
             let json = args.json;
-            let relay_dir = run_dir.clone();
+            let relay_dir = run_dir.to_path_buf();
             let guest = tokio::task::spawn_blocking(move || {
                 let mut out = Relay {
                     json,
@@ -253,11 +290,6 @@ pub async fn up(args: &UpArgs) -> Result<Summary, UpError> {
             }
         }
     };
-    write_status(&run_dir, &summary);
-    // The lab's own files go; its summary stays for `status`.
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(run_dir.join("state.json"));
-    drop(lock);
     Ok(summary)
 }
 
@@ -267,7 +299,9 @@ pub async fn in_guest(args: &UpArgs, kernel: String) -> Summary {
     let _ = std::fs::create_dir_all(&dir);
     let opts = Options {
         nodes: args.nodes,
-        certificate_lifetime: args.certificate_lifetime,
+        certificate_lifetime: args
+            .certificate_lifetime
+            .unwrap_or(default_lifetime(KernelChoice::Host)),
         probe_interval: args.probe_interval,
         kernel,
         dir: dir.clone(),
@@ -335,6 +369,9 @@ impl Write for Relay {
                     self.last = Some(s);
                 }
                 Some(Err(e)) => eprintln!("kube-ovn-ipsec-lab: a damaged status line: {e}"),
+                // strongSwan's starter logs to the guest's console when no
+                // syslog runs there; the nodes' own files have it.
+                None if line.is_empty() || line.contains("ipsec_starter[") => {}
                 None if self.json => eprintln!("{line}"),
                 None => println!("{line}"),
             }
