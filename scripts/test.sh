@@ -50,4 +50,11 @@ RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}" cargo test --workspace --all-targets
 echo "== kernel-dependent tests on a full kernel"
 bash scripts/kernel-tests.sh
 
+# The lab's own run, end to end (README's first command, three nodes, the
+# whole lifecycle on the full kernel) with its JSON summary checked, and
+# `down` leaving nothing behind. Alone: it measures windows and losses that
+# a parallel build would distort.
+echo "== the lab end to end"
+RUST_BACKTRACE=0 cargo test --locked -q -p kube-ovn-ipsec-lab --test lab_e2e -- --ignored --nocapture
+
 echo "== all tests passed"

@@ -169,10 +169,7 @@ pub async fn run(opts: &Options, bins: &Binaries, report: &mut dyn Report) -> Su
         Err(Fail(reason)) => {
             let step = run.summary.step.clone();
             run.line(&step, "-", format!("FAILED: {reason}"));
-            if let Some(w) = &world {
-                for n in &w.nodes {
-                    let _ = std::fs::write(n.dir().join("diagnostics.txt"), n.node.diagnostics());
-                }
+            if world.is_some() {
                 run.line(
                     &step,
                     "-",
@@ -183,6 +180,22 @@ pub async fn run(opts: &Options, bins: &Binaries, report: &mut dyn Report) -> Su
         }
     }
     run.report.status(&run.summary);
+    // The nodes' daemon logs live in their own (temporary) directories:
+    // copied beside the agent's, where the operator is pointed.
+    if let Some(w) = &world {
+        for n in &w.nodes {
+            for log in [
+                "run/charon.log",
+                "starter.out",
+                "run/ovs-monitor-ipsec.log",
+                "ovs-monitor-ipsec.out",
+                "ovs-vswitchd.log",
+            ] {
+                let name = log.rsplit('/').next().unwrap_or(log);
+                let _ = std::fs::copy(n.node.dir().join(log), n.dir().join(name));
+            }
+        }
+    }
     // Stop the probes before the nodes go.
     if let Some(w) = &mut world {
         for p in w.probes.drain(..) {
@@ -399,7 +412,9 @@ async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
             update_row(&mut run.summary.nodes[i], &s);
         }
         let (nb, sb) = nb_sb(&w.cp);
-        if nb && !nb_seen {
+        // SB true implies NB was: a read of NB that failed under load must
+        // not skip the check.
+        if (nb || sb) && !nb_seen {
             nb_seen = true;
             if let Some(i) = armed.iter().position(|a| !a) {
                 return fail(format!(

@@ -61,6 +61,9 @@ struct UpCli {
     /// The kernel as `up` described it (with `--in-guest`).
     #[arg(long, hide = true, default_value = "")]
     kernel_description: String,
+    /// The lab's directory, shared with the guest (with `--in-guest`).
+    #[arg(long, hide = true, default_value = "/tmp/koi-lab-guest")]
+    dir: std::path::PathBuf,
 }
 
 #[derive(Debug, clap::Args)]
@@ -105,7 +108,7 @@ async fn up(cli: UpCli) -> anyhow::Result<()> {
         json: cli.json,
     };
     if cli.in_guest {
-        let summary = lab::up::in_guest(&args, cli.kernel_description).await;
+        let summary = lab::up::in_guest(&args, cli.kernel_description, cli.dir).await;
         std::process::exit(i32::from(summary.failed.is_some()));
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

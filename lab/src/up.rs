@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use testbed::guest::{GuestKernel, HostFeatures, KERNEL_ENV, KernelChoice, run_in_guest};
+use testbed::guest::{GuestKernel, HostFeatures, KERNEL_ENV, KernelChoice, run_in_guest_sharing};
 
 use crate::cluster::Binaries;
 use crate::lifecycle::{self, Options, Report};
@@ -153,6 +153,7 @@ pub async fn up(args: &UpArgs) -> Result<Summary, UpError> {
         guest: None,
         dirs: vec![dir.clone()],
     };
+    let previous = crate::state::read_state(&run_dir).ok().flatten();
     let lock = match LabLock::acquire(&run_dir, &state) {
         Ok(l) => l,
         Err(e) => {
@@ -161,11 +162,21 @@ pub async fn up(args: &UpArgs) -> Result<Summary, UpError> {
         }
     };
     let _ = std::fs::remove_file(run_dir.join(STATUS_FILE));
+    // A previous run that failed (or crashed) left its directories named in
+    // its state; it is not running (the lock is ours), so they go now.
+    for d in previous.iter().flat_map(|p| p.dirs.iter()) {
+        let _ = std::fs::remove_dir_all(d);
+    }
     let outcome = run_on(choice, args, &dir, &run_dir, &lock, &mut state).await;
-    // The lab's own files go, also when it could not run; its summary
-    // stays for `status`.
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(run_dir.join("state.json"));
+    let failed = !matches!(&outcome, Ok(s) if s.failed.is_none());
+    if failed {
+        // The logs of a failed run stay for the operator; the state names
+        // them, so `down` (or the next `up`) removes them.
+        let _ = lock.record(&state);
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(run_dir.join("state.json"));
+    }
     drop(lock);
     let summary = outcome?;
     write_status(&run_dir, &summary);
@@ -231,6 +242,8 @@ async fn run_on(
                 "--in-guest".into(),
                 "--kernel-description".into(),
                 desc,
+                "--dir".into(),
+                dir.display().to_string(),
                 "--nodes".into(),
                 args.nodes.to_string(),
                 "--certificate-lifetime".into(),
@@ -269,7 +282,18 @@ async fn run_on(
                     last: None,
                     partial: Vec::new(),
                 };
-                let r = run_in_guest(&kernel, kvm, &cwd, &command, &env, GUEST_TIMEOUT, &mut out);
+                // The lab's directory is shared writable: the nodes' logs
+                // written in the guest stay on the host.
+                let r = run_in_guest_sharing(
+                    &kernel,
+                    kvm,
+                    &cwd,
+                    &command,
+                    &env,
+                    &[&cwd],
+                    GUEST_TIMEOUT,
+                    &mut out,
+                );
                 (r, out.last)
             });
             // Record qemu as soon as it is seen.
@@ -294,8 +318,7 @@ async fn run_on(
 }
 
 /// Runs the lifecycle here, reporting on the console: `up --in-guest`.
-pub async fn in_guest(args: &UpArgs, kernel: String) -> Summary {
-    let dir = std::env::temp_dir().join("koi-lab-guest");
+pub async fn in_guest(args: &UpArgs, kernel: String, dir: PathBuf) -> Summary {
     let _ = std::fs::create_dir_all(&dir);
     let opts = Options {
         nodes: args.nodes,
@@ -321,30 +344,7 @@ pub async fn in_guest(args: &UpArgs, kernel: String) -> Summary {
             return s;
         }
     };
-    let summary = lifecycle::run(&opts, &bins, &mut report).await;
-    if summary.failed.is_some() {
-        // The guest's files vanish with it: their ends go to the console.
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            for log in ["agent.log", "diagnostics.txt", "cleanup.log"] {
-                let p = entry.path().join(log);
-                if let Ok(text) = std::fs::read_to_string(&p) {
-                    let lines: Vec<&str> = text.lines().collect();
-                    println!("--- {} (last 30 lines)", p.display());
-                    for l in &lines[lines.len().saturating_sub(30)..] {
-                        println!("{l}");
-                    }
-                }
-            }
-        }
-        if let Ok(text) = std::fs::read_to_string(dir.join("controller.log")) {
-            let lines: Vec<&str> = text.lines().collect();
-            println!("--- controller.log (last 30 lines)");
-            for l in &lines[lines.len().saturating_sub(30)..] {
-                println!("{l}");
-            }
-        }
-    }
-    summary
+    lifecycle::run(&opts, &bins, &mut report).await
 }
 
 /// The guest's console: status lines become the status file (and the

@@ -33,6 +33,8 @@ pub const CACHE_ENV: &str = "KUBE_OVN_IPSEC_GUEST_CACHE";
 pub const DEFAULT_CACHE: &str = "/var/cache/kube-ovn-ipsec/guest";
 /// The line the guest prints as the command starts.
 const START_MARKER: &str = "KOI-GUEST-START";
+/// The 9p mount tags of writable shares: `<tag><n>`.
+const SHARE_TAG: &str = "koishare";
 /// The line the guest prints with the command's exit status.
 const EXIT_MARKER: &str = "KOI-GUEST-EXIT=";
 /// Modules the initramfs loads to reach the host's root, in dependency
@@ -366,7 +368,18 @@ fn stage2_script(
     cwd: &Path,
     command: &[String],
     env: &[(String, String)],
+    writable: &[&Path],
 ) -> String {
+    let shares: String = writable
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let p = shell_quote(&p.display().to_string());
+            format!(
+                "mkdir -p {p} && mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 {SHARE_TAG}{i} {p}\n"
+            )
+        })
+        .collect();
     let quoted: Vec<String> = command.iter().map(|a| shell_quote(a)).collect();
     let exports: String = env
         .iter()
@@ -378,7 +391,7 @@ mount -t sysfs sys /sys
 mount -t tmpfs run /run
 mkdir -p /run/netns /run/lock
 mount --bind {modules} /lib/modules/{release} 2>/dev/null || {{ mkdir -p /lib/modules/{release} && mount --bind {modules} /lib/modules/{release}; }}
-ip link set lo up
+{shares}ip link set lo up
 modprobe -a -q {test_modules} {crypto_modules}
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root
@@ -439,6 +452,29 @@ pub fn run_in_guest(
     timeout: Duration,
     out: &mut dyn Write,
 ) -> Result<GuestRun, GuestError> {
+    run_in_guest_sharing(kernel, kvm, cwd, command, env, &[], timeout, out)
+}
+
+/// [`run_in_guest`], with each of `writable` (absolute host directories)
+/// shared writable into the guest at the same path: what the command
+/// writes there outlives the guest (its root is a throwaway overlay).
+#[allow(clippy::too_many_arguments)]
+pub fn run_in_guest_sharing(
+    kernel: &GuestKernel,
+    kvm: bool,
+    cwd: &Path,
+    command: &[String],
+    env: &[(String, String)],
+    writable: &[&Path],
+    timeout: Duration,
+    out: &mut dyn Write,
+) -> Result<GuestRun, GuestError> {
+    if let Some(p) = writable.iter().find(|p| !p.is_absolute() || !p.is_dir()) {
+        return Err(GuestError::Step {
+            step: "sharing a directory with the guest",
+            detail: format!("{} is not an absolute path of a directory", p.display()),
+        });
+    }
     for p in ["qemu-system-x86_64", "busybox", "cpio"] {
         require_program(p)?;
     }
@@ -447,7 +483,7 @@ pub fn run_in_guest(
         .tempdir()
         .map_err(step("creating the guest's work directory"))?;
     let stage2 = work.path().join("stage2.sh");
-    std::fs::write(&stage2, stage2_script(kernel, cwd, command, env))
+    std::fs::write(&stage2, stage2_script(kernel, cwd, command, env, writable))
         .map_err(step("writing the guest's second stage"))?;
     let initrd = build_initramfs(kernel, work.path(), &stage2)?;
     let (accel, cpu) = if kvm {
@@ -456,7 +492,14 @@ pub fn run_in_guest(
         ("tcg,thread=multi", "max")
     };
     let started = Instant::now();
-    let mut child = Command::new(require_program("qemu-system-x86_64")?)
+    let mut qemu = Command::new(require_program("qemu-system-x86_64")?);
+    for (i, dir) in writable.iter().enumerate() {
+        qemu.arg("-virtfs").arg(format!(
+            "local,path={},mount_tag={SHARE_TAG}{i},security_model=none,multidevs=remap",
+            dir.display()
+        ));
+    }
+    let mut child = qemu
         // Under KVM `-cpu max` asks for MSR 0x10a (arch capabilities),
         // which nested KVM here refuses ("failed to set MSR 0x10a").
         .args(["-accel", accel, "-cpu", cpu, "-m", "2048", "-smp", "2"])

@@ -1,0 +1,229 @@
+//! The lab end to end, as an operator runs it: `kube-ovn-ipsec-lab up
+//! --json` with its three default nodes on the full kernel (the guest's
+//! under qemu when this host lacks ESP, GENEVE or openvswitch), its JSON
+//! summary checked step by step, a second `up` refused while it runs and
+//! `status` answering; then `down`, and nothing of the lab's left on the
+//! host: no namespace, process, XFRM policy or state, mount or directory.
+//! Before that, a lab killed with SIGKILL right after its start: `down`
+//! stops what it left (its guest included).
+//!
+//! Minutes long (the whole lifecycle, a certificate renewal included), so
+//! ignored by the workspace run; scripts/test.sh runs it on its own.
+
+// Real processes in real time.
+#![allow(clippy::disallowed_methods)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lab::state::{NETNS_PREFIX, RUN_DIR, read_state};
+use lab::summary::Summary;
+
+const LAB: &str = env!("CARGO_BIN_EXE_kube-ovn-ipsec-lab");
+
+/// What of the lab could be on the host, to compare before and after.
+#[derive(Debug, PartialEq, Eq)]
+struct HostView {
+    xfrm: String,
+    netns: Vec<String>,
+    mounts: Vec<String>,
+    processes: Vec<String>,
+    dirs: Vec<String>,
+}
+
+fn host_view() -> HostView {
+    let ip = |args: &[&str]| {
+        String::from_utf8_lossy(&Command::new("ip").args(args).output().unwrap().stdout)
+            .into_owned()
+    };
+    let netns = std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(NETNS_PREFIX))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mounts = std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(NETNS_PREFIX) || l.contains("koi-guest") || l.contains(RUN_DIR))
+        .map(str::to_owned)
+        .collect();
+    let me = std::process::id().to_string();
+    let mut processes = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.parse::<u32>().is_err() || name == me {
+            continue;
+        }
+        let cmd = std::fs::read(e.path().join("cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        if cmd.contains("kube-ovn-ipsec-lab up") || cmd.contains("koi-guest-") {
+            processes.push(format!("{name}: {cmd}"));
+        }
+    }
+    let dirs = std::fs::read_dir("/tmp")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("koi-lab-"))
+        .collect();
+    HostView {
+        xfrm: ip(&["xfrm", "policy", "list"]) + &ip(&["xfrm", "state", "list"]),
+        netns,
+        mounts,
+        processes,
+        dirs,
+    }
+}
+
+fn lab(args: &[&str]) -> std::process::Output {
+    Command::new(LAB)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap()
+}
+
+/// Waits until `up` has recorded itself (and, when the guest runs the
+/// nodes, its qemu).
+fn wait_recorded(want_guest: bool, limit: Duration) -> lab::state::LabState {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(s)) = read_state(Path::new(RUN_DIR))
+            && (!want_guest || s.guest.is_some())
+        {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "the lab never recorded itself");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+#[test]
+#[ignore = "the whole lifecycle (minutes, on the full kernel): scripts/test.sh runs it on its own"]
+fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
+    let guest = !testbed::guest::HostFeatures::probe().complete();
+    let before = host_view();
+    assert!(
+        read_state(Path::new(RUN_DIR)).unwrap().is_none(),
+        "a lab is already running here"
+    );
+
+    // A lab killed right after its start: `down` stops what it left.
+    let mut crashed = Command::new(LAB)
+        .args(["up"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let state = wait_recorded(guest, Duration::from_secs(120));
+    if !guest {
+        // On this kernel the nodes are the lab's children: let some exist.
+        std::thread::sleep(Duration::from_secs(10));
+    }
+    crashed.kill().unwrap();
+    crashed.wait().unwrap();
+    if let Some(g) = state.guest {
+        assert!(alive(g.pid), "the guest died with the lab: nothing to test");
+    }
+    let down = lab(&["down"]);
+    assert!(down.status.success(), "{down:?}");
+    if let Some(g) = state.guest {
+        assert!(!alive(g.pid), "down left the crashed lab's guest running");
+    }
+    assert_eq!(host_view(), before, "down left something of a crashed lab");
+
+    // The real run.
+    let t0 = Instant::now();
+    let run = Command::new(LAB)
+        .args(["up", "--json"])
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let state = wait_recorded(false, Duration::from_secs(60));
+    assert_eq!(state.process.pid, run.id());
+    let second = lab(&["up"]);
+    let why = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "a second lab started");
+    assert!(
+        why.contains("already running") && why.contains(&run.id().to_string()),
+        "{why}"
+    );
+    let status = lab(&["status"]);
+    let said = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success() && said.contains("a lab is running"),
+        "{status:?}"
+    );
+    let out = run.wait_with_output().unwrap();
+    let took = t0.elapsed();
+    let summary = Summary::from_json(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    println!("{}", summary.table());
+    println!("the lab took {took:?}");
+    assert!(out.status.success(), "up failed: {:?}", summary.failed);
+    assert!(summary.finished && summary.failed.is_none());
+
+    // What an operator is promised, step by step.
+    assert_eq!(summary.nodes.len(), 3);
+    for n in &summary.nodes {
+        assert_eq!(n.phase, "cleaned", "{n:?}");
+        assert!(n.generation >= Some(2), "{}: never renewed: {n:?}", n.name);
+        assert!(
+            n.receipt.as_deref().is_some_and(|r| r.starts_with("release")),
+            "{}: no release receipt: {n:?}",
+            n.name
+        );
+        assert!(n.agent_rss_kib.is_some() && n.monitor_rss_kib.is_some(), "{n:?}");
+        assert_eq!(n.sas, Some(0), "{}: SAs left after cleanup", n.name);
+    }
+    assert_eq!(summary.pairs.len(), 3);
+    for p in &summary.pairs {
+        assert!(p.enable_window_ms.is_some() && p.disable_window_ms.is_some(), "{p:?}");
+        assert!(p.sent > 100, "{p:?}");
+    }
+    let phase = |name: &str| {
+        summary
+            .phases
+            .iter()
+            .find(|p| p.phase == name)
+            .unwrap_or_else(|| panic!("no phase {name}: {:?}", summary.phases))
+    };
+    for quiet in ["before enable", "Prepare", "Arm", "cleanup rollout", "Disabled"] {
+        let p = phase(quiet);
+        assert!(p.sent > 0, "{p:?}");
+        assert_eq!(p.lost, 0, "echoes lost where none may be: {p:?}");
+    }
+    for window in ["enable flip", "disable flip"] {
+        assert!(phase(window).window);
+    }
+    let f = &summary.figures;
+    assert!(f.up_to_enabled_s.is_some() && f.up_to_sas_s.is_some(), "{f:?}");
+    assert!(f.negotiation_ms.is_some() && f.renewal_lost.is_some(), "{f:?}");
+    assert!(f.actor_recovery_s.is_some() && f.disable_s.is_some(), "{f:?}");
+
+    // `status` after the run names it; `down` leaves nothing behind.
+    let status = lab(&["status", "--json"]);
+    assert_eq!(
+        Summary::from_json(&String::from_utf8_lossy(&status.stdout)).unwrap(),
+        summary
+    );
+    let down = lab(&["down"]);
+    assert!(down.status.success(), "{down:?}");
+    assert_eq!(host_view(), before, "the lab left something behind");
+    let again = lab(&["down"]);
+    assert!(again.status.success(), "a second down: {again:?}");
+}
