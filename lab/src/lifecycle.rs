@@ -407,7 +407,11 @@ async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
             }
             if !up[i] && s.runtime_healthy {
                 up[i] = true;
-                run.line("runtime up", &name, "strongSwan and ovs-monitor-ipsec healthy");
+                run.line(
+                    "runtime up",
+                    &name,
+                    "strongSwan and ovs-monitor-ipsec healthy",
+                );
             }
             update_row(&mut run.summary.nodes[i], &s);
         }
@@ -422,7 +426,11 @@ async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
                     w.cp.nodes[i].name
                 ));
             }
-            run.line("NB true", "-", "every node armed: the controller flipped NB_Global.ipsec");
+            run.line(
+                "NB true",
+                "-",
+                "every node armed: the controller flipped NB_Global.ipsec",
+            );
         }
         if sb {
             run.phase("enable flip");
@@ -575,16 +583,29 @@ fn encrypted(run: &mut Run<'_>, w: &mut World) -> Step {
 fn negotiation(run: &mut Run<'_>, w: &mut World) -> Step {
     run.begin("negotiation");
     run.phase("negotiation");
-    let conn = format!("{}-out-1", ovn::tunnel_name(&w.nodes[1]));
+    // The IKE_SA is named after the peer configuration, the tunnel's `-in-`
+    // connection (the monitor adds it first); taking it down deletes its
+    // CHILD_SAs on both ends.
+    let tunnel = ovn::tunnel_name(&w.nodes[1]);
+    let before = lease_sas(&w.nodes[0]);
+    let conn = w.nodes[0]
+        .node
+        .routed_conns()?
+        .into_iter()
+        .find(|c| c.starts_with(&format!("{tunnel}-in-")));
+    let Some(conn) = conn else {
+        return fail(format!("node 0 has no routed connection for {tunnel}"));
+    };
     w.nodes[0].node.ipsec(&["down", &conn])?;
-    let gone = testbed::netns::wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
-        (lease_sas(&w.nodes[0]) < lease_sas_want(w.nodes.len())).then_some(())
-    });
+    let gone =
+        testbed::netns::wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+            (lease_sas(&w.nodes[0]) < before).then_some(())
+        });
     if gone.is_none() {
         run.line(
             "negotiation",
             "0<->1",
-            "the SAs did not go down: no negotiation measured",
+            format!("`ipsec down {conn}` left the SAs: no negotiation measured"),
         );
     } else {
         match overlay::first_reply(w.nodes[0].node.netns(), pod_ip(1), Duration::from_secs(60)) {
@@ -594,7 +615,9 @@ fn negotiation(run: &mut Run<'_>, w: &mut World) -> Step {
                 run.line(
                     "negotiation",
                     "0<->1",
-                    format!("IKE_SA taken down; first reply {ms} ms later (trap, ACQUIRE, IKE+CHILD)"),
+                    format!(
+                        "IKE_SA taken down; first reply {ms} ms later (trap, ACQUIRE, IKE+CHILD)"
+                    ),
                 );
             }
             None => return fail("node 0 and 1 did not negotiate again within 60 s"),
@@ -646,15 +669,15 @@ async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
         ),
     );
     while renewed.iter().any(|r| !r) {
-        for i in 0..n {
-            if renewed[i] {
+        for (i, done) in renewed.iter_mut().enumerate() {
+            if *done {
                 continue;
             }
             if let Some(s) = w.nodes[i].status().await {
                 if s.generation.is_some_and(|g| g > w.issued_generation[i])
                     && s.configuration_applied
                 {
-                    renewed[i] = true;
+                    *done = true;
                     run.line(
                         "renewal",
                         &w.cp.nodes[i].name.clone(),
@@ -676,7 +699,11 @@ async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
     // Echoes sent just before the last renewal need a few seconds to be judged.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let ended = unix_now();
-    let lost: u32 = w.probes.iter().map(|p| p.log().tally(started, ended).lost).sum();
+    let lost: u32 = w
+        .probes
+        .iter()
+        .map(|p| p.log().tally(started, ended).lost)
+        .sum();
     run.summary.figures.renewal_lost = Some(lost);
     run.line(
         "renewal",
@@ -700,7 +727,10 @@ async fn actor_kill(run: &mut Run<'_>, w: &mut World) -> Step {
     };
     let t = Instant::now();
     let raw = i32::try_from(pid).unwrap_or(0);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), nix::sys::signal::Signal::SIGKILL)?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(raw),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
     run.line(
         "actor kill",
         &name,
@@ -710,7 +740,9 @@ async fn actor_kill(run: &mut Run<'_>, w: &mut World) -> Step {
     let mut seen_unhealthy = false;
     loop {
         let s = w.nodes[i].status().await;
-        let healthy = s.as_ref().is_some_and(|s| s.runtime_healthy && s.configuration_applied);
+        let healthy = s
+            .as_ref()
+            .is_some_and(|s| s.runtime_healthy && s.configuration_applied);
         seen_unhealthy |= !healthy;
         let restarted = w.nodes[i].monitor_pid().is_some_and(|p| p != pid);
         if restarted && healthy {
@@ -730,7 +762,11 @@ async fn actor_kill(run: &mut Run<'_>, w: &mut World) -> Step {
         &name,
         format!(
             "new ovs-monitor-ipsec, runtime healthy and configuration applied after {secs} s{}",
-            if seen_unhealthy { " (reported unhealthy meanwhile)" } else { "" }
+            if seen_unhealthy {
+                " (reported unhealthy meanwhile)"
+            } else {
+                ""
+            }
         ),
     );
     refresh_rows(run, w).await;
@@ -745,7 +781,11 @@ async fn disable(run: &mut Run<'_>, w: &mut World) -> Step {
     run.begin("disable");
     let t = Instant::now();
     w.cp.start_controller(&w.bins.controller, false)?;
-    run.line("disable", "-", "controller restarted with enable-ipsec=false");
+    run.line(
+        "disable",
+        "-",
+        "controller restarted with enable-ipsec=false",
+    );
     let deadline = Instant::now() + Duration::from_secs(180);
     let mut last_phase = None;
     loop {
@@ -764,11 +804,19 @@ async fn disable(run: &mut Run<'_>, w: &mut World) -> Step {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     run.phase("disable flip");
-    run.line("NB and SB off", "-", "the controller turned NB_Global.ipsec off");
+    run.line(
+        "NB and SB off",
+        "-",
+        "the controller turned NB_Global.ipsec off",
+    );
     for i in 0..w.nodes.len() {
         ovn::take_intent(&w.nodes, &w.nodes[i])?;
     }
-    run.line("tunnels", "-", "emulated ovn-controller removed intent and marks together");
+    run.line(
+        "tunnels",
+        "-",
+        "emulated ovn-controller removed intent and marks together",
+    );
     let windows = first_replies(&w.nodes, &w.pairs, Duration::from_secs(120));
     for (k, (win, &(a, b))) in windows.iter().zip(&w.pairs.clone()).enumerate() {
         let Some(d) = win else {
@@ -821,7 +869,12 @@ async fn disable(run: &mut Run<'_>, w: &mut World) -> Step {
             },
         )
         .await?;
-        run.summary.nodes[i].phase = if code == 0 { "cleaned" } else { "cleanup-failed" }.into();
+        run.summary.nodes[i].phase = if code == 0 {
+            "cleaned"
+        } else {
+            "cleanup-failed"
+        }
+        .into();
         run.summary.nodes[i].sas = Some(lease_sas(&w.nodes[i]));
         run.summary.nodes[i].guards = Some(false);
         run.line(
@@ -833,7 +886,9 @@ async fn disable(run: &mut Run<'_>, w: &mut World) -> Step {
             ),
         );
         if code != 0 {
-            return fail(format!("{name}: kube-ovn-ipsec cleanup exited {code}: {message}"));
+            return fail(format!(
+                "{name}: kube-ovn-ipsec cleanup exited {code}: {message}"
+            ));
         }
         run.summary.nodes[i].receipt = receipt_of(&w.cp, &name).await;
         run.report.status(&run.summary);
@@ -845,7 +900,9 @@ async fn disable(run: &mut Run<'_>, w: &mut World) -> Step {
             break;
         }
         if Instant::now() > deadline {
-            return fail(format!("not Disabled within 180 s of the rollout (record {phase:?})"));
+            return fail(format!(
+                "not Disabled within 180 s of the rollout (record {phase:?})"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -860,10 +917,17 @@ async fn disable(run: &mut Run<'_>, w: &mut World) -> Step {
         run.line(
             "release receipt",
             &name,
-            run.summary.nodes[i].receipt.clone().unwrap_or_else(|| "none".into()),
+            run.summary.nodes[i]
+                .receipt
+                .clone()
+                .unwrap_or_else(|| "none".into()),
         );
     }
-    run.line("Disabled", "-", format!("coordination Disabled {secs} s after the intent"));
+    run.line(
+        "Disabled",
+        "-",
+        format!("coordination Disabled {secs} s after the intent"),
+    );
     run.done("cleanup rollout");
 
     run.begin("plaintext again");
@@ -909,8 +973,11 @@ fn leftovers(run: &mut Run<'_>, w: &mut World) -> Step {
         if let Some(k) = ovs::PROTECTION_KEYS.iter().find(|k| ids.contains(*k)) {
             return fail(format!("{name}: OVSDB still has {k}: {ids}"));
         }
-        if n.node.run_path("charon.pid").exists() || n.node.run_path("starter.charon.pid").exists() {
-            return fail(format!("{name}: strongSwan's pid files are left in its /run"));
+        if n.node.run_path("charon.pid").exists() || n.node.run_path("starter.charon.pid").exists()
+        {
+            return fail(format!(
+                "{name}: strongSwan's pid files are left in its /run"
+            ));
         }
         run.line(
             "leftovers",

@@ -40,8 +40,11 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct UpCli {
-    /// Simulated nodes.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=20))]
+    /// Simulated nodes. Two by default: with three or more, a pair can
+    /// stay dark because every tunnel of a node shares its lease's reqid
+    /// and strongSwan picks one trap per reqid for every ACQUIRE (the
+    /// lab's finding, docs/lab.md).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=20))]
     nodes: u16,
     /// The summary as JSON on stdout (progress goes to stderr).
     #[arg(long)]
@@ -62,7 +65,7 @@ struct UpCli {
     #[arg(long, hide = true, default_value = "")]
     kernel_description: String,
     /// The lab's directory, shared with the guest (with `--in-guest`).
-    #[arg(long, hide = true, default_value = "/tmp/koi-lab-guest")]
+    #[arg(long, hide = true, default_value = "/tmp/koi-lab-logs")]
     dir: std::path::PathBuf,
 }
 
@@ -179,7 +182,10 @@ fn status(json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     match running {
-        Some(s) => println!("a lab is running (PID {}, kernel {})\n", s.process.pid, s.kernel),
+        Some(s) => println!(
+            "a lab is running (PID {}, kernel {})\n",
+            s.process.pid, s.kernel
+        ),
         None => println!("no lab is running; the last run:\n"),
     }
     print!("{}", summary.table());

@@ -192,6 +192,15 @@ impl SimNode {
         certificate_lifetime: u32,
     ) -> Result<(), NodeError> {
         self.stop_agent();
+        // What the image ships (image/Dockerfile): the `ovs.conf` the
+        // patched monitor would write, so charon starts with OVS's
+        // settings (`xfrm_acq_expires = 10`: a pair whose first IKE
+        // attempt fails retries after 10 s, not the kernel's 165 s).
+        let conf = testbed::ipsec::strongswan_conf_of(monitor_script)
+            .map_err(|e| failed("reading the monitor's strongSwan settings")(e.to_string()))?;
+        let ovs_conf = self.node.etc_path("strongswan.d/ovs.conf");
+        std::fs::write(&ovs_conf, conf)
+            .map_err(|e| failed(format!("writing {}", ovs_conf.display()))(e.to_string()))?;
         let kubeconfig = self.dir.join("kubeconfig");
         api.write_kubeconfig(&kubeconfig, &cni.token)
             .map_err(|e| failed("writing the agent's kubeconfig")(e.to_string()))?;
@@ -340,7 +349,13 @@ impl SimNode {
             .map_err(|e| failed("writing the cleanup's kubeconfig")(e.to_string()))?;
         let node = &self.node;
         let out = Command::new(agent)
-            .args(["cleanup", "--node-name", &cni.name, "--pod-name", &cni.pod_name])
+            .args([
+                "cleanup",
+                "--node-name",
+                &cni.name,
+                "--pod-name",
+                &cni.pod_name,
+            ])
             .args(["--pod-namespace", NS, "--pod-uid", &cni.pod_uid])
             .args(["--pod-template-hash", template_hash])
             .arg("--key-dir")

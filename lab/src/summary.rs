@@ -205,7 +205,10 @@ impl Summary {
                 dash(n.generation.map(|g| g.to_string())),
                 dash(n.expires.clone()),
                 dash(n.sas.map(|v| v.to_string())),
-                dash(n.guards.map(|g| if g { "armed" } else { "none" }.to_string())),
+                dash(
+                    n.guards
+                        .map(|g| if g { "armed" } else { "none" }.to_string())
+                ),
                 dash(n.receipt.clone()),
                 n.lost,
                 dash(n.enable_window_ms.map(|v| v.to_string())),
@@ -348,7 +351,10 @@ mod tests {
             step: "renewal".into(),
             reason: "4 echoes lost".into(),
         });
-        assert!(s.table().contains("FAILED at step `renewal`: 4 echoes lost"));
+        assert!(
+            s.table()
+                .contains("FAILED at step `renewal`: 4 echoes lost")
+        );
         assert!(is_window("disable flip") && !is_window("Arm"));
     }
 }

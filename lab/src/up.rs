@@ -210,7 +210,8 @@ async fn run_on(
                     .certificate_lifetime
                     .unwrap_or(default_lifetime(choice)),
                 probe_interval: args.probe_interval,
-                kernel: "this host's kernel (it has ESP, GENEVE and the OVS kernel datapath)".into(),
+                kernel: "this host's kernel (it has ESP, GENEVE and the OVS kernel datapath)"
+                    .into(),
                 dir: dir.to_path_buf(),
             };
             lifecycle::run(&opts, &bins, &mut report).await
@@ -300,7 +301,7 @@ async fn run_on(
             let recorded = tokio::task::spawn_blocking(move || recorder.join().ok().flatten());
             if let Ok(Some(p)) = recorded.await {
                 state.guest = Some(p);
-                lock.record(&state)?;
+                lock.record(state)?;
             }
             let (r, last) = guest.await.map_err(|e| UpError::Io {
                 what: "the guest's relay",
@@ -318,7 +319,12 @@ async fn run_on(
 }
 
 /// Runs the lifecycle here, reporting on the console: `up --in-guest`.
-pub async fn in_guest(args: &UpArgs, kernel: String, dir: PathBuf) -> Summary {
+///
+/// The run's own directory is the guest's (sockets cannot live on the 9p
+/// share); its logs are copied into `share`, the host's lab directory, at
+/// the end.
+pub async fn in_guest(args: &UpArgs, kernel: String, share: PathBuf) -> Summary {
+    let dir = std::env::temp_dir().join("koi-lab-guest");
     let _ = std::fs::create_dir_all(&dir);
     let opts = Options {
         nodes: args.nodes,
@@ -344,7 +350,31 @@ pub async fn in_guest(args: &UpArgs, kernel: String, dir: PathBuf) -> Summary {
             return s;
         }
     };
-    lifecycle::run(&opts, &bins, &mut report).await
+    let summary = lifecycle::run(&opts, &bins, &mut report).await;
+    copy_logs(&dir, &share);
+    summary
+}
+
+/// Copies the logs under `from` (`*.log`, `*.out`, `*.txt`; never keys,
+/// tokens or sockets) to the same places under `to`.
+fn copy_logs(from: &Path, to: &Path) {
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let (path, target) = (e.path(), to.join(e.file_name()));
+        let Ok(kind) = e.file_type() else { continue };
+        if kind.is_dir() && e.file_name() != "keys" {
+            let _ = std::fs::create_dir_all(&target);
+            copy_logs(&path, &target);
+        } else if kind.is_file()
+            && path
+                .extension()
+                .is_some_and(|x| x == "log" || x == "out" || x == "txt")
+        {
+            let _ = std::fs::copy(&path, &target);
+        }
+    }
 }
 
 /// The guest's console: status lines become the status file (and the

@@ -1,5 +1,5 @@
 //! The lab end to end, as an operator runs it: `kube-ovn-ipsec-lab up
-//! --json` with its three default nodes on the full kernel (the guest's
+//! --json` with its default nodes (two: docs/lab.md, "Findings") on the full kernel (the guest's
 //! under qemu when this host lacks ESP, GENEVE or openvswitch), its JSON
 //! summary checked step by step, a second `up` refused while it runs and
 //! `status` answering; then `down`, and nothing of the lab's left on the
@@ -178,21 +178,30 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
     assert!(summary.finished && summary.failed.is_none());
 
     // What an operator is promised, step by step.
-    assert_eq!(summary.nodes.len(), 3);
+    let n = summary.nodes.len();
+    assert!(n >= 2, "{n} nodes");
     for n in &summary.nodes {
         assert_eq!(n.phase, "cleaned", "{n:?}");
         assert!(n.generation >= Some(2), "{}: never renewed: {n:?}", n.name);
         assert!(
-            n.receipt.as_deref().is_some_and(|r| r.starts_with("release")),
+            n.receipt
+                .as_deref()
+                .is_some_and(|r| r.starts_with("release")),
             "{}: no release receipt: {n:?}",
             n.name
         );
-        assert!(n.agent_rss_kib.is_some() && n.monitor_rss_kib.is_some(), "{n:?}");
+        assert!(
+            n.agent_rss_kib.is_some() && n.monitor_rss_kib.is_some(),
+            "{n:?}"
+        );
         assert_eq!(n.sas, Some(0), "{}: SAs left after cleanup", n.name);
     }
-    assert_eq!(summary.pairs.len(), 3);
+    assert_eq!(summary.pairs.len(), n * (n - 1) / 2);
     for p in &summary.pairs {
-        assert!(p.enable_window_ms.is_some() && p.disable_window_ms.is_some(), "{p:?}");
+        assert!(
+            p.enable_window_ms.is_some() && p.disable_window_ms.is_some(),
+            "{p:?}"
+        );
         assert!(p.sent > 100, "{p:?}");
     }
     let phase = |name: &str| {
@@ -202,7 +211,13 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
             .find(|p| p.phase == name)
             .unwrap_or_else(|| panic!("no phase {name}: {:?}", summary.phases))
     };
-    for quiet in ["before enable", "Prepare", "Arm", "cleanup rollout", "Disabled"] {
+    for quiet in [
+        "before enable",
+        "Prepare",
+        "Arm",
+        "cleanup rollout",
+        "Disabled",
+    ] {
         let p = phase(quiet);
         assert!(p.sent > 0, "{p:?}");
         assert_eq!(p.lost, 0, "echoes lost where none may be: {p:?}");
@@ -211,9 +226,18 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
         assert!(phase(window).window);
     }
     let f = &summary.figures;
-    assert!(f.up_to_enabled_s.is_some() && f.up_to_sas_s.is_some(), "{f:?}");
-    assert!(f.negotiation_ms.is_some() && f.renewal_lost.is_some(), "{f:?}");
-    assert!(f.actor_recovery_s.is_some() && f.disable_s.is_some(), "{f:?}");
+    assert!(
+        f.up_to_enabled_s.is_some() && f.up_to_sas_s.is_some(),
+        "{f:?}"
+    );
+    assert!(
+        f.negotiation_ms.is_some() && f.renewal_lost.is_some(),
+        "{f:?}"
+    );
+    assert!(
+        f.actor_recovery_s.is_some() && f.disable_s.is_some(),
+        "{f:?}"
+    );
 
     // `status` after the run names it; `down` leaves nothing behind.
     let status = lab(&["status", "--json"]);
