@@ -556,24 +556,40 @@ async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
 /// replies, ESP on the wire, no plaintext Geneve.
 fn encrypted(run: &mut Run<'_>, w: &mut World) -> Step {
     run.begin("encrypted");
+    wire_check(run, w, "encrypted", true)?;
+    run.done("encrypted");
+    Ok(())
+}
+
+/// Every node's pod pings every other while its underlay is captured
+/// (into `<step>.pcap`): every echo answered but the last in flight, and
+/// only ESP (`esp`) or only plaintext Geneve on the wire.
+fn wire_check(run: &mut Run<'_>, w: &World, step: &str, esp: bool) -> Step {
+    let (want, other) = if esp {
+        ("ESP", "plaintext Geneve")
+    } else {
+        ("plaintext Geneve", "ESP")
+    };
     for i in 0..w.nodes.len() {
-        let (answered, sent, wire) = ping_peers_captured(&w.nodes, i, "enabled.pcap")?;
+        let pcap = format!("{}.pcap", step.replace(' ', "-"));
+        let (answered, sent, wire) = ping_peers_captured(&w.nodes, i, &pcap)?;
+        let (wanted, unwanted) = if esp {
+            (wire.esp, wire.geneve)
+        } else {
+            (wire.geneve, wire.esp)
+        };
         run.line(
-            "encrypted",
-            &w.cp.nodes[i].name.clone(),
-            format!(
-                "{answered}/{sent} answered; underlay: {} ESP, {} plaintext Geneve",
-                wire.esp, wire.geneve
-            ),
+            step,
+            &w.cp.nodes[i].name,
+            format!("{answered}/{sent} answered; underlay: {wanted} {want}, {unwanted} {other}"),
         );
-        if wire.geneve > 0 || wire.esp == 0 || answered + 1 < sent {
+        if unwanted > 0 || wanted == 0 || answered + 1 < sent {
             return fail(format!(
-                "{}: {answered}/{sent} answered, underlay {wire:?} (want ESP only)",
+                "{}: {answered}/{sent} answered, underlay {wire:?} (want {want} only)",
                 w.cp.nodes[i].name
             ));
         }
     }
-    run.done("encrypted");
     Ok(())
 }
 
@@ -931,23 +947,7 @@ async fn disable(run: &mut Run<'_>, w: &mut World) -> Step {
     run.done("cleanup rollout");
 
     run.begin("plaintext again");
-    for i in 0..w.nodes.len() {
-        let (answered, sent, wire) = ping_peers_captured(&w.nodes, i, "disabled.pcap")?;
-        run.line(
-            "plaintext again",
-            &w.cp.nodes[i].name.clone(),
-            format!(
-                "{answered}/{sent} answered; underlay: {} plaintext Geneve, {} ESP",
-                wire.geneve, wire.esp
-            ),
-        );
-        if wire.esp > 0 || wire.geneve == 0 || answered + 1 < sent {
-            return fail(format!(
-                "{}: {answered}/{sent} answered, underlay {wire:?} (want plaintext Geneve only)",
-                w.cp.nodes[i].name
-            ));
-        }
-    }
+    wire_check(run, w, "plaintext again", false)?;
     run.done("plaintext again");
     Ok(())
 }
@@ -1105,19 +1105,11 @@ fn first_replies(
     pairs: &[(usize, usize)],
     limit: Duration,
 ) -> Vec<Option<Duration>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = pairs
-            .iter()
-            .map(|&(a, b)| {
-                let ns = nodes[a].node.netns();
-                s.spawn(move || overlay::first_reply(ns, pod_ip(b), limit))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().ok().flatten())
-            .collect()
-    })
+    let probes: Vec<_> = pairs
+        .iter()
+        .map(|&(a, b)| (nodes[a].node.netns(), pod_ip(b)))
+        .collect();
+    overlay::first_replies(&probes, limit)
 }
 
 /// Node `i`'s pod pings every other node's pod 3 times while its underlay

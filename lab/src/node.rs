@@ -211,16 +211,8 @@ impl SimNode {
             .map_err(|e| failed("opening the agent's log")(e.to_string()))?;
         let node = &self.node;
         let p = |p: PathBuf| p.into_os_string();
-        let child = Command::new(agent)
-            .args(["run", "--node-name", &cni.name, "--pod-name", &cni.pod_name])
-            .args(["--pod-namespace", NS, "--pod-uid", &cni.pod_uid])
-            .arg("--key-dir")
-            .arg(&self.key_dir)
-            .arg("--ovsdb")
-            .arg(format!(
-                "unix:{}",
-                node.run_path("openvswitch/db.sock").display()
-            ))
+        let child = self
+            .agent_command(agent, "run", cni)
             .args(["--status-addr", &format!("127.0.0.1:{}", self.status_port)])
             .arg("--kubeconfig")
             .arg(&kubeconfig)
@@ -277,6 +269,23 @@ impl SimNode {
     /// The agent's log so far.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `kube-ovn-ipsec <mode>` (binary `agent`) with what both modes are
+    /// told about the node: who it is (`cni`'s Node and Pod), its key
+    /// directory and its OVSDB.
+    fn agent_command(&self, agent: &Path, mode: &str, cni: &CniNode) -> Command {
+        let mut cmd = Command::new(agent);
+        cmd.args([mode, "--node-name", &cni.name, "--pod-name", &cni.pod_name])
+            .args(["--pod-namespace", NS, "--pod-uid", &cni.pod_uid])
+            .arg("--key-dir")
+            .arg(&self.key_dir)
+            .arg("--ovsdb")
+            .arg(format!(
+                "unix:{}",
+                self.node.run_path("openvswitch/db.sock").display()
+            ));
+        cmd
     }
 
     /// The agent's PID while it runs.
@@ -348,23 +357,9 @@ impl SimNode {
         api.write_kubeconfig(&kubeconfig, &cni.token)
             .map_err(|e| failed("writing the cleanup's kubeconfig")(e.to_string()))?;
         let node = &self.node;
-        let out = Command::new(agent)
-            .args([
-                "cleanup",
-                "--node-name",
-                &cni.name,
-                "--pod-name",
-                &cni.pod_name,
-            ])
-            .args(["--pod-namespace", NS, "--pod-uid", &cni.pod_uid])
+        let out = self
+            .agent_command(agent, "cleanup", cni)
             .args(["--pod-template-hash", template_hash])
-            .arg("--key-dir")
-            .arg(&self.key_dir)
-            .arg("--ovsdb")
-            .arg(format!(
-                "unix:{}",
-                node.run_path("openvswitch/db.sock").display()
-            ))
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .arg("--ike-rundir")

@@ -106,16 +106,11 @@ fn first_replies(
     pairs: &[(usize, usize)],
     limit: Duration,
 ) -> Vec<Option<Duration>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = pairs
-            .iter()
-            .map(|&(i, j)| {
-                let ns = nodes[i].node.netns();
-                s.spawn(move || overlay::first_reply(ns, pod(j), limit))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    let probes: Vec<_> = pairs
+        .iter()
+        .map(|&(i, j)| (nodes[i].node.netns(), pod(j)))
+        .collect();
+    overlay::first_replies(&probes, limit)
 }
 
 /// Whether any tunnel of `n` has IPsec intent (`remote_name`).

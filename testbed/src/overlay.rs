@@ -215,6 +215,21 @@ pub fn first_reply(ns: &Netns, dst: Ipv4Addr, timeout: Duration) -> Option<Durat
     None
 }
 
+/// [`first_reply`] for several (namespace, destination) probes at once,
+/// each on its own thread: a window per pair measured from the same start.
+pub fn first_replies(probes: &[(&Netns, Ipv4Addr)], timeout: Duration) -> Vec<Option<Duration>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = probes
+            .iter()
+            .map(|&(ns, dst)| s.spawn(move || first_reply(ns, dst, timeout)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().ok().flatten())
+            .collect()
+    })
+}
+
 /// The kernel's XFRM counters in `ns` (`/proc/net/xfrm_stat` read by a
 /// process inside it).
 pub fn xfrm_stats(ns: &Netns) -> Result<XfrmStats, IpsecError> {
