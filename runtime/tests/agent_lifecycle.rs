@@ -331,10 +331,20 @@ async fn a_second_agent_on_the_same_key_directory_exits_having_touched_nothing()
     let run = cluster.dir.path().join("run");
     let fake = cluster.dir.path().join("charon");
     std::fs::copy(testbed::require_program("sleep").unwrap(), &fake).unwrap();
-    let mut charon = std::process::Command::new(&fake)
-        .arg("600")
-        .spawn()
-        .unwrap();
+    // A child forked elsewhere in this process while the copy was open for
+    // writing holds that descriptor until its exec: ETXTBSY, briefly.
+    let mut charon = (0..100)
+        .find_map(
+            |_| match std::process::Command::new(&fake).arg("600").spawn() {
+                Ok(c) => Some(c),
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    None
+                }
+                Err(e) => panic!("starting {}: {e}", fake.display()),
+            },
+        )
+        .expect("the copied program stayed busy for 2 s");
     std::fs::write(run.join("charon.pid"), format!("{}\n", charon.id())).unwrap();
 
     let policies = |c: &Cluster| c.netns.ip(["xfrm", "policy", "list"]).unwrap();
