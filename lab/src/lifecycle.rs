@@ -481,24 +481,21 @@ async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
     run.done("intent");
 
     run.begin("SAs");
-    let windows = first_replies(&w.nodes, &w.pairs, Duration::from_secs(300));
-    for (k, (win, &(a, b))) in windows.iter().zip(&w.pairs.clone()).enumerate() {
-        let Some(d) = win else {
-            return fail(format!(
-                "pod {a} gets no encrypted reply from pod {b} within 300 s of intent"
-            ));
-        };
-        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let windows = pair_windows(
+        run,
+        w,
+        "enable window",
+        Duration::from_secs(300),
+        "encrypted",
+        "intent",
+    )?;
+    for (k, &ms) in windows.iter().enumerate() {
+        let (a, b) = w.pairs[k];
         run.summary.pairs[k].enable_window_ms = Some(ms);
         for x in [a, b] {
             let row = &mut run.summary.nodes[x];
             row.enable_window_ms = Some(row.enable_window_ms.map_or(ms, |m| m.max(ms)));
         }
-        run.line(
-            "enable window",
-            &format!("{a}<->{b}"),
-            format!("first encrypted reply {ms} ms after intent"),
-        );
     }
     let want = lease_sas_want(n);
     // Under emulation a pair may negotiate twice (both ends ACQUIRE) and
@@ -833,20 +830,16 @@ async fn disable(run: &mut Run<'_>, w: &mut World) -> Step {
         "-",
         "emulated ovn-controller removed intent and marks together",
     );
-    let windows = first_replies(&w.nodes, &w.pairs, Duration::from_secs(120));
-    for (k, (win, &(a, b))) in windows.iter().zip(&w.pairs.clone()).enumerate() {
-        let Some(d) = win else {
-            return fail(format!(
-                "pod {a} gets no plaintext reply from pod {b} within 120 s of intent removed"
-            ));
-        };
-        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let windows = pair_windows(
+        run,
+        w,
+        "disable window",
+        Duration::from_secs(120),
+        "plaintext",
+        "intent removed",
+    )?;
+    for (k, ms) in windows.into_iter().enumerate() {
         run.summary.pairs[k].disable_window_ms = Some(ms);
-        run.line(
-            "disable window",
-            &format!("{a}<->{b}"),
-            format!("first plaintext reply {ms} ms after intent removed"),
-        );
     }
     run.done("disable");
 
@@ -1063,17 +1056,10 @@ async fn receipt_of(cp: &ControlPlane, name: &str) -> Option<String> {
 
 /// (NB_Global.ipsec, SB_Global.ipsec) as `ovn-nbctl`/`ovn-sbctl` read them.
 fn nb_sb(cp: &ControlPlane) -> (bool, bool) {
-    let get = |tool: &str, db: String, table: &str| {
-        std::process::Command::new(tool)
-            .arg(format!("--db={db}"))
-            .args(["get", table, ".", "ipsec"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "true")
-            .unwrap_or(false)
-    };
+    let on = |out: Result<String, testbed::ovs::Error>| out.is_ok_and(|o| o.trim() == "true");
     (
-        get("ovn-nbctl", cp.central.nb.address(), "NB_Global"),
-        get("ovn-sbctl", cp.central.sb.address(), "SB_Global"),
+        on(cp.central.nb.nbctl(&["get", "NB_Global", ".", "ipsec"])),
+        on(cp.central.sb.sbctl(&["get", "SB_Global", ".", "ipsec"])),
     )
 }
 
@@ -1096,6 +1082,37 @@ fn lease_sas(n: &SimNode) -> u32 {
 
 fn lease_sas_want(nodes: usize) -> u32 {
     u32::try_from(2 * (nodes - 1)).unwrap_or(u32::MAX)
+}
+
+/// Each pair's window in ms, printed as `step`: from now (just after
+/// `since`) to pod `b`'s first (`kind`: encrypted or plaintext) reply to
+/// pod `a`; a pair with none within `limit` fails the step.
+fn pair_windows(
+    run: &mut Run<'_>,
+    w: &World,
+    step: &str,
+    limit: Duration,
+    kind: &str,
+    since: &str,
+) -> Step<Vec<u64>> {
+    let mut out = Vec::new();
+    let windows = first_replies(&w.nodes, &w.pairs, limit);
+    for (win, &(a, b)) in windows.iter().zip(&w.pairs) {
+        let Some(d) = win else {
+            return fail(format!(
+                "pod {a} gets no {kind} reply from pod {b} within {} s of {since}",
+                limit.as_secs()
+            ));
+        };
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        run.line(
+            step,
+            &format!("{a}<->{b}"),
+            format!("first {kind} reply {ms} ms after {since}"),
+        );
+        out.push(ms);
+    }
+    Ok(out)
 }
 
 /// Per pair `(a, b)`, concurrently: how long until pod `b` first answers
