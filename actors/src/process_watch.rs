@@ -199,7 +199,10 @@ where
     /// When to probe next.
     fn next_probe(&self) -> Duration {
         if self.healthy_once {
-            self.args.config.probe_period
+            let period = self.args.config.probe_period;
+            self.process
+                .probe_again_within()
+                .map_or(period, |soon| soon.min(period))
         } else {
             self.args.config.startup_probe_period
         }

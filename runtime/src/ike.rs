@@ -25,6 +25,9 @@ use kube_ovn_ipsec_api::strongswan::{LoadedCert, Status, parse_listcerts, parse_
 use crate::Error;
 use crate::process::{Launcher, ProcessSpec, Supervised};
 
+mod initiator;
+pub use self::initiator::{Initiator, is_outbound_conn, stalled_outbound};
+
 /// Timeout of one `ipsec` control command.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -59,6 +62,7 @@ pub struct IkeDaemon {
     config: IkeConfig,
     launcher: Launcher,
     process: Supervised,
+    initiator: Initiator,
 }
 
 impl IkeDaemon {
@@ -75,6 +79,7 @@ impl IkeDaemon {
             config,
             launcher,
             process,
+            initiator: Initiator::new(),
         })
     }
 
@@ -107,7 +112,10 @@ impl IkeDaemon {
     }
 
     /// Health probe: the starter runs and `ipsec statusall` answers with
-    /// charon's status (a starter without charon fails it).
+    /// charon's status (a starter without charon fails it). The status
+    /// also drives the [`Initiator`]: outbound connections that stay
+    /// without a CHILD_SA are initiated by name (a failed initiation is
+    /// logged, not a failed probe: the daemon answered).
     pub async fn probe(&mut self) -> Result<Status, Error> {
         if let Some(s) = self.process.try_exited() {
             return Err(Error::Unhealthy {
@@ -122,7 +130,20 @@ impl IkeDaemon {
                 reason: "charon does not answer (no status)".into(),
             });
         }
-        Ok(parse_status(&out))
+        let status = parse_status(&out);
+        for conn in self.initiator.plan(&status, tokio::time::Instant::now()) {
+            tracing::info!(%conn, "initiating an outbound connection that has no CHILD_SA");
+            if let Err(e) = self.ipsec(&["stroke", "up-nb", &conn]).await {
+                tracing::warn!(%conn, error = %e, "initiating an outbound connection");
+            }
+        }
+        Ok(status)
+    }
+
+    /// When the next probe is due sooner than the normal period: while an
+    /// outbound connection waits out the initiator's grace.
+    pub fn probe_again_within(&self) -> Option<Duration> {
+        self.initiator.look_again_within()
     }
 
     /// The end-entity certificates charon has loaded.

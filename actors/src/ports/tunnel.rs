@@ -5,6 +5,7 @@
 //! policy (when to arm, probe, restart, acknowledge).
 
 use std::fmt::Debug;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use kube_ovn_ipsec_api::digest::Sha256Digest;
@@ -140,6 +141,11 @@ pub trait RunningProcess: Send + Debug {
     async fn probe(&mut self) -> Result<()>;
     /// SIGTERM to its process group, SIGKILL after the grace period.
     async fn stop(&mut self) -> Result<()>;
+    /// A probe wanted sooner than the normal period (the IKE daemon while
+    /// an outbound connection waits to be initiated); `None` by default.
+    fn probe_again_within(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Starts the IKE daemon.

@@ -354,6 +354,9 @@ impl RunningProcess for RunningIke {
             .map(|_| ())
             .map_err(|e| process_err("ike", e))
     }
+    fn probe_again_within(&self) -> Option<std::time::Duration> {
+        self.0.probe_again_within()
+    }
 }
 
 #[async_trait]

@@ -1,0 +1,139 @@
+//! Which outbound connections the agent initiates itself.
+//!
+//! # Why the agent initiates
+//! Every tunnel of a node carries the node's one lease reqid (SPEC §4).
+//! strongSwan 5.9 answers a kernel ACQUIRE by the *first* trap with the
+//! acquire's reqid, and ignores further ACQUIREs of a reqid while one is
+//! pending; with two or more peers, traffic to the second peer makes
+//! charon initiate (or find established) the first peer's connection, and
+//! the second peer's outbound CHILD_SA is never negotiated: its traffic
+//! stays behind the guards, a silent blackhole (seen in the lab with three
+//! nodes, one pair dark for 300 s). Traffic can only trigger what the trap
+//! manager picks, so the agent initiates each tunnel's outbound connection
+//! by name (`ipsec stroke up-nb <tunnel>-out-<version>`) when it stays
+//! without a CHILD_SA.
+//!
+//! # When
+//! From the IKE daemon's status (the health probe's `ipsec statusall`): an
+//! outbound connection is *stalled* when it is routed (its trap is
+//! installed) and no CHILD_SA of that name exists in any other state, and
+//! no IKE_SA of that name is being set up. A connection stalled at two
+//! probes at least [`Initiator::GRACE`] apart is initiated: the grace lets
+//! an ACQUIRE that picked the right trap finish first, so the common case
+//! (one peer) negotiates once. While it stays stalled it is initiated again
+//! after 10 s, 20 s, 40 s, then every 60 s: charon retries a started
+//! initiation itself (`keyingtries=%forever`) and shows it as a connecting
+//! IKE_SA, which is never doubled. Pure: the caller passes the time and
+//! runs the commands.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube_ovn_ipsec_api::strongswan::Status;
+use tokio::time::Instant;
+
+/// Whether `conn` is the outbound connection of a tunnel as ovs-monitor-ipsec
+/// names it: `<interface>-out-<version>`.
+pub fn is_outbound_conn(conn: &str) -> bool {
+    conn.rsplit_once("-out-").is_some_and(|(ifname, version)| {
+        !ifname.is_empty() && !version.is_empty() && version.bytes().all(|b| b.is_ascii_digit())
+    })
+}
+
+/// The outbound connections `status` shows stalled: routed, with no
+/// CHILD_SA of that name in another state and no IKE_SA of that name being
+/// set up. Sorted, each once.
+pub fn stalled_outbound(status: &Status) -> Vec<String> {
+    let mut out: Vec<String> = status
+        .child_sas
+        .iter()
+        .filter(|c| c.state == "ROUTED" && is_outbound_conn(&c.conn))
+        .map(|c| c.conn.clone())
+        .filter(|conn| {
+            !status
+                .child_sas
+                .iter()
+                .any(|c| &c.conn == conn && c.state != "ROUTED")
+                && !status
+                    .ike_sas
+                    .iter()
+                    .any(|s| &s.conn == conn && s.state == "CONNECTING")
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// What the initiator knows of one stalled connection.
+#[derive(Debug, Clone, Copy)]
+struct Stalled {
+    since: Instant,
+    last_attempt: Option<Instant>,
+    attempts: u32,
+}
+
+/// Tracks stalled outbound connections across probes and says which to
+/// initiate now.
+#[derive(Debug, Default)]
+pub struct Initiator {
+    stalled: BTreeMap<String, Stalled>,
+}
+
+impl Initiator {
+    /// How long a connection stays stalled before the agent initiates it.
+    pub const GRACE: Duration = Duration::from_secs(1);
+    /// The first wait before initiating a still-stalled connection again;
+    /// doubled per attempt up to [`Initiator::MAX_RETRY`].
+    pub const FIRST_RETRY: Duration = Duration::from_secs(10);
+    /// The longest wait between two initiations of one connection.
+    pub const MAX_RETRY: Duration = Duration::from_secs(60);
+
+    /// A fresh initiator (no connection seen yet).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes one status, seen at `now`, and returns the connections to
+    /// initiate now. Connections no longer stalled are forgotten.
+    pub fn plan(&mut self, status: &Status, now: Instant) -> Vec<String> {
+        let stalled = stalled_outbound(status);
+        self.stalled.retain(|conn, _| stalled.contains(conn));
+        let mut due = Vec::new();
+        for conn in stalled {
+            let entry = self.stalled.entry(conn.clone()).or_insert(Stalled {
+                since: now,
+                last_attempt: None,
+                attempts: 0,
+            });
+            let ready = match entry.last_attempt {
+                None => now.duration_since(entry.since) >= Self::GRACE,
+                Some(last) => now.duration_since(last) >= Self::retry_after(entry.attempts),
+            };
+            if ready {
+                entry.last_attempt = Some(now);
+                entry.attempts += 1;
+                due.push(conn);
+            }
+        }
+        due
+    }
+
+    /// When the caller should look again (probe early): while a stalled
+    /// connection waits out its grace, after it; otherwise `None`.
+    pub fn look_again_within(&self) -> Option<Duration> {
+        self.stalled
+            .values()
+            .any(|s| s.last_attempt.is_none())
+            .then_some(Self::GRACE)
+    }
+
+    /// The wait after `attempts` initiations.
+    fn retry_after(attempts: u32) -> Duration {
+        let doublings = attempts.saturating_sub(1).min(8);
+        (Self::FIRST_RETRY * 2u32.pow(doublings)).min(Self::MAX_RETRY)
+    }
+}
+
+#[cfg(test)]
+mod tests;
