@@ -40,9 +40,26 @@ pub fn is_outbound_conn(conn: &str) -> bool {
     })
 }
 
+/// The tunnel (OVS interface) a connection of ovs-monitor-ipsec belongs
+/// to: its name without `-in-<ver>`, `-out-<ver>` or `-<ver>`.
+fn tunnel_of(conn: &str) -> &str {
+    let Some((rest, version)) = conn.rsplit_once('-') else {
+        return conn;
+    };
+    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) {
+        return conn;
+    }
+    rest.strip_suffix("-in")
+        .or_else(|| rest.strip_suffix("-out"))
+        .unwrap_or(rest)
+}
+
 /// The outbound connections `status` shows stalled: routed, with no
-/// CHILD_SA of that name in another state and no IKE_SA of that name being
-/// set up. Sorted, each once.
+/// CHILD_SA of that name in another state and no IKE_SA of the same
+/// tunnel being set up (charon's stroke backend merges a tunnel's `-in-`
+/// and `-out-` connections of one version into one peer configuration, so
+/// the IKE_SA that will carry this CHILD_SA may show the other name).
+/// Sorted, each once.
 pub fn stalled_outbound(status: &Status) -> Vec<String> {
     let mut out: Vec<String> = status
         .child_sas
@@ -57,7 +74,7 @@ pub fn stalled_outbound(status: &Status) -> Vec<String> {
                 && !status
                     .ike_sas
                     .iter()
-                    .any(|s| &s.conn == conn && s.state == "CONNECTING")
+                    .any(|s| tunnel_of(&s.conn) == tunnel_of(conn) && s.state == "CONNECTING")
         })
         .collect();
     out.sort();

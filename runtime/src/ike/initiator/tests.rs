@@ -41,6 +41,17 @@ fn outbound_connections_are_named_out_and_a_version() {
 }
 
 #[test]
+fn a_tunnel_is_its_connection_name_without_direction_and_version() {
+    assert_eq!(tunnel_of("ovn-bbbbbb-0-out-12"), "ovn-bbbbbb-0");
+    assert_eq!(tunnel_of("ovn-bbbbbb-0-in-1"), "ovn-bbbbbb-0");
+    assert_eq!(tunnel_of("gre_sys-3"), "gre_sys");
+    assert_eq!(
+        tunnel_of("prevent_unencrypted_geneve"),
+        "prevent_unencrypted_geneve"
+    );
+}
+
+#[test]
 fn only_the_dark_outbound_connection_is_stalled() {
     let status = parse_status(TWO_PEERS_ONE_DARK);
     assert_eq!(stalled_outbound(&status), vec!["ovn-cccccc-0-out-1"]);
@@ -52,6 +63,19 @@ fn a_connecting_ike_sa_or_a_child_in_any_state_is_not_stalled() {
         "{TWO_PEERS_ONE_DARK}ovn-cccccc-0-out-1[3]: CONNECTING, 10.77.0.1[%any]...10.77.0.3[%any]\n"
     );
     assert!(stalled_outbound(&parse_status(&connecting)).is_empty());
+    // The tunnel's merged configuration shows the IKE_SA under `-in-`.
+    let merged = format!(
+        "{TWO_PEERS_ONE_DARK}ovn-cccccc-0-in-1[3]: CONNECTING, 10.77.0.1[%any]...10.77.0.3[%any]\n"
+    );
+    assert!(stalled_outbound(&parse_status(&merged)).is_empty());
+    // Another tunnel's connecting IKE_SA does not hold this one back.
+    let other = format!(
+        "{TWO_PEERS_ONE_DARK}ovn-bbbbbb-0-in-2[3]: CONNECTING, 10.77.0.1[%any]...10.77.0.2[%any]\n"
+    );
+    assert_eq!(
+        stalled_outbound(&parse_status(&other)),
+        vec!["ovn-cccccc-0-out-1"]
+    );
     let rekeying =
         format!("{TWO_PEERS_ONE_DARK}ovn-cccccc-0-out-1{{7}}:  REKEYING, TRANSPORT, reqid 4242\n");
     assert!(stalled_outbound(&parse_status(&rekeying)).is_empty());
