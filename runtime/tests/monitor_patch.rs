@@ -4,7 +4,7 @@
 //!
 //! - the patch applies to Debian's script exactly (no fuzz, no offset);
 //! - detection: the Debian script is `Unpatched`, the patched copy
-//!   `Patched { version: 1 }`;
+//!   `Patched { version: 2 }`;
 //! - unpatched monitor: without the CA copy IKE fails to authenticate; with
 //!   it an IKE_SA comes up and adding one unrelated tunnel deletes it
 //!   (demonstrates the defect; fails loudly once Debian fixes it);
