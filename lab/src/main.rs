@@ -40,11 +40,8 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct UpCli {
-    /// Simulated nodes. Two by default: with three or more, a pair can
-    /// stay dark because every tunnel of a node shares its lease's reqid
-    /// and strongSwan picks one trap per reqid for every ACQUIRE (the
-    /// lab's finding, docs/lab.md).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=20))]
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=20))]
     nodes: u16,
     /// The summary as JSON on stdout (progress goes to stderr).
     #[arg(long)]
@@ -58,6 +55,11 @@ struct UpCli {
     /// The probe streams' interval, in milliseconds.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(50..=5000))]
     probe_interval_ms: u64,
+    /// Keep the nodes' logs (agent, controller, charon, monitor,
+    /// vswitchd) after a run that passed, as a failed run keeps them;
+    /// `down` removes them.
+    #[arg(long)]
+    keep_logs: bool,
     /// Run here and report on the console (what `up` runs inside the guest).
     #[arg(long, hide = true)]
     in_guest: bool,
@@ -109,6 +111,7 @@ async fn up(cli: UpCli) -> anyhow::Result<()> {
         certificate_lifetime: cli.certificate_lifetime,
         probe_interval: std::time::Duration::from_millis(cli.probe_interval_ms),
         json: cli.json,
+        keep_logs: cli.keep_logs,
     };
     if cli.in_guest {
         let summary = lab::up::in_guest(&args, cli.kernel_description, cli.dir).await;

@@ -129,9 +129,8 @@ pub struct Figures {
     pub up_to_enabled_s: Option<f64>,
     /// From `up` to ESP SAs between every pair, seconds.
     pub up_to_sas_s: Option<f64>,
-    /// One IKE_SA plus CHILD_SA negotiation, measured the way the enable
-    /// window is (trap, ACQUIRE, first reply) on a pair whose SAs were
-    /// taken down, ms.
+    /// One IKE_SA with its two CHILD_SAs negotiated on a pair whose SAs
+    /// were taken down, initiated by name, to the first reply.
     pub negotiation_ms: Option<u64>,
     /// Echoes lost across the renewal (target 0).
     pub renewal_lost: Option<u32>,

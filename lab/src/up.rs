@@ -37,6 +37,9 @@ pub struct UpArgs {
     pub probe_interval: Duration,
     /// Progress lines to stderr (stdout carries JSON).
     pub json: bool,
+    /// Keep the logs of a run that passed too (a failed run's always
+    /// stay); `down` or the next `up` removes them.
+    pub keep_logs: bool,
 }
 
 /// Why `up` could not run the lifecycle at all.
@@ -169,7 +172,7 @@ pub async fn up(args: &UpArgs) -> Result<Summary, UpError> {
     }
     let outcome = run_on(choice, args, &dir, &run_dir, &lock, &mut state).await;
     let failed = !matches!(&outcome, Ok(s) if s.failed.is_none());
-    if failed {
+    if failed || args.keep_logs {
         // The logs of a failed run stay for the operator; the state names
         // them, so `down` (or the next `up`) removes them.
         let _ = lock.record(&state);

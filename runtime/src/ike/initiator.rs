@@ -55,8 +55,11 @@ fn tunnel_of(conn: &str) -> &str {
 }
 
 /// The outbound connections `status` shows stalled: routed, with no
-/// CHILD_SA of that name in another state and no IKE_SA of the same
-/// tunnel being set up (charon's stroke backend merges a tunnel's `-in-`
+/// CHILD_SA of that name in another state, no outbound CHILD_SA of the
+/// same tunnel up under another version (the patched monitor keeps the
+/// established one while it replaces a tunnel, and keeps it for good when
+/// charon refuses the new one as a duplicate of an identical
+/// configuration), and no IKE_SA of the same tunnel being set up (charon's stroke backend merges a tunnel's `-in-`
 /// and `-out-` connections of one version into one peer configuration, so
 /// the IKE_SA that will carry this CHILD_SA may show the other name).
 /// Sorted, each once.
@@ -67,14 +70,14 @@ pub fn stalled_outbound(status: &Status) -> Vec<String> {
         .filter(|c| c.state == "ROUTED" && is_outbound_conn(&c.conn))
         .map(|c| c.conn.clone())
         .filter(|conn| {
-            !status
-                .child_sas
+            !status.child_sas.iter().any(|c| {
+                c.state != "ROUTED"
+                    && (&c.conn == conn
+                        || (is_outbound_conn(&c.conn) && tunnel_of(&c.conn) == tunnel_of(conn)))
+            }) && !status
+                .ike_sas
                 .iter()
-                .any(|c| &c.conn == conn && c.state != "ROUTED")
-                && !status
-                    .ike_sas
-                    .iter()
-                    .any(|s| tunnel_of(&s.conn) == tunnel_of(conn) && s.state == "CONNECTING")
+                .any(|s| tunnel_of(&s.conn) == tunnel_of(conn) && s.state == "CONNECTING")
         })
         .collect();
     out.sort();

@@ -79,6 +79,15 @@ fn a_connecting_ike_sa_or_a_child_in_any_state_is_not_stalled() {
     let rekeying =
         format!("{TWO_PEERS_ONE_DARK}ovn-cccccc-0-out-1{{7}}:  REKEYING, TRANSPORT, reqid 4242\n");
     assert!(stalled_outbound(&parse_status(&rekeying)).is_empty());
+    // The previous version's outbound CHILD_SA still carries the tunnel
+    // (a replacement in progress, or kept by the monitor).
+    let older =
+        format!("{TWO_PEERS_ONE_DARK}ovn-cccccc-0-out-0{{7}}:  INSTALLED, TRANSPORT, reqid 4242\n");
+    assert!(stalled_outbound(&parse_status(&older)).is_empty());
+    // ...but not its inbound one.
+    let inbound =
+        format!("{TWO_PEERS_ONE_DARK}ovn-cccccc-0-in-0{{7}}:  INSTALLED, TRANSPORT, reqid 4242\n");
+    assert_eq!(stalled_outbound(&parse_status(&inbound)).len(), 1);
 }
 
 #[test]
