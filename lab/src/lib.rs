@@ -21,14 +21,11 @@
 //!   management, played in each node's OVSDB.
 //! - [`state`]: one lab at a time (a lock in [`state::RUN_DIR`]) and a
 //!   `down` that removes what a lab made, also after it crashed.
-//! - [`demo`]: the old quick demo on the real OVS/OVN databases and
-//!   ovn-northd (no kernel needed).
 //! - `main.rs`: the `kube-ovn-ipsec-lab` binary, a thin subcommand
-//!   dispatcher (`up`, `status`, `down`, `demo`, and `apiserver` to run the
+//!   dispatcher (`up`, `status`, `down`, and `apiserver` to run the
 //!   embedded API server on its own).
 
 pub mod cluster;
-pub mod demo;
 pub mod emulated_ovn_controller;
 pub mod lifecycle;
 pub mod node;

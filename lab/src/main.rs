@@ -31,9 +31,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Start the real OVS and OVN databases and ovn-northd, activate an
-    /// identity generation and flip the NB/SB ipsec switch, printing each step.
-    Demo,
     /// Run the embedded Kubernetes API server until SIGTERM or ctrl-c.
     Apiserver(ApiserverArgs),
 }
@@ -205,7 +202,6 @@ async fn main() -> std::process::ExitCode {
         Command::Up(cli) => up(cli).await,
         Command::Down => down(),
         Command::Status { json } => status(json),
-        Command::Demo => demo().await,
         Command::Apiserver(args) => apiserver(args).await,
     };
     match outcome {
@@ -216,10 +212,4 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-async fn demo() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir().context("creating the lab's temporary directory")?;
-    lab::demo::run(dir.path()).await?;
-    Ok(())
 }
