@@ -55,6 +55,9 @@ pub struct Options {
     pub kernel: String,
     /// Where the lab's files go.
     pub dir: PathBuf,
+    /// Where the operator finds the logs of a failed run: `dir`, or in the
+    /// guest the host's lab directory they are copied to.
+    pub logs: PathBuf,
 }
 
 /// Where a run's progress goes.
@@ -173,7 +176,7 @@ pub async fn run(opts: &Options, bins: &Binaries, report: &mut dyn Report) -> Su
                 run.line(
                     &step,
                     "-",
-                    format!("logs and diagnostics under {}", opts.dir.display()),
+                    format!("logs and diagnostics under {}", opts.logs.display()),
                 );
             }
             run.summary.failed = Some(Failure { step, reason });

@@ -216,6 +216,7 @@ async fn run_on(
                 kernel: "this host's kernel (it has ESP, GENEVE and the OVS kernel datapath)"
                     .into(),
                 dir: dir.to_path_buf(),
+                logs: dir.to_path_buf(),
             };
             lifecycle::run(&opts, &bins, &mut report).await
         }
@@ -304,6 +305,10 @@ async fn run_on(
             let recorded = tokio::task::spawn_blocking(move || recorder.join().ok().flatten());
             if let Ok(Some(p)) = recorded.await {
                 state.guest = Some(p);
+                // qemu's work directory (its initramfs) is removed by the
+                // guest run when it ends; recorded, `down` removes it after
+                // a SIGKILL of this process too.
+                state.dirs.extend(guest_work_dir(p.pid));
                 lock.record(state)?;
             }
             let (r, last) = guest.await.map_err(|e| UpError::Io {
@@ -337,6 +342,7 @@ pub async fn in_guest(args: &UpArgs, kernel: String, share: PathBuf) -> Summary 
         probe_interval: args.probe_interval,
         kernel,
         dir: dir.clone(),
+        logs: share.clone(),
     };
     let mut report = ConsoleReport;
     let bins = match Binaries::beside_current_exe() {
@@ -356,6 +362,21 @@ pub async fn in_guest(args: &UpArgs, kernel: String, share: PathBuf) -> Summary 
     let summary = lifecycle::run(&opts, &bins, &mut report).await;
     copy_logs(&dir, &share);
     summary
+}
+
+/// The work directory of the guest run whose qemu is `pid`: the parent of
+/// its `-initrd`, when that is one of `testbed::guest`'s `koi-guest-`
+/// directories.
+fn guest_work_dir(pid: u32) -> Option<PathBuf> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut args = cmdline.split(|b| *b == 0);
+    args.find(|a| *a == b"-initrd")?;
+    let initrd = PathBuf::from(String::from_utf8_lossy(args.next()?).into_owned());
+    let work = initrd.parent()?;
+    work.file_name()?
+        .to_str()?
+        .starts_with("koi-guest-")
+        .then(|| work.to_path_buf())
 }
 
 /// Copies the logs under `from` (`*.log`, `*.out`, `*.txt`; never keys,
