@@ -59,7 +59,8 @@ trap 'rm -f "$runner" "$log"' EXIT
 
 # The tests find their fixtures relative to the runtime crate, as under cargo.
 set +e
-(cd runtime && RUST_BACKTRACE=0 ../target/debug/koi-kernel-run --timeout 2100 -- sh "$runner") 2>&1 \
+kernel_run=$(realpath "${CARGO_TARGET_DIR:-target}/debug/koi-kernel-run")
+(cd runtime && RUST_BACKTRACE=0 "$kernel_run" --timeout 2100 -- sh "$runner") 2>&1 \
   | grep -av '^\[ *[0-9.]*\]' | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e

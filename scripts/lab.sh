@@ -17,4 +17,4 @@ cargo build --release --locked -p kube-ovn-ipsec-lab -p kube-ovn-ipsec-runtime -
 # `up` fetches the full kernel itself when this one lacks ESP, GENEVE or
 # openvswitch (once, into its cache).
 if [ "$#" -eq 0 ]; then set -- up; fi
-exec ./target/release/kube-ovn-ipsec-lab "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/kube-ovn-ipsec-lab" "$@"

@@ -31,7 +31,7 @@ done
 
 echo "== the full kernel for the kernel checks (fetched once into its cache)"
 cargo build --locked -q -p testbed --bin koi-kernel-run
-target/debug/koi-kernel-run --prepare
+"${CARGO_TARGET_DIR:-target}/debug/koi-kernel-run" --prepare
 
 echo "== cargo test (real daemons; a missing program fails by name)"
 # Two test threads: the machine has two cores, and the integration tests start
