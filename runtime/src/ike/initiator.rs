@@ -32,26 +32,31 @@ use std::time::Duration;
 use kube_ovn_ipsec_api::strongswan::Status;
 use tokio::time::Instant;
 
+/// A connection name as ovs-monitor-ipsec writes it — `<tunnel>-in-<v>`,
+/// `<tunnel>-out-<v>`, or `<tunnel>-<v>` for gre — split into its tunnel
+/// (the OVS interface) and whether it is the outbound connection.
+fn split_conn(conn: &str) -> Option<(&str, bool)> {
+    let (rest, version) = conn.rsplit_once('-')?;
+    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (tunnel, outbound) = match rest.strip_suffix("-out") {
+        Some(tunnel) => (tunnel, true),
+        None => (rest.strip_suffix("-in").unwrap_or(rest), false),
+    };
+    (!tunnel.is_empty()).then_some((tunnel, outbound))
+}
+
 /// Whether `conn` is the outbound connection of a tunnel as ovs-monitor-ipsec
 /// names it: `<interface>-out-<version>`.
 pub fn is_outbound_conn(conn: &str) -> bool {
-    conn.rsplit_once("-out-").is_some_and(|(ifname, version)| {
-        !ifname.is_empty() && !version.is_empty() && version.bytes().all(|b| b.is_ascii_digit())
-    })
+    split_conn(conn).is_some_and(|(_, outbound)| outbound)
 }
 
-/// The tunnel (OVS interface) a connection of ovs-monitor-ipsec belongs
-/// to: its name without `-in-<ver>`, `-out-<ver>` or `-<ver>`.
+/// The tunnel a connection of ovs-monitor-ipsec belongs to (the name
+/// itself when it is not one of the monitor's).
 fn tunnel_of(conn: &str) -> &str {
-    let Some((rest, version)) = conn.rsplit_once('-') else {
-        return conn;
-    };
-    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) {
-        return conn;
-    }
-    rest.strip_suffix("-in")
-        .or_else(|| rest.strip_suffix("-out"))
-        .unwrap_or(rest)
+    split_conn(conn).map_or(conn, |(tunnel, _)| tunnel)
 }
 
 /// The outbound connections `status` shows stalled: routed, with no
@@ -59,9 +64,10 @@ fn tunnel_of(conn: &str) -> &str {
 /// same tunnel up under another version (the patched monitor keeps the
 /// established one while it replaces a tunnel, and keeps it for good when
 /// charon refuses the new one as a duplicate of an identical
-/// configuration), and no IKE_SA of the same tunnel being set up (charon's stroke backend merges a tunnel's `-in-`
-/// and `-out-` connections of one version into one peer configuration, so
-/// the IKE_SA that will carry this CHILD_SA may show the other name).
+/// configuration), and no IKE_SA of the same tunnel being set up
+/// (charon's stroke backend merges a tunnel's `-in-` and `-out-`
+/// connections of one version into one peer configuration, so the IKE_SA
+/// that will carry this CHILD_SA may show the other name).
 /// Sorted, each once.
 pub fn stalled_outbound(status: &Status) -> Vec<String> {
     let mut out: Vec<String> = status
@@ -72,8 +78,7 @@ pub fn stalled_outbound(status: &Status) -> Vec<String> {
         .filter(|conn| {
             !status.child_sas.iter().any(|c| {
                 c.state != "ROUTED"
-                    && (&c.conn == conn
-                        || (is_outbound_conn(&c.conn) && tunnel_of(&c.conn) == tunnel_of(conn)))
+                    && (&c.conn == conn || split_conn(&c.conn) == Some((tunnel_of(conn), true)))
             }) && !status
                 .ike_sas
                 .iter()
