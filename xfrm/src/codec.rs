@@ -35,6 +35,7 @@ pub const XFRM_MSG_GETSA: u16 = 0x12;
 pub const XFRM_MSG_NEWPOLICY: u16 = 0x13;
 /// `XFRM_MSG_GETPOLICY`.
 pub const XFRM_MSG_GETPOLICY: u16 = 0x15;
+const XFRMA_ENCAP: u16 = 4;
 const XFRMA_MARK: u16 = 21;
 const XFRMA_IF_ID: u16 = 31;
 const NLMSG_HDRLEN: usize = 16;
@@ -418,6 +419,7 @@ pub fn parse_state(body: &[u8]) -> Result<State, CodecError> {
         bytes: info.lifetime_cur.bytes,
         packets: info.lifetime_cur.packets,
         seq: info.seq,
+        encap: false,
     };
     let mut rest = body.get(USERSA_INFO_LEN..).unwrap_or_default();
     while rest.len() >= 4 {
@@ -434,6 +436,8 @@ pub fn parse_state(body: &[u8]) -> Result<State, CodecError> {
                     mask: u32::from_ne_bytes([value[4], value[5], value[6], value[7]]),
                 })
             }
+            // Only its presence: the SA is UDP-encapsulated (NAT-T).
+            (XFRMA_ENCAP, _) => state.encap = true,
             (XFRMA_IF_ID, 4) => {
                 state.if_id = u32::from_ne_bytes([value[0], value[1], value[2], value[3]])
             }

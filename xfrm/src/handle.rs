@@ -7,7 +7,6 @@
 //! socket belongs to the namespace it was created in, for its whole life).
 //! An actor calls it from `spawn_blocking` or holds it in a dedicated task.
 
-use std::fs::File;
 use std::io;
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_XFRM};
@@ -56,17 +55,23 @@ const LARVAL_SPI_MIN: u32 = 0x100;
 
 /// A `NETLINK_XFRM` socket of one network namespace.
 pub struct XfrmHandle {
-    socket: Socket,
-    seq: u32,
-    buf: Vec<u8>,
+    nl: Netlink,
 }
 
 impl std::fmt::Debug for XfrmHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("XfrmHandle")
-            .field("seq", &self.seq)
+            .field("seq", &self.nl.seq)
             .finish()
     }
+}
+
+/// A blocking netlink socket with its request sequence and receive buffer:
+/// what [`XfrmHandle`] and [`crate::link::LinkHandle`] share.
+pub(crate) struct Netlink {
+    socket: Socket,
+    seq: u32,
+    buf: Vec<u8>,
 }
 
 fn netlink_err(what: &'static str) -> impl FnOnce(io::Error) -> Error {
@@ -76,13 +81,29 @@ fn netlink_err(what: &'static str) -> impl FnOnce(io::Error) -> Error {
 impl XfrmHandle {
     /// Opens a socket in the calling thread's network namespace.
     pub fn open() -> Result<Self, Error> {
-        let mut socket = Socket::new(NETLINK_XFRM).map_err(netlink_err("open NETLINK_XFRM"))?;
+        Ok(Self {
+            nl: Netlink::open(NETLINK_XFRM)?,
+        })
+    }
+
+    /// Opens a socket in the named network namespace (`/run/netns/<name>`,
+    /// as `ip netns add` creates them): a helper thread enters the namespace,
+    /// opens the socket and exits; the socket stays in that namespace.
+    pub fn in_netns(name: &str) -> Result<Self, Error> {
+        crate::netns::run_in(name, XfrmHandle::open)
+    }
+}
+
+impl Netlink {
+    /// Opens a socket of `protocol` in the calling thread's namespace.
+    pub(crate) fn open(protocol: isize) -> Result<Self, Error> {
+        let mut socket = Socket::new(protocol).map_err(netlink_err("open netlink socket"))?;
         socket
             .bind_auto()
-            .map_err(netlink_err("bind NETLINK_XFRM"))?;
+            .map_err(netlink_err("bind netlink socket"))?;
         socket
             .connect(&SocketAddr::new(0, 0))
-            .map_err(netlink_err("connect NETLINK_XFRM"))?;
+            .map_err(netlink_err("connect netlink socket"))?;
         // Dumps of many policies arrive in many datagrams; a larger receive
         // buffer avoids ENOBUFS when the reader is briefly descheduled.
         let _ = socket.set_rx_buf_sz(4 * 1024 * 1024);
@@ -93,44 +114,19 @@ impl XfrmHandle {
         })
     }
 
-    /// Opens a socket in the named network namespace (`/run/netns/<name>`,
-    /// as `ip netns add` creates them): a helper thread enters the namespace,
-    /// opens the socket and exits; the socket stays in that namespace.
-    pub fn in_netns(name: &str) -> Result<Self, Error> {
-        let path = std::path::Path::new("/run/netns").join(name);
-        let file = File::open(&path).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
-        std::thread::spawn(move || {
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
-                Error::Netlink {
-                    what: "setns into the network namespace",
-                    source: e.into(),
-                }
-            })?;
-            XfrmHandle::open()
-        })
-        .join()
-        .map_err(|_| Error::Netlink {
-            what: "namespace helper thread",
-            source: io::Error::other("panicked"),
-        })?
-    }
-
-    fn next_seq(&mut self) -> u32 {
+    pub(crate) fn next_seq(&mut self) -> u32 {
         self.seq = self.seq.wrapping_add(1).max(1);
         self.seq
     }
 
-    fn send(&self, what: &'static str, req: &[u8]) -> Result<(), Error> {
+    pub(crate) fn send(&self, what: &'static str, req: &[u8]) -> Result<(), Error> {
         self.socket.send(req, 0).map_err(netlink_err(what))?;
         Ok(())
     }
 
     /// Receives replies to `seq` until `done` says stop; `on_msg` sees each
     /// non-control message (type, body).
-    fn receive(
+    pub(crate) fn receive(
         &mut self,
         what: &'static str,
         seq: u32,
@@ -178,15 +174,17 @@ impl XfrmHandle {
             }
         }
     }
+}
 
+impl XfrmHandle {
     fn get_policy(&mut self, probe: &Policy, by_index: bool) -> Result<Option<Policy>, Error> {
-        let seq = self.next_seq();
-        self.send(
+        let seq = self.nl.next_seq();
+        self.nl.send(
             "get policy",
             &codec::get_policy_request(probe, by_index, seq),
         )?;
         let mut found = None;
-        match self.receive("get policy", seq, false, |t, body| {
+        match self.nl.receive("get policy", seq, false, |t, body| {
             if t == XFRM_MSG_NEWPOLICY {
                 found = Some(codec::parse_policy(body).map_err(Error::Codec)?);
             }
@@ -207,13 +205,13 @@ fn libc_enoent() -> i32 {
 
 impl Xfrm for XfrmHandle {
     fn dump_policies(&mut self) -> Result<Vec<Policy>, Error> {
-        let seq = self.next_seq();
-        self.send(
+        let seq = self.nl.next_seq();
+        self.nl.send(
             "dump policies",
             &codec::dump_request(codec::XFRM_MSG_GETPOLICY, seq),
         )?;
         let mut out = Vec::new();
-        self.receive("dump policies", seq, true, |t, body| {
+        self.nl.receive("dump policies", seq, true, |t, body| {
             if t == XFRM_MSG_NEWPOLICY {
                 out.push(codec::parse_policy(body).map_err(Error::Codec)?);
             }
@@ -223,13 +221,13 @@ impl Xfrm for XfrmHandle {
     }
 
     fn dump_states(&mut self) -> Result<Vec<State>, Error> {
-        let seq = self.next_seq();
-        self.send(
+        let seq = self.nl.next_seq();
+        self.nl.send(
             "dump states",
             &codec::dump_request(codec::XFRM_MSG_GETSA, seq),
         )?;
         let mut out = Vec::new();
-        self.receive("dump states", seq, true, |t, body| {
+        self.nl.receive("dump states", seq, true, |t, body| {
             if t == XFRM_MSG_NEWSA {
                 out.push(codec::parse_state(body).map_err(Error::Codec)?);
             }
@@ -247,9 +245,10 @@ impl Xfrm for XfrmHandle {
     }
 
     fn add_policy(&mut self, policy: &Policy) -> Result<AddOutcome, Error> {
-        let seq = self.next_seq();
-        self.send("add policy", &codec::add_policy_request(policy, seq))?;
-        match self.receive("add policy", seq, false, |_, _| Ok(())) {
+        let seq = self.nl.next_seq();
+        self.nl
+            .send("add policy", &codec::add_policy_request(policy, seq))?;
+        match self.nl.receive("add policy", seq, false, |_, _| Ok(())) {
             Ok(()) => {}
             Err(Error::Netlink { source, .. })
                 if source.raw_os_error() == Some(nix::errno::Errno::EEXIST as i32) =>
@@ -268,8 +267,9 @@ impl Xfrm for XfrmHandle {
     }
 
     fn delete_policy(&mut self, policy: &Policy) -> Result<bool, Error> {
-        let seq = self.next_seq();
-        self.send("delete policy", &codec::delete_policy_request(policy, seq))?;
+        let seq = self.nl.next_seq();
+        self.nl
+            .send("delete policy", &codec::delete_policy_request(policy, seq))?;
         self.acked_delete("delete policy", seq)
     }
 
@@ -280,13 +280,13 @@ impl Xfrm for XfrmHandle {
             // this range), then delete it by that identity. A larval state
             // that expired meanwhile is re-created by the request and
             // deleted right after: nothing remains either way.
-            let seq = self.next_seq();
-            self.send(
+            let seq = self.nl.next_seq();
+            self.nl.send(
                 "allocate an SPI",
                 &codec::alloc_spi_request(state, LARVAL_SPI_MIN, u32::MAX, seq),
             )?;
             let mut given = None;
-            self.receive("allocate an SPI", seq, false, |t, body| {
+            self.nl.receive("allocate an SPI", seq, false, |t, body| {
                 if t == XFRM_MSG_NEWSA {
                     given = Some(codec::parse_state(body).map_err(Error::Codec)?);
                 }
@@ -299,8 +299,9 @@ impl Xfrm for XfrmHandle {
         } else {
             state.clone()
         };
-        let seq = self.next_seq();
-        self.send("delete state", &codec::delete_state_request(&named, seq))?;
+        let seq = self.nl.next_seq();
+        self.nl
+            .send("delete state", &codec::delete_state_request(&named, seq))?;
         self.acked_delete("delete state", seq)
     }
 }
@@ -310,7 +311,7 @@ impl XfrmHandle {
     /// the kernel had nothing to delete (`ENOENT`, e.g. it expired or a
     /// previous run already deleted it).
     fn acked_delete(&mut self, what: &'static str, seq: u32) -> Result<bool, Error> {
-        match self.receive(what, seq, false, |_, _| Ok(())) {
+        match self.nl.receive(what, seq, false, |_, _| Ok(())) {
             Ok(()) => Ok(true),
             // ENOENT (policies) or ESRCH (SAs): nothing by that identity.
             Err(Error::Netlink { source, .. })

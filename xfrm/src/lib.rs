@@ -15,7 +15,11 @@
 //!   re-adding a vanished guard, withdrawal of exactly a lease's guards.
 //! - [`alloc`]: a mark and reqid that alias nothing in the kernel.
 //! - [`stat`]: the kernel's XFRM error counters (`/proc/net/xfrm_stat`),
-//!   parsed.
+//!   parsed, and the file kept open in a namespace.
+//! - [`link`]: interface MTUs and addresses over netlink route — what the
+//!   MTU check of the encrypted overlay needs (not XFRM, but the same
+//!   socket machinery and namespace handling).
+//! - [`netns`]: opening a socket or file inside another network namespace.
 //! - [`Error`]: the crate's one error type.
 //!
 //! What a lease *is* (its id, its Node UID, its file and its OVSDB
@@ -27,7 +31,9 @@ pub mod codec;
 mod error;
 pub mod guard;
 pub mod handle;
+pub mod link;
 pub mod model;
+pub mod netns;
 pub mod stat;
 
 pub use error::Error;

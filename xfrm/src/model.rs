@@ -266,6 +266,10 @@ pub struct State {
     /// 0 otherwise.
     #[serde(default)]
     pub seq: u32,
+    /// Whether the SA is UDP-encapsulated (NAT-T, `XFRMA_ENCAP`): ESP then
+    /// costs 8 more bytes per packet.
+    #[serde(default)]
+    pub encap: bool,
 }
 
 impl State {

@@ -9,15 +9,15 @@
 //! `XfrmInNoStates` when ESP arrives for an SA this node no longer has.
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
 
-/// Outbound packets dropped by a `block` policy — the guards' drops.
-pub const OUT_POL_BLOCK: &str = "XfrmOutPolBlock";
-/// Outbound packets with a matching policy but no usable state.
-pub const OUT_NO_STATES: &str = "XfrmOutNoStates";
-/// Inbound ESP for which no state exists.
-pub const IN_NO_STATES: &str = "XfrmInNoStates";
-/// Inbound packets that needed a policy's SA but arrived without one.
-pub const IN_TMPL_MISMATCH: &str = "XfrmInTmplMismatch";
+use crate::Error;
+
+pub use kube_ovn_ipsec_api::datapath::{
+    IN_NO_STATES, IN_TMPL_MISMATCH, OUT_NO_STATES, OUT_POL_BLOCK,
+};
 
 /// One reading of the counters, by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,8 +73,7 @@ impl XfrmStats {
         self.0
             .iter()
             .filter_map(|(name, now)| {
-                let before = earlier.get(name);
-                let grew = if *now >= before { now - before } else { *now };
+                let grew = kube_ovn_ipsec_api::datapath::counter_growth(earlier.get(name), *now);
                 (grew > 0).then(|| (name.clone(), grew))
             })
             .collect()
@@ -83,6 +82,59 @@ impl XfrmStats {
     /// Every counter, by name.
     pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
         self.0.iter().map(|(k, v)| (k.as_str(), *v))
+    }
+
+    /// The counters as a map, by name.
+    pub fn into_map(self) -> BTreeMap<String, u64> {
+        self.0
+    }
+}
+
+/// The counters file of one network namespace, kept open: the file shows
+/// the namespace of the thread that opened it, whichever thread reads it
+/// later, and is read again from the start for each sample.
+#[derive(Debug)]
+pub struct StatFile {
+    file: File,
+}
+
+/// Where the calling thread's counters are.
+const STAT_PATH: &str = "/proc/thread-self/net/xfrm_stat";
+
+impl StatFile {
+    /// Opens the counters of the named network namespace (`None`: the
+    /// calling thread's). `Ok(None)` when the kernel keeps none
+    /// (`CONFIG_XFRM_STATISTICS` off): the data path is then judged from
+    /// SA counters alone.
+    pub fn open(netns: Option<&str>) -> Result<Option<Self>, Error> {
+        let open = || match File::open(STAT_PATH) {
+            Ok(file) => Ok(Some(StatFile { file })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(Error::Io {
+                path: PathBuf::from(STAT_PATH),
+                source,
+            }),
+        };
+        match netns {
+            Some(name) => crate::netns::run_in(name, open),
+            None => open(),
+        }
+    }
+
+    /// Reads the counters now. A file that does not parse is an error
+    /// naming the line, never a silently missing counter.
+    pub fn read(&mut self) -> Result<XfrmStats, Error> {
+        let io = |source| Error::Io {
+            path: PathBuf::from(STAT_PATH),
+            source,
+        };
+        self.file.seek(SeekFrom::Start(0)).map_err(io)?;
+        let mut text = String::new();
+        self.file.read_to_string(&mut text).map_err(io)?;
+        XfrmStats::parse(&text).map_err(|e| Error::Io {
+            path: PathBuf::from(STAT_PATH),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        })
     }
 }
 
@@ -115,6 +167,18 @@ mod tests {
         assert_eq!(g[OUT_NO_STATES], 1);
         // A reset counter counts from zero, never underflows.
         assert_eq!(before.growth_since(&after)[OUT_POL_BLOCK], 12);
+    }
+
+    #[test]
+    fn the_open_file_is_read_again_from_the_start() {
+        let Some(mut f) = StatFile::open(None).unwrap() else {
+            return; // a kernel without XFRM statistics
+        };
+        let first = f.read().unwrap();
+        let second = f.read().unwrap();
+        assert!(first.get(OUT_POL_BLOCK) <= second.get(OUT_POL_BLOCK));
+        assert_eq!(first.iter().count(), second.iter().count());
+        assert!(first.iter().count() > 10, "{first:?}");
     }
 
     #[test]

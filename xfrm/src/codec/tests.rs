@@ -114,6 +114,7 @@ fn delete_state_names_the_sa_by_its_full_identity() {
         bytes: 0,
         packets: 0,
         seq: 0,
+        encap: false,
     };
     let req = delete_state_request(&s, 4);
     let m = split_messages(&req).unwrap();

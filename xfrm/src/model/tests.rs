@@ -40,6 +40,7 @@ fn state(reqid: u32, mark: Option<Mark>) -> State {
         bytes: 0,
         packets: 0,
         seq: 0,
+        encap: false,
     }
 }
 
