@@ -195,6 +195,8 @@ pub struct Bus {
     pub renewal: Arc<OutputPort<RenewalEvent>>,
     /// Protection events.
     pub protection: Arc<OutputPort<ProtectionEvent>>,
+    /// Data-path events (unhealthy peers, MTU).
+    pub datapath: Arc<OutputPort<crate::datapath::DatapathEvent>>,
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use crate::gate::ProtectionGate;
 use crate::metrics::Metrics;
 use crate::ports::{IkePort, RunningProcess};
-use crate::process_watch::{ProcessConfig, ProcessWatch, WatchArgs};
+use crate::process_watch::{ProcessConfig, ProcessWatch, StartPatience, WatchArgs};
 use crate::status::{RuntimeComponent, StatusBoard};
 
 /// Start-up arguments (cloned for every incarnation).
@@ -32,6 +32,8 @@ pub struct IkeArgs {
     pub metrics: Arc<dyn Metrics>,
     /// Probe tuning.
     pub config: ProcessConfig,
+    /// Start timeouts in a row, shared by every incarnation.
+    pub patience: StartPatience,
 }
 
 /// Messages of the IKE actor.
@@ -77,6 +79,7 @@ impl Actor for IkeActor {
             metrics: args.metrics,
             exit_poll: || IkeMsg::ExitPoll,
             probe: || IkeMsg::Probe,
+            patience: args.patience.clone(),
         };
         let daemon = ProcessWatch::start(watch, &myself, args.port.start()).await?;
         tracing::info!(pid = daemon.pid(), "IKE daemon started");

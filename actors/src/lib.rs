@@ -34,6 +34,9 @@
 //! - [`monitor`] — [`monitor::MonitorActor`]: ovs-monitor-ipsec as a
 //!   foreground child, and the acknowledgement of each activation (it
 //!   listens to the identity's `Active` event).
+//! - [`datapath`] — [`datapath::DatapathActor`]: per-peer data-path health
+//!   from SA counters and the kernel's XFRM error counters (the rules are
+//!   the pure [`datapath::classify`]), and the MTU check.
 //! - [`coordinator`] — [`coordinator::NodeCoordinator`]: follows the
 //!   cluster's coordination record (what to do for it is the pure
 //!   [`coordinator::plan`]), grants the arm permit ([`gate::ArmPermit`])
@@ -51,6 +54,7 @@
 pub mod bus;
 pub mod clock;
 pub mod coordinator;
+pub mod datapath;
 mod error;
 pub mod gate;
 pub mod identity;

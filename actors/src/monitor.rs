@@ -24,7 +24,7 @@ use crate::bus::{Bus, IdentityEvent};
 use crate::gate::ProtectionGate;
 use crate::metrics::Metrics;
 use crate::ports::{MonitorPort, OvsdbIdentity, RunningMonitor};
-use crate::process_watch::{ProcessConfig, ProcessWatch, WatchArgs};
+use crate::process_watch::{ProcessConfig, ProcessWatch, StartPatience, WatchArgs};
 use crate::status::{RuntimeComponent, StatusBoard};
 
 /// Start-up arguments (cloned for every incarnation).
@@ -44,6 +44,8 @@ pub struct MonitorArgs {
     pub bus: Bus,
     /// Probe tuning.
     pub config: ProcessConfig,
+    /// Start timeouts in a row, shared by every incarnation.
+    pub patience: StartPatience,
     /// Delay between acknowledgement attempts while the read-back does not
     /// match yet.
     pub ack_retry: Duration,
@@ -158,6 +160,7 @@ impl Actor for MonitorActor {
             metrics: args.metrics,
             exit_poll: || MonitorMsg::ExitPoll,
             probe: || MonitorMsg::Probe,
+            patience: args.patience.clone(),
         };
         let monitor = ProcessWatch::start(watch, &myself, args.port.start()).await?;
         tracing::info!(pid = monitor.pid(), "ovs-monitor-ipsec started");

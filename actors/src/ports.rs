@@ -212,6 +212,8 @@ pub trait KeyStore: Send + Sync + Debug + 'static {
     ) -> Result<Vec<u64>>;
 }
 
+mod datapath;
+pub use self::datapath::{DatapathPort, DatapathSample, PeerSample, SaSample};
 mod tunnel;
 pub use self::tunnel::{
     Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,

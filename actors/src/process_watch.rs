@@ -10,6 +10,13 @@
 //! the supervisor). A successful probe resets the failure count. Every
 //! verdict goes to the board as the component's part of `runtimeHealthy`.
 //!
+//! The start timeout doubles for each incarnation in a row that never
+//! passed a probe, up to `start_timeout_max` ([`StartPatience`]): on an
+//! overloaded node a daemon that needs 40 s to answer would otherwise be
+//! killed at 30 s forever, and every kill and restart adds to the load
+//! that made it slow. A crash (an exit) does not grow it; the first
+//! successful probe resets it.
+//!
 //! The actor owns a [`ProcessWatch`] for its incarnation: it starts the
 //! process in `pre_start`, forwards its own `ExitPoll` and `Probe`
 //! messages to [`ProcessWatch::on_exit_poll`] and [`ProcessWatch::on_probe`],
@@ -18,6 +25,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use ractor::concurrency::JoinHandle;
@@ -38,8 +46,12 @@ pub struct ProcessConfig {
     pub startup_probe_period: Duration,
     /// Between non-blocking exit checks.
     pub exit_poll: Duration,
-    /// How long a fresh process may take to pass its first probe.
+    /// How long a fresh process may take to pass its first probe, when the
+    /// incarnation before it did pass one.
     pub start_timeout: Duration,
+    /// The most the start timeout grows to after incarnations in a row
+    /// that timed out at start ([`StartPatience`]).
+    pub start_timeout_max: Duration,
     /// Consecutive failed probes (after the first success) that fail the
     /// actor.
     pub probe_failures: u32,
@@ -52,8 +64,34 @@ impl Default for ProcessConfig {
             startup_probe_period: Duration::from_millis(500),
             exit_poll: Duration::from_millis(250),
             start_timeout: Duration::from_secs(30),
+            start_timeout_max: Duration::from_secs(240),
             probe_failures: 2,
         }
+    }
+}
+
+/// How many incarnations of one process in a row timed out before their
+/// first successful probe; shared by every incarnation of its actor (the
+/// actor's arguments are cloned for each). It sets the next start timeout.
+#[derive(Debug, Clone, Default)]
+pub struct StartPatience(Arc<AtomicU32>);
+
+impl StartPatience {
+    /// The start timeout for the next incarnation: `start_timeout` doubled
+    /// once per start timeout in a row, at most `start_timeout_max` (never
+    /// less than `start_timeout`).
+    pub fn timeout(&self, config: &ProcessConfig) -> Duration {
+        let doublings = self.0.load(Ordering::Relaxed).min(16);
+        let grown = config.start_timeout.saturating_mul(1u32 << doublings);
+        grown.min(config.start_timeout_max.max(config.start_timeout))
+    }
+
+    fn timed_out(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn passed(&self) {
+        self.0.store(0, Ordering::Relaxed);
     }
 }
 
@@ -75,6 +113,8 @@ pub(crate) struct WatchArgs<M> {
     pub(crate) exit_poll: fn() -> M,
     /// The actor's probe message.
     pub(crate) probe: fn() -> M,
+    /// Start timeouts in a row, across incarnations.
+    pub(crate) patience: StartPatience,
 }
 
 /// What a probe came to.
@@ -96,6 +136,7 @@ pub(crate) struct ProcessWatch<P: ?Sized, M> {
     myself: ActorRef<M>,
     process: Box<P>,
     started: Instant,
+    start_timeout: Duration,
     healthy_once: bool,
     consecutive: u32,
     healthy: bool,
@@ -125,11 +166,13 @@ where
         })?;
         let exit_poll = Some(myself.send_interval(args.config.exit_poll, args.exit_poll));
         myself.send_after(args.config.startup_probe_period, args.probe);
+        let start_timeout = args.patience.timeout(&args.config);
         Ok(Self {
             args,
             myself: myself.clone(),
             process,
             started: Instant::now(),
+            start_timeout,
             healthy_once: false,
             consecutive: 0,
             healthy: false,
@@ -215,6 +258,9 @@ where
         }
         match self.process.probe().await {
             Ok(()) => {
+                if !self.healthy_once {
+                    self.args.patience.passed();
+                }
                 self.healthy_once = true;
                 self.consecutive = 0;
                 ProbeVerdict::Healthy
@@ -229,11 +275,12 @@ where
                         self.consecutive
                     ))
                 } else if !self.healthy_once
-                    && Instant::now().duration_since(self.started) >= config.start_timeout
+                    && Instant::now().duration_since(self.started) >= self.start_timeout
                 {
+                    self.args.patience.timed_out();
                     ProbeVerdict::Fail(format!(
                         "no successful probe within {:?}, last: {why}",
-                        config.start_timeout
+                        self.start_timeout
                     ))
                 } else {
                     ProbeVerdict::NotYet(why)
@@ -264,5 +311,38 @@ where
         if let Some(h) = self.exit_poll.take() {
             h.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_patience_doubles_per_timeout_up_to_the_cap_and_resets() {
+        let config = ProcessConfig::default();
+        let p = StartPatience::default();
+        let secs = |p: &StartPatience| p.timeout(&config).as_secs();
+        assert_eq!(secs(&p), 30);
+        let mut seen = vec![];
+        for _ in 0..5 {
+            p.timed_out();
+            seen.push(secs(&p));
+        }
+        assert_eq!(seen, [60, 120, 240, 240, 240]);
+        p.passed();
+        assert_eq!(secs(&p), 30);
+        // A cap below the base leaves the base.
+        let tight = ProcessConfig {
+            start_timeout_max: Duration::from_secs(10),
+            ..config
+        };
+        p.timed_out();
+        assert_eq!(p.timeout(&tight), Duration::from_secs(30));
+        // Many timeouts do not overflow.
+        for _ in 0..100 {
+            p.timed_out();
+        }
+        assert_eq!(secs(&p), 240);
     }
 }

@@ -268,6 +268,7 @@ async fn arm(
     lease: LeaseSummary,
 ) -> Result<(), ActorProcessingErr> {
     tracing::info!(lease_id = %lease.lease_id, mark = lease.mark, reqid = lease.reqid, allocated = lease.allocated, "output-protection lease");
+    state.args.board.set_lease(Some(lease.clone()));
     state.lease = Some(lease);
     let armed = evaluate(state).await?;
     if !armed {

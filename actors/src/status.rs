@@ -81,6 +81,33 @@ struct Board {
     prepare: Option<(u64, Sha256Digest, Timestamp)>,
     /// The capability gate failed.
     capability_missing: bool,
+    /// The lease the protection actor holds (`ipsec/show`).
+    lease: Option<crate::ports::LeaseSummary>,
+    /// Data-path samples taken (`ipsec/refresh` waits for the next one).
+    datapath_samples: u64,
+    /// The last data-path sample failed (the report shown is older).
+    datapath_failed: bool,
+    /// The data path's reason while it is unhealthy.
+    datapath_reason: Option<Reason>,
+}
+
+/// What `ipsec/show` prints beyond the `/status` document.
+#[derive(Debug, Clone)]
+pub struct Diagnostics {
+    /// The `/status` document.
+    pub status: Status,
+    /// The lease held, if any.
+    pub lease: Option<crate::ports::LeaseSummary>,
+    /// Since the guards were last read back.
+    pub readback_age: Option<std::time::Duration>,
+    /// Why the guards are not armed, when known.
+    pub protection_problem: Option<Reason>,
+    /// Supervised children that keep failing, with their reasons.
+    pub failing: BTreeMap<String, Reason>,
+    /// Data-path samples taken so far.
+    pub datapath_samples: u64,
+    /// Whether the last data-path sample failed.
+    pub datapath_failed: bool,
 }
 
 /// A process (of the tunnel actors) whose health feeds `runtimeHealthy`.
@@ -132,6 +159,10 @@ impl StatusBoard {
                 acknowledged: None,
                 prepare: None,
                 capability_missing: false,
+                lease: None,
+                datapath_samples: 0,
+                datapath_failed: false,
+                datapath_reason: None,
             })),
             tx: Arc::new(tx),
             clock,
@@ -310,6 +341,72 @@ impl StatusBoard {
         });
     }
 
+    /// The datapath actor's latest report (`None`: the node holds no lease,
+    /// nothing to measure): `datapathHealthy`, `peers`, `mtu`. An unhealthy
+    /// data path makes an otherwise active node `Degraded` with the
+    /// data path's reason; it does not touch `/readyz` (a peer's broken
+    /// underlay must not take this node's Pod out of service).
+    pub fn set_datapath(&self, report: Option<kube_ovn_ipsec_api::datapath::DatapathReport>) {
+        self.update(|b| {
+            b.datapath_samples += 1;
+            b.datapath_failed = false;
+            b.datapath_reason = report.as_ref().and_then(|r| r.reason());
+            match report {
+                Some(r) => {
+                    b.status.datapath_healthy = Some(r.healthy());
+                    b.status.peers = r.peers;
+                    b.status.mtu = r.mtu;
+                }
+                None => {
+                    b.status.datapath_healthy = None;
+                    b.status.peers = Vec::new();
+                    b.status.mtu = None;
+                }
+            }
+        });
+    }
+
+    /// A data-path sample failed; the last report stays (and says when each
+    /// peer entered its state).
+    pub fn datapath_sample_failed(&self) {
+        self.update(|b| {
+            b.datapath_samples += 1;
+            b.datapath_failed = true;
+        });
+    }
+
+    /// The lease the protection actor holds (shown by `ipsec/show`; its
+    /// mark and reqid are published in OVSDB anyway).
+    pub fn set_lease(&self, lease: Option<crate::ports::LeaseSummary>) {
+        self.update(|b| b.lease = lease);
+    }
+
+    /// Everything `ipsec/show` prints: the document and what the board
+    /// knows beyond it. Never key material (the board holds none).
+    pub fn diagnostics(&self) -> Diagnostics {
+        let status = self.snapshot();
+        let now = self.clock.now();
+        let b = self.lock();
+        Diagnostics {
+            status,
+            lease: b.lease.clone(),
+            readback_age: b
+                .readback_at
+                .map(|t| now.duration_since(t).unwrap_or_default()),
+            protection_problem: b.protection_problem,
+            failing: b.failing.clone(),
+            datapath_samples: b.datapath_samples,
+            datapath_failed: b.datapath_failed,
+        }
+    }
+
+    /// How many data-path samples were taken, and whether the last one
+    /// failed.
+    pub fn datapath_samples(&self) -> (u64, bool) {
+        let b = self.lock();
+        (b.datapath_samples, b.datapath_failed)
+    }
+
     /// The capability gate failed: phase `CapabilityMissing`.
     pub fn set_capability_missing(&self) {
         self.update(|b| b.capability_missing = true);
@@ -416,7 +513,15 @@ fn derive_phase(b: &mut Board, now: Timestamp) {
             IdentityCondition::Working(r) => r,
             _ => None,
         };
-        (Phase::Active, b.warning.or(working))
+        // A broken data path degrades an active node; an identity warning
+        // (renewal failing) still names the reason first.
+        let datapath = b.datapath_reason;
+        let phase = if datapath.is_some() {
+            Phase::Degraded
+        } else {
+            Phase::Active
+        };
+        (phase, b.warning.or(working).or(datapath))
     } else {
         match b.identity {
             IdentityCondition::Starting => (Phase::Starting, b.warning),
@@ -589,5 +694,56 @@ mod tests {
             (s.phase, s.reason),
             (Phase::Failed, Some(Reason::KeyDirReadOnly))
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unhealthy_data_path_degrades_an_active_node_but_not_readyz() {
+        use kube_ovn_ipsec_api::datapath::{DatapathReport, Encapsulation, MtuReport, PeerState};
+        let b = board();
+        let expires = Timestamp::from_unix(1_800_000_000 + 3600).unwrap();
+        b.set_active(1, Sha256Digest::of(b"c"), expires);
+        runtime_ready(&b, 1);
+        let peer = kube_ovn_ipsec_api::test_util::peer_health;
+        b.set_datapath(Some(DatapathReport {
+            peers: vec![peer(PeerState::Healthy, true)],
+            mtu: None,
+        }));
+        let s = b.snapshot();
+        assert_eq!(
+            (s.phase, s.reason, s.datapath_healthy),
+            (Phase::Active, None, Some(true))
+        );
+        b.set_datapath(Some(DatapathReport {
+            peers: vec![peer(PeerState::GuardDrop, false)],
+            mtu: Some(MtuReport::check(
+                1500,
+                1400,
+                Encapsulation::Geneve,
+                false,
+                false,
+            )),
+        }));
+        let s = b.snapshot();
+        assert_eq!(
+            (s.phase, s.reason, s.datapath_healthy),
+            (Phase::Degraded, Some(Reason::GuardDrop), Some(false))
+        );
+        assert_eq!(
+            b.readyz(),
+            Ok(()),
+            "readiness is about this node's configuration"
+        );
+        // An identity warning is named first; the phase stays Degraded.
+        b.set_warning(Some(Reason::RenewalFailing));
+        let s = b.snapshot();
+        assert_eq!(
+            (s.phase, s.reason),
+            (Phase::Degraded, Some(Reason::RenewalFailing))
+        );
+        b.set_warning(None);
+        b.set_datapath(None);
+        let s = b.snapshot();
+        assert_eq!((s.phase, s.datapath_healthy), (Phase::Active, None));
+        assert!(s.peers.is_empty());
     }
 }

@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::monitor::{MonitorActor, MonitorArgs};
 use crate::ovsdb_writer::{OvsdbWriter, OvsdbWriterArgs};
 use crate::ports::{CsrApi, IkePort, MonitorPort, OvsdbIdentity, ProtectionPort};
-use crate::process_watch::ProcessConfig;
+use crate::process_watch::{ProcessConfig, StartPatience};
 use crate::protection::{ProtectionActor, ProtectionArgs, ProtectionConfig};
 use crate::renewal_timer::{RenewalTimer, RenewalTimerArgs};
 use crate::status::StatusBoard;
@@ -49,6 +49,36 @@ pub mod names {
     pub const MONITOR: &str = "monitor";
     /// The node coordinator.
     pub const COORDINATOR: &str = "coordinator";
+    /// The datapath (health) actor.
+    pub const DATAPATH: &str = "datapath";
+}
+
+/// What the datapath actor needs beyond the tree's own arguments.
+#[derive(Debug, Clone)]
+pub struct DatapathPorts {
+    /// Reads the data path.
+    pub port: Arc<dyn crate::ports::DatapathPort>,
+    /// `ipsec/refresh`.
+    pub refresh: crate::datapath::RefreshSignal,
+    /// Tuning.
+    pub config: crate::datapath::DatapathConfig,
+}
+
+/// The datapath actor's child spec (SPEC §10), started after the tunnel
+/// actors; it only reads, so nothing waits for it.
+pub fn datapath_child_spec(a: &AgentTreeArgs, ports: DatapathPorts) -> ChildSpec {
+    let args = crate::datapath::DatapathArgs {
+        port: ports.port,
+        board: a.board.clone(),
+        metrics: a.metrics.clone(),
+        bus: a.bus.clone(),
+        clock: a.clock.clone(),
+        refresh: ports.refresh,
+        config: ports.config,
+    };
+    ChildSpec::actor(names::DATAPATH, Reason::DatapathUnmeasured, move || {
+        (crate::datapath::DatapathActor, args.clone())
+    })
 }
 
 /// What the node coordinator needs beyond the tree's own arguments.
@@ -121,6 +151,7 @@ pub fn tunnel_child_specs(a: &AgentTreeArgs, ports: TunnelPorts) -> Vec<ChildSpe
         board: a.board.clone(),
         metrics: a.metrics.clone(),
         config: ports.process_config,
+        patience: StartPatience::default(),
     };
     let monitor = MonitorArgs {
         gate: a.gate.clone(),
@@ -130,6 +161,7 @@ pub fn tunnel_child_specs(a: &AgentTreeArgs, ports: TunnelPorts) -> Vec<ChildSpe
         metrics: a.metrics.clone(),
         bus: a.bus.clone(),
         config: ports.process_config,
+        patience: StartPatience::default(),
         ack_retry: ports.ack_retry,
     };
     vec![

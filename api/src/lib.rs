@@ -26,6 +26,8 @@
 //! * [`signed`] — [`SigningKey`] (PKCS#8 RSA / P-256), detached signatures,
 //!   the `payload.alg.signature` annotation form, typed-state verification.
 //! * [`status`] — the `/status` document, [`Phase`], [`Reason`].
+//! * [`datapath`] — per-peer data-path health ([`PeerState`](datapath::PeerState))
+//!   and the MTU arithmetic of the encrypted overlay.
 //! * [`backoff`] — the 1 s … 30 s restart/retry schedule, reset after 60 s
 //!   healthy (actors, processes, renewals, OVSDB reconnects).
 //! * [`strongswan`] — `ipsec statusall` and `listcerts` output, parsed (the
@@ -54,6 +56,7 @@ pub mod canonical;
 pub mod clock;
 pub mod coordination;
 pub mod csr;
+pub mod datapath;
 pub mod digest;
 pub mod error;
 pub mod ident;

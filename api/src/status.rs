@@ -10,6 +10,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::datapath::{MtuReport, PeerHealth};
 use crate::digest::Sha256Digest;
 use crate::ident::{Chassis, Uid};
 use crate::time::Timestamp;
@@ -117,8 +118,15 @@ pub enum Reason {
     OvsdbDrift,
     /// SAs up, outbound bytes grow, inbound stay flat.
     InboundMissing,
+    /// No outbound SA to a peer and the guards drop its marked traffic.
+    GuardDrop,
+    /// A tunnel with IPsec intent has no SA (in one direction or both).
+    #[serde(rename = "NoSA")]
+    NoSa,
     /// Tunnel MTU too small for ESP overhead.
     MtuTooSmall,
+    /// The data path cannot be measured (the datapath actor keeps failing).
+    DatapathUnmeasured,
     /// Waiting for the controller's next coordination phase.
     WaitingForCoordination,
     /// The coordination record is unreadable or inconsistent.
@@ -251,9 +259,25 @@ impl Reason {
                 "SAs are up but no inbound encrypted traffic arrives: ESP (IP proto 50) or UDP \
                  4500 dropped on the underlay, or MTU"
             }
+            GuardDrop => {
+                "marked overlay traffic to a peer is dropped by the output-protection guards: no \
+                 outbound SA — the IKE daemon is down or has no CHILD_SA for the tunnel; see \
+                 'ipsec statusall' and the ipsec container log (traffic is dropped, never sent \
+                 in plaintext)"
+            }
+            NoSa => {
+                "a tunnel with IPsec intent has no SA: IKE negotiation with the peer is pending \
+                 or failing — check UDP 500/4500 between the nodes, both nodes' certificate \
+                 digests (/status) and 'ipsec statusall'"
+            }
             MtuTooSmall => {
-                "the tunnel MTU does not leave room for ESP overhead; lower the Pod MTU or raise \
-                 the underlay MTU"
+                "the tunnel MTU does not leave room for ESP overhead: large packets between Pods \
+                 are dropped; /status 'mtu' (or ovs-appctl ipsec/show) gives the numbers and the \
+                 largest tunnel MTU that fits — lower the Pod MTU to it or raise the underlay MTU"
+            }
+            DatapathUnmeasured => {
+                "the agent cannot read the data path's counters (XFRM SAs, /proc/net/xfrm_stat); \
+                 encryption is unaffected — see the ipsec container log"
             }
             WaitingForCoordination => {
                 "waiting for the controller to advance IPsec coordination (ConfigMap \
@@ -307,6 +331,10 @@ pub struct Status {
     pub trust_digest: Option<Sha256Digest>,
     /// Datapath health from SA counters (SPEC §10); absent until measured.
     pub datapath_healthy: Option<bool>,
+    /// Per peer: state, reason, since, SA counters, enable window.
+    pub peers: Vec<PeerHealth>,
+    /// The MTU check, when measured.
+    pub mtu: Option<MtuReport>,
 }
 
 impl Status {
@@ -325,6 +353,8 @@ impl Status {
             certificate_digest: None,
             trust_digest: None,
             datapath_healthy: None,
+            peers: Vec::new(),
+            mtu: None,
         }
     }
 
@@ -374,6 +404,10 @@ struct StatusWire {
     trust_digest: Option<Sha256Digest>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     datapath_healthy: Option<bool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    peers: Vec<PeerHealth>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mtu: Option<MtuReport>,
 }
 
 impl From<Status> for StatusWire {
@@ -392,6 +426,8 @@ impl From<Status> for StatusWire {
             certificate_digest: s.certificate_digest,
             trust_digest: s.trust_digest,
             datapath_healthy: s.datapath_healthy,
+            peers: s.peers,
+            mtu: s.mtu,
         }
     }
 }
@@ -412,6 +448,8 @@ impl From<StatusWire> for Status {
             certificate_digest: w.certificate_digest,
             trust_digest: w.trust_digest,
             datapath_healthy: w.datapath_healthy,
+            peers: w.peers,
+            mtu: w.mtu,
         }
     }
 }
@@ -434,7 +472,7 @@ mod tests {
         Phase::Failed,
     ];
 
-    const REASONS: [Reason; 33] = [
+    const REASONS: [Reason; 36] = [
         Reason::KeyDirReadOnly,
         Reason::KeyDirLocked,
         Reason::KeyDirFull,
@@ -465,7 +503,10 @@ mod tests {
         Reason::GuardReadbackStale,
         Reason::OvsdbDrift,
         Reason::InboundMissing,
+        Reason::GuardDrop,
+        Reason::NoSa,
         Reason::MtuTooSmall,
+        Reason::DatapathUnmeasured,
         Reason::WaitingForCoordination,
         Reason::CoordinationInvalid,
     ];
@@ -492,6 +533,7 @@ mod tests {
                 configuration_applied: flags[0], runtime_healthy: flags[1],
                 protection_armed: flags[2], expires, node_uid, chassis, generation,
                 certificate_digest: cert, trust_digest: trust, datapath_healthy,
+                peers: Vec::new(), mtu: None,
             }
         }
     }

@@ -655,3 +655,24 @@ pub fn ready_status(
         certificate_digest,
     }
 }
+
+/// A peer of `192.0.2.2` (chassis `node-2`) in `state`, counted `healthy`
+/// or not, since 2027-01-15 08:00 UTC, with zero counters: what data-path
+/// tests start from (struct update syntax changes the rest).
+pub fn peer_health(
+    state: crate::datapath::PeerState,
+    healthy: bool,
+) -> crate::datapath::PeerHealth {
+    crate::datapath::PeerHealth {
+        peer: std::net::IpAddr::from([192, 0, 2, 2]),
+        chassis: Chassis::new("node-2").ok(),
+        state,
+        reason: state.reason(),
+        healthy,
+        since: Timestamp::from_unix(1_800_000_000).expect("in range"),
+        outbound: crate::datapath::SaCounters::default(),
+        inbound: crate::datapath::SaCounters::default(),
+        nat_traversal: false,
+        enable_window_millis: None,
+    }
+}

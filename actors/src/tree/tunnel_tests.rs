@@ -273,6 +273,60 @@ async fn failing_probe_restarts_and_unacknowledged_monitor_is_not_ready() {
     assert_eq!(h.board.readyz(), Err(Reason::MonitorNotAcknowledged));
 }
 
+/// An IKE daemon that never answers its first probe is given 30 s, then
+/// 60 s, then 120 s (the start timeout doubles per start timeout in a
+/// row), not killed every 30 s; once one answers, the next start is back
+/// to 30 s.
+#[tokio::test(start_paused = true)]
+async fn a_daemon_slow_to_answer_gets_more_time_at_each_start() {
+    let h = harness().await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    let gaps_after = |n: usize, count: usize| -> Vec<Duration> {
+        let s = h.ike.starts();
+        s[n..n + count + 1]
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]))
+            .collect()
+    };
+    h.ike.set_probe_fails(true);
+    let n = h.ike.starts().len();
+    h.ike.kill();
+    until("three start timeouts", Duration::from_secs(600), || {
+        h.ike.starts().len() > n + 3
+    })
+    .await;
+    // Each gap is the start timeout plus the supervisor's backoff
+    // (at most 30 s) and the stop.
+    for (gap, timeout) in gaps_after(n, 3).into_iter().zip([30u64, 60, 120]) {
+        assert!(
+            gap >= Duration::from_secs(timeout) && gap < Duration::from_secs(timeout + 35),
+            "start timeout {timeout} s: next start after {gap:?}"
+        );
+    }
+
+    // It answers: the patience resets.
+    h.ike.set_probe_fails(false);
+    until("ready", Duration::from_secs(300), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    h.ike.set_probe_fails(true);
+    let n = h.ike.starts().len();
+    h.ike.kill();
+    until("one start timeout", Duration::from_secs(600), || {
+        h.ike.starts().len() > n + 1
+    })
+    .await;
+    let gap = gaps_after(n, 1)[0];
+    assert!(
+        gap >= Duration::from_secs(30) && gap < Duration::from_secs(65),
+        "after a healthy start the timeout is 30 s again: {gap:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn vanished_guards_are_readded_conflicts_are_not_overwritten() {
     let h = harness().await;
