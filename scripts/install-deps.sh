@@ -17,6 +17,8 @@ PACKAGES=(
   # busybox-static by cpio; ping and tcpdump look at the traffic.
   # depmod (kmod) indexes the unpacked kernel's modules for modprobe.
   qemu-system-x86 busybox-static cpio kmod iputils-ping tcpdump
+  # The datapath-health checks drop ESP on one node's underlay with nft.
+  nftables
   # Build and test tooling used by scripts/test.sh.
   build-essential pkg-config python3 python3-venv openssl patch util-linux procps psmisc
 )

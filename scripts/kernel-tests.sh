@@ -14,7 +14,7 @@ require_toolchain
 # Test binaries of the runtime crate that need the full kernel, and the one
 # bench that does (run with --quick: a bench that no longer works fails here;
 # scripts/bench.sh takes its figures).
-TESTS=(ike_monitor monitor_patch agent_runtime overlay coordination_overlay)
+TESTS=(ike_monitor monitor_patch agent_runtime overlay coordination_overlay datapath_health)
 BENCHES=(overlay_datapath)
 
 # Prints the executables cargo builds for the given cargo test arguments.

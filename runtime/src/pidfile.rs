@@ -63,10 +63,7 @@ pub fn judge(content: Option<&str>, comm_of: impl Fn(i32) -> Option<String>) -> 
 /// such process runs — a zombie counts as gone: it holds no pidfile's
 /// promise of a running daemon.
 pub fn proc_comm(pid: i32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "<pid> (<comm>) <state> ...": the state follows the last ')'.
-    let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
-    if state == 'Z' || state == 'X' {
+    if crate::process::read_stat(u32::try_from(pid).ok()?)?.zombie {
         return None;
     }
     std::fs::read_to_string(format!("/proc/{pid}/comm"))

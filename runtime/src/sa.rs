@@ -25,26 +25,38 @@ pub struct TunnelEndpoints {
     pub remote: IpAddr,
 }
 
+/// One tunnel interface of this node under the lease: its endpoints, the
+/// peer's chassis (`remote_name`) and the interface type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerTunnel {
+    /// The endpoints.
+    pub endpoints: TunnelEndpoints,
+    /// `options:remote_name`.
+    pub chassis: Option<String>,
+    /// The interface type (`geneve`, `vxlan`).
+    pub kind: String,
+}
+
 /// This node's tunnels from the rows of OVS's `Interface` table (their
-/// `options` maps): interfaces whose `options:ipsec_reqid` is the lease's
-/// reqid (the patched ovn-controller sets it where `remote_name` is
+/// `type` and `options` map): interfaces whose `options:ipsec_reqid` is the
+/// lease's reqid (the patched ovn-controller sets it where `remote_name` is
 /// present), from `options:local_ip` — or, without it, each of
 /// `external_ids:ovn-encap-ip` (a comma-separated list in newer OVN) — to
 /// `options:remote_ip`. Rows whose addresses do not parse (e.g.
 /// `remote_ip=flow`) are skipped: they name no exact selector.
-pub fn tunnels_from_interfaces<'a>(
+pub fn peers_from_interfaces<'a>(
     reqid: u32,
     encap_ip: Option<&str>,
-    interfaces: impl IntoIterator<Item = &'a std::collections::BTreeMap<String, String>>,
-) -> Vec<TunnelEndpoints> {
+    interfaces: impl IntoIterator<Item = (&'a str, &'a std::collections::BTreeMap<String, String>)>,
+) -> Vec<PeerTunnel> {
     let encap: Vec<IpAddr> = encap_ip
         .unwrap_or("")
         .split(',')
         .filter_map(|a| a.trim().parse().ok())
         .collect();
     let want = reqid.to_string();
-    let mut out = Vec::new();
-    for options in interfaces {
+    let mut out: Vec<PeerTunnel> = Vec::new();
+    for (kind, options) in interfaces {
         if options.get("ipsec_reqid") != Some(&want) {
             continue;
         }
@@ -59,24 +71,51 @@ pub fn tunnels_from_interfaces<'a>(
             None => encap.clone(),
         };
         for local in locals {
-            let t = TunnelEndpoints { local, remote };
-            if local.is_ipv4() == remote.is_ipv4() && !out.contains(&t) {
-                out.push(t);
+            let endpoints = TunnelEndpoints { local, remote };
+            if local.is_ipv4() == remote.is_ipv4() && !out.iter().any(|p| p.endpoints == endpoints)
+            {
+                out.push(PeerTunnel {
+                    endpoints,
+                    chassis: options.get("remote_name").cloned(),
+                    kind: kind.to_owned(),
+                });
             }
         }
     }
     out
 }
 
+/// The endpoints of [`peers_from_interfaces`], for rows without a type.
+pub fn tunnels_from_interfaces<'a>(
+    reqid: u32,
+    encap_ip: Option<&str>,
+    interfaces: impl IntoIterator<Item = &'a std::collections::BTreeMap<String, String>>,
+) -> Vec<TunnelEndpoints> {
+    peers_from_interfaces(reqid, encap_ip, interfaces.into_iter().map(|o| ("", o)))
+        .into_iter()
+        .map(|p| p.endpoints)
+        .collect()
+}
+
 /// Reads this node's tunnels (see [`tunnels_from_interfaces`]) from OVSDB
 /// in one transaction.
 pub async fn read_tunnels(ovs: &ovsdb::Client, reqid: u32) -> Result<Vec<TunnelEndpoints>, Error> {
+    Ok(read_peers(ovs, reqid)
+        .await?
+        .into_iter()
+        .map(|p| p.endpoints)
+        .collect())
+}
+
+/// Reads this node's tunnels with their peers (see
+/// [`peers_from_interfaces`]) from OVSDB in one transaction.
+pub async fn read_peers(ovs: &ovsdb::Client, reqid: u32) -> Result<Vec<PeerTunnel>, Error> {
     use ovsdb::protocol::Operation;
     let ops = [
         Operation::Select {
             table: "Interface".into(),
             conditions: vec![],
-            columns: Some(vec!["options".into()]),
+            columns: Some(vec!["type".into(), "options".into()]),
         },
         Operation::Select {
             table: "Open_vSwitch".into(),
@@ -89,19 +128,79 @@ pub async fn read_tunnels(ovs: &ovsdb::Client, reqid: u32) -> Result<Vec<TunnelE
         .await
         .map_err(Error::Ovsdb)?
         .into_iter();
-    let maps = |rows: Option<Vec<ovsdb::protocol::Row>>, column: &str| {
-        rows.unwrap_or_default()
-            .iter()
-            .filter_map(|r| r.get(column).and_then(|d| d.as_string_map()))
-            .collect::<Vec<_>>()
-    };
-    let interfaces = maps(results.next().and_then(|r| r.rows), "options");
-    let external_ids = maps(results.next().and_then(|r| r.rows), "external_ids");
+    let interfaces: Vec<(String, std::collections::BTreeMap<String, String>)> = results
+        .next()
+        .and_then(|r| r.rows)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| {
+            let kind = r
+                .get("type")
+                .and_then(|d| d.as_set())
+                .and_then(|s| s.first().and_then(|a| a.as_str()).map(str::to_owned))
+                .unwrap_or_default();
+            r.get("options")
+                .and_then(|d| d.as_string_map())
+                .map(|o| (kind, o))
+        })
+        .collect();
+    let external_ids: Vec<_> = results
+        .next()
+        .and_then(|r| r.rows)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| r.get("external_ids").and_then(|d| d.as_string_map()))
+        .collect();
     let encap = external_ids
         .first()
         .and_then(|m| m.get("ovn-encap-ip"))
         .map(String::as_str);
-    Ok(tunnels_from_interfaces(reqid, encap, &interfaces))
+    Ok(peers_from_interfaces(
+        reqid,
+        encap,
+        interfaces.iter().map(|(k, o)| (k.as_str(), o)),
+    ))
+}
+
+/// Per peer, this node's SAs of each direction (attributed to the lease
+/// like [`attribute`] does; larval acquire states left out): the datapath
+/// actor's sample.
+pub fn peer_samples(
+    lease: &Lease,
+    states: &[State],
+    peers: &[PeerTunnel],
+) -> Vec<actors::ports::PeerSample> {
+    use actors::ports::{PeerSample, SaSample};
+    let all: Vec<TunnelEndpoints> = peers.iter().map(|p| p.endpoints).collect();
+    let own: Vec<&State> = states
+        .iter()
+        .filter(|s| !s.is_larval() && is_own_state(lease, s, &all))
+        .collect();
+    let sample = |s: &&State| SaSample {
+        spi: s.spi,
+        bytes: s.bytes,
+        packets: s.packets,
+    };
+    peers
+        .iter()
+        .map(|p| {
+            let TunnelEndpoints { local, remote } = p.endpoints;
+            let dir = |src: IpAddr, dst: IpAddr| {
+                own.iter().filter(move |s| s.saddr == src && s.daddr == dst)
+            };
+            PeerSample {
+                peer: remote,
+                local,
+                chassis: p.chassis.clone(),
+                encapsulation: kube_ovn_ipsec_api::datapath::Encapsulation::from_ovs_type(&p.kind),
+                outbound: dir(local, remote).map(sample).collect(),
+                inbound: dir(remote, local).map(sample).collect(),
+                nat_traversal: dir(local, remote)
+                    .chain(dir(remote, local))
+                    .any(|s| s.encap),
+            }
+        })
+        .collect()
 }
 
 /// An SA attributed to this node (public fields only).
@@ -425,6 +524,7 @@ mod tests {
             bytes: 0,
             packets: 0,
             seq: 0,
+            encap: false,
         }
     }
 

@@ -48,7 +48,12 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
     let mut a = setup(a, &ca).await;
     let mut b = setup(b, &ca).await;
     let patch = monitor_patch::inspect(Path::new(DEBIAN_MONITOR_SCRIPT)).unwrap();
+    // The image ships the monitor's ovs.conf beside its plugin list
+    // (image/Dockerfile): its `load_modular = yes` must not win.
+    let ovs_conf = testbed::ipsec::strongswan_conf_of(Path::new(DEBIAN_MONITOR_SCRIPT)).unwrap();
+    assert!(ovs_conf.contains("load_modular = yes"), "{ovs_conf}");
     for n in [&mut a, &mut b] {
+        std::fs::write(n.node.etc_path("strongswan.d/ovs.conf"), &ovs_conf).unwrap();
         start_ike(n);
         start_monitor(n, Path::new(DEBIAN_MONITOR_SCRIPT)).await;
         assert!(
@@ -133,6 +138,23 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
             .all(|c| c.reqid.is_none_or(|r| r == a.lease.reqid)),
         "{health:?}"
     );
+
+    // charon loaded the image's plugin list, not Debian's ~60 (a conf
+    // that sorts before ovs.conf is overridden by its load_modular).
+    let want = testbed::ipsec::CHARON_PLUGINS_CONF
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("load = "))
+        .unwrap();
+    let loaded = a
+        .node
+        .charon_log()
+        .lines()
+        .find_map(|l| {
+            l.split_once("loaded plugins: ")
+                .map(|(_, p)| p.trim().to_owned())
+        })
+        .expect("charon logs its plugins");
+    assert_eq!(loaded, format!("charon {want}"));
 
     if testbed::netns::esp_available().unwrap() {
         let ok = wait_for(Duration::from_secs(10), Duration::from_millis(200), || {

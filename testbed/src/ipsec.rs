@@ -282,10 +282,15 @@ pub struct IpsecNode {
     dir: tempfile::TempDir,
 }
 
+/// `image/strongswan.d/zz-kube-ovn-ipsec.conf`: the plugins charon loads in
+/// the image, so in every node here.
+pub const CHARON_PLUGINS_CONF: &str =
+    include_str!("../../image/strongswan.d/zz-kube-ovn-ipsec.conf");
+
 impl IpsecNode {
     /// Creates the node's directory (`run/`, `etc/ipsec.conf`,
     /// `etc/ipsec.secrets`, `etc/ipsec.d/*`, a copy of `/etc/strongswan.d`
-    /// plus a charon file log at `/run/charon.log`) and its namespace.
+    /// with the image's plugin list, plus a charon file log at `/run/charon.log`) and its namespace.
     /// `ip` is the underlay address the node gets once linked.
     pub fn new(prefix: &str, chassis: &str, ip: Ipv4Addr) -> Result<Self, IpsecError> {
         let dir = tempfile::Builder::new()
@@ -314,6 +319,11 @@ impl IpsecNode {
             Command::new("cp")
                 .args(["-a", "/etc/strongswan.d/."])
                 .arg(root.join("etc/strongswan.d")),
+        )?;
+        // The image's plugin list (image/Dockerfile installs the same file).
+        write(
+            root.join("etc/strongswan.d/zz-kube-ovn-ipsec.conf"),
+            CHARON_PLUGINS_CONF,
         )?;
         write(
             root.join("etc/strongswan.d/zz-testbed-log.conf"),

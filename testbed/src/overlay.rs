@@ -165,6 +165,23 @@ pub fn add_pod(node: &IpsecNode, name: &str, cidr: &str) -> Result<(), IpsecErro
 /// a full mesh of tunnels under the `NORMAL` action would loop broadcasts.
 /// ovs-vswitchd must run and the ports must exist.
 pub fn split_horizon(node: &IpsecNode, pod: &str, tunnels: &[&str]) -> Result<(), IpsecError> {
+    forward(node, pod, tunnels, false)
+}
+
+/// [`split_horizon`] with OVN's Geneve option on every packet the pod
+/// sends (one 4-byte option, class 0x0102, type 0x80: OVN's logical
+/// ports), so the wire format — and what ESP's MTU arithmetic must leave
+/// room for — is OVN's, byte for byte. Without it a packet is 8 bytes
+/// shorter on the wire than OVN's.
+pub fn split_horizon_ovn_option(
+    node: &IpsecNode,
+    pod: &str,
+    tunnels: &[&str],
+) -> Result<(), IpsecError> {
+    forward(node, pod, tunnels, true)
+}
+
+fn forward(node: &IpsecNode, pod: &str, tunnels: &[&str], option: bool) -> Result<(), IpsecError> {
     let ofctl = |args: &[&str]| -> Result<(), IpsecError> {
         let out = node.netns().run("ovs-ofctl", args)?;
         if out.status.success() {
@@ -177,11 +194,22 @@ pub fn split_horizon(node: &IpsecNode, pod: &str, tunnels: &[&str]) -> Result<()
         }
     };
     ofctl(&["del-flows", "br-int"])?;
-    let out: Vec<String> = tunnels.iter().map(|t| format!("output:{t}")).collect();
+    let mut actions: Vec<String> = Vec::new();
+    if option {
+        // Flows first, then the mapping they used: a second call starts clean.
+        ofctl(&["del-tlv-map", "br-int"])?;
+        ofctl(&[
+            "add-tlv-map",
+            "br-int",
+            "{class=0x102,type=0x80,len=4}->tun_metadata0",
+        ])?;
+        actions.push("set_field:0x1->tun_metadata0".into());
+    }
+    actions.extend(tunnels.iter().map(|t| format!("output:{t}")));
     ofctl(&[
         "add-flow",
         "br-int",
-        &format!("in_port={pod},actions={}", out.join(",")),
+        &format!("in_port={pod},actions={}", actions.join(",")),
     ])?;
     for t in tunnels {
         ofctl(&[

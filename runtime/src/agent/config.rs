@@ -165,6 +165,16 @@ pub struct RunArgs {
     /// controller accepts receipts observed within the last 120 s.
     #[arg(long, default_value_t = 45, value_parser = clap::value_parser!(u64).range(5..=100))]
     pub receipt_refresh: u64,
+    /// skb mark bits an IPsec lease never uses (hex `0x…` or decimal):
+    /// kube-proxy's `0xc000` by default; add the bits of anything else on
+    /// the node that marks packets.
+    #[arg(
+        long,
+        env = "OVN_IPSEC_RESERVED_MARK_BITS",
+        default_value = "0xc000",
+        value_parser = parse_mark_bits
+    )]
+    pub reserved_mark_bits: u32,
     /// How long the chassis (`external_ids:system-id`) may be missing from
     /// OVSDB before start-up gives up, in seconds.
     #[arg(long, default_value_t = 120)]
@@ -251,9 +261,46 @@ pub struct RunArgs {
     /// Seconds between health probes of the IKE daemon and the monitor.
     #[arg(long, default_value_t = 5)]
     pub probe_period: u64,
+    /// Seconds the IKE daemon and the monitor may take to pass their first
+    /// probe; it doubles after each start in a row that did not make it,
+    /// up to eight times this (a slow node gets more time rather than a
+    /// restart storm), and is never less than `--stop-grace`.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(5..=600))]
+    pub process_start_timeout: u64,
     /// Seconds between SIGTERM and SIGKILL when stopping a process group.
     #[arg(long, default_value_t = 10)]
     pub stop_grace: u64,
+
+    // --- Data-path health (SPEC §10) ---
+    /// Milliseconds between data-path samples (SA counters, xfrm_stat;
+    /// MTUs every 30th sample).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(250..=60_000))]
+    pub datapath_period_ms: u64,
+    /// Milliseconds between data-path samples while a tunnel's enable
+    /// window is open (what the window's resolution is).
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub datapath_fast_period_ms: u64,
+    /// Seconds inbound may stay flat under outbound traffic before a peer
+    /// is `InboundMissing`, and a peer may stay without SAs before it
+    /// counts against `datapathHealthy`.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub datapath_window: u64,
+    /// The tunnel (Pod) MTU for the MTU check, as kube-ovn-cni's `--mtu`
+    /// sets it; without it, the MTU of `--tunnel-mtu-interface`.
+    #[arg(long, env = "OVN_IPSEC_TUNNEL_MTU", value_parser = clap::value_parser!(u32).range(576..=65_535))]
+    pub tunnel_mtu: Option<u32>,
+    /// The interface whose MTU is the tunnel (Pod) MTU: Kube-OVN's node
+    /// port `ovn0` carries the MTU kube-ovn-cni gives Pods.
+    #[arg(long, default_value = "ovn0")]
+    pub tunnel_mtu_interface: String,
+    /// The OVS-style control socket of the agent (`ovs-appctl -t <path>
+    /// ipsec/show`, `ipsec/refresh`).
+    #[arg(
+        long,
+        env = "OVN_IPSEC_CTL",
+        default_value = "/var/run/openvswitch/kube-ovn-ipsec.ctl"
+    )]
+    pub ctl_socket: PathBuf,
 
     // --- Lab and tests: a simulated node's namespaces ---
     /// Run every program (probes, IKE daemon, monitor) in the network and
@@ -263,9 +310,88 @@ pub struct RunArgs {
     pub node_netns_pid: Option<u32>,
 }
 
+/// Parses a 32-bit mark mask written as `0x…` hex or decimal.
+pub fn parse_mark_bits(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    parsed.map_err(|_| format!("{s:?} is not a 32-bit mark mask like 0xc000"))
+}
+
 impl RunArgs {
     /// [`RunArgs::request_timeout`] as a duration.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RunArgs, parse_mark_bits};
+    use crate::cleanup::CleanupArgs;
+    use apiserver::chart::{self, PodFields, Rendered};
+    use apiserver::kube_ovn::Shape;
+    use clap::Args;
+
+    /// The chart's `container` (in `shape`) against the command line of
+    /// `kube-ovn-ipsec <mode>`: every variable it sets is read by a flag,
+    /// every flag exists, and together they parse.
+    fn chart_container_parses(shape: Shape, container: &str, mode: &str, cmd: clap::Command) {
+        let c = Rendered::of(shape)
+            .and_then(|r| r.container(container))
+            .unwrap();
+        let pod = PodFields {
+            node_name: "node-0",
+            pod_name: "kube-ovn-cni-x",
+            namespace: "kube-system",
+            pod_uid: "0c3a1a6e-0000-4000-8000-000000000000",
+            template_hash: "6d8f9c7b5",
+        };
+        let p = chart::Process::of(&c, &pod).unwrap();
+        assert_eq!(p.program, "/kube-ovn/kube-ovn-ipsec");
+        assert_eq!(p.args.first().map(String::as_str), Some(mode));
+        let flag_of = |env: &str| {
+            cmd.get_arguments()
+                .find(|a| a.get_env().is_some_and(|e| e == env))
+                .and_then(|a| a.get_long())
+                .map(str::to_owned)
+        };
+        let line = p
+            .as_arguments(flag_of)
+            .unwrap_or_else(|e| panic!("{mode}: {e}"));
+        cmd.clone()
+            .no_binary_name(true)
+            .try_get_matches_from(&line[1..])
+            .unwrap_or_else(|e| panic!("{mode} {line:?}: {e}"));
+    }
+
+    #[test]
+    fn the_charts_agent_and_cleanup_containers_are_what_the_binary_reads() {
+        let bare = || clap::Command::new("kube-ovn-ipsec");
+        chart_container_parses(
+            Shape::Ipsec,
+            chart::CONTAINER_AGENT,
+            "run",
+            RunArgs::augment_args(bare()),
+        );
+        chart_container_parses(
+            Shape::Cleanup,
+            chart::CONTAINER_CLEANUP,
+            "cleanup",
+            CleanupArgs::augment_args(bare()),
+        );
+    }
+
+    #[test]
+    fn mark_bits_parse_hex_and_decimal_and_refuse_the_rest() {
+        assert_eq!(parse_mark_bits("0xc000"), Ok(0xc000));
+        assert_eq!(parse_mark_bits("0XFF"), Ok(0xff));
+        assert_eq!(parse_mark_bits("49152"), Ok(0xc000));
+        for bad in ["", "0x", "-1", "0x1ffffffff", "c000", "0xzz"] {
+            let e = parse_mark_bits(bad).unwrap_err();
+            assert!(e.contains("mark mask"), "{bad}: {e}");
+        }
     }
 }

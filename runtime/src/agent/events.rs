@@ -6,11 +6,13 @@
 //! `default` like the kubelet's node events.
 
 use actors::bus::{Bus, IdentityEvent, ProtectionEvent};
+use actors::datapath::DatapathEvent;
 use actors::ports::GuardChange;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
+use kube_ovn_ipsec_api::datapath::PeerState;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 /// The component name on every Event this agent writes.
@@ -24,6 +26,14 @@ pub const REASON_GUARD_CONFLICT: &str = "IPsecGuardConflict";
 /// Reason of the Event for OVSDB keys of the agent found changed and
 /// written back.
 pub const REASON_OVSDB_DRIFT: &str = "IPsecOvsdbDriftRestored";
+/// Reason of the Event for a peer whose inbound encrypted traffic stopped.
+pub const REASON_INBOUND_MISSING: &str = "IPsecInboundMissing";
+/// Reason of the Event for marked traffic dropped by the guards.
+pub const REASON_GUARD_DROP: &str = "IPsecGuardDrop";
+/// Reason of the Event for a tunnel with intent and no SA.
+pub const REASON_NO_SA: &str = "IPsecNoSA";
+/// Reason of the Event for a tunnel MTU without room for ESP.
+pub const REASON_MTU: &str = "IPsecMtuTooSmall";
 
 /// Writes Events about one Node.
 #[derive(Clone)]
@@ -103,6 +113,8 @@ pub enum ForwarderMsg {
     },
     /// Something happened to a guard.
     Protection(ProtectionEvent),
+    /// The data path needs an operator.
+    Datapath(DatapathEvent),
 }
 
 /// Start-up arguments of [`EventForwarder`].
@@ -173,7 +185,10 @@ impl Actor for EventForwarder {
         });
         args.bus
             .protection
-            .subscribe(myself, |e| Some(ForwarderMsg::Protection(e)));
+            .subscribe(myself.clone(), |e| Some(ForwarderMsg::Protection(e)));
+        args.bus
+            .datapath
+            .subscribe(myself, |e| Some(ForwarderMsg::Datapath(e)));
         Ok(ForwarderState {
             events: args.events,
             throttle: Throttle::default(),
@@ -195,8 +210,13 @@ impl Actor for EventForwarder {
                 );
                 events.warning(REASON_STATE_MOVED_ASIDE, &message).await;
             }
-            ForwarderMsg::Protection(e) => {
-                let Some((reason, message)) = protection_message(&e) else {
+            ForwarderMsg::Protection(_) | ForwarderMsg::Datapath(_) => {
+                let described = match &msg {
+                    ForwarderMsg::Protection(e) => protection_message(e),
+                    ForwarderMsg::Datapath(e) => datapath_message(e),
+                    ForwarderMsg::StateMovedAside { .. } => None,
+                };
+                let Some((reason, message)) = described else {
                     return Ok(());
                 };
                 match state.throttle.admit(reason, tokio::time::Instant::now()) {
@@ -250,6 +270,36 @@ fn protection_message(e: &ProtectionEvent) -> Option<(&'static str, String)> {
     }
 }
 
+/// The Event reason and message for a data-path event: addresses,
+/// counters and the reason's static hint (no key material exists there).
+fn datapath_message(e: &DatapathEvent) -> Option<(&'static str, String)> {
+    match e {
+        DatapathEvent::PeerUnhealthy(p) => {
+            let reason = match p.state {
+                PeerState::InboundMissing => REASON_INBOUND_MISSING,
+                PeerState::GuardDrop => REASON_GUARD_DROP,
+                PeerState::NoSa => REASON_NO_SA,
+                _ => return None,
+            };
+            Some((
+                reason,
+                format!(
+                    "IPsec to {} (chassis {}) is {} since {}: outbound {} packets, inbound {} packets; {}",
+                    p.peer,
+                    p.chassis.as_ref().map_or("?", |c| c.as_str()),
+                    p.state,
+                    p.since,
+                    p.outbound.packets,
+                    p.inbound.packets,
+                    p.message().unwrap_or("")
+                ),
+            ))
+        }
+        DatapathEvent::MtuTooSmall(m) => Some((REASON_MTU, m.to_string())),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,6 +317,45 @@ mod tests {
         assert_eq!(t.admit(REASON_GUARD_READDED, t0 + EVENT_INTERVAL), Some(3));
         let later = t0 + EVENT_INTERVAL + std::time::Duration::from_secs(1);
         assert_eq!(t.admit(REASON_GUARD_READDED, later), None);
+    }
+
+    #[test]
+    fn datapath_events_name_the_peer_the_cause_and_the_numbers() {
+        use kube_ovn_ipsec_api::datapath::{Encapsulation, MtuReport, PeerHealth, SaCounters};
+        let p = PeerHealth {
+            outbound: SaCounters {
+                sas: 1,
+                bytes: 100,
+                packets: 40,
+            },
+            inbound: SaCounters {
+                sas: 1,
+                bytes: 10,
+                packets: 3,
+            },
+            ..kube_ovn_ipsec_api::test_util::peer_health(PeerState::InboundMissing, false)
+        };
+        let (reason, message) =
+            datapath_message(&DatapathEvent::PeerUnhealthy(Box::new(p.clone()))).unwrap();
+        assert_eq!(reason, REASON_INBOUND_MISSING);
+        for want in [
+            "192.0.2.2",
+            "node-2",
+            "outbound 40 packets",
+            "inbound 3",
+            "UDP 4500",
+        ] {
+            assert!(message.contains(want), "{want} in {message}");
+        }
+        let healthy = PeerHealth {
+            state: PeerState::Healthy,
+            ..p
+        };
+        assert!(datapath_message(&DatapathEvent::PeerUnhealthy(Box::new(healthy))).is_none());
+        let mtu = MtuReport::check(1500, 1442, Encapsulation::Geneve, false, false);
+        let (reason, message) = datapath_message(&DatapathEvent::MtuTooSmall(mtu)).unwrap();
+        assert_eq!(reason, REASON_MTU);
+        assert!(message.contains("1408"), "{message}");
     }
 
     #[test]

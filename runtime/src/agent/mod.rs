@@ -14,8 +14,11 @@
 //!   daemon, the monitor and its acknowledgement.
 //! - [`trust`]: follows ConfigMap `ovn-ipsec-trust` into a watch channel.
 //! - [`events`]: Kubernetes Events on the Node for what operators must
-//!   hear about (a state file moved aside).
+//!   hear about (a state file moved aside, a guard re-added, a peer whose
+//!   data path broke, an MTU that does not fit ESP).
 //! - [`http`]: the status server.
+//! - [`unixctl`]: the OVS-style control socket (`ovs-appctl ipsec/show`,
+//!   `ipsec/refresh`).
 //! - [`run`]: start-up order and shutdown.
 
 pub mod config;
@@ -27,6 +30,7 @@ pub mod ovsdb_identity;
 pub mod ports;
 pub mod run;
 pub mod trust;
+pub mod unixctl;
 
 pub use config::RunArgs;
 pub use run::{Agent, AgentError};

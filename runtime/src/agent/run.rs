@@ -48,8 +48,9 @@ use super::events::{EventForwarder, ForwarderArgs, NodeEvents};
 use super::http;
 use super::kube_csr::KubeCsrApi;
 use super::ovsdb_identity::OvsdbIdentityAdapter;
-use super::ports::{IkeAdapter, MonitorAdapter, ProtectionAdapter};
+use super::ports::{DatapathReaders, IkeAdapter, MonitorAdapter, ProtectionAdapter, TunnelMtu};
 use super::trust;
+use super::unixctl;
 use crate::capability::{self, CapabilityConfig};
 use crate::ike::IkeConfig;
 use crate::lease::AllocationConfig;
@@ -325,14 +326,44 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         appctl: args.ovs_appctl.clone(),
         stop_grace,
     };
+    // The data path's counters and MTUs, read in the same namespace as XFRM.
+    let netns = args.node.xfrm_netns.clone();
+    let tunnel_mtu = match args.tunnel_mtu {
+        Some(m) => TunnelMtu::Fixed(m),
+        None => TunnelMtu::Interface(args.tunnel_mtu_interface.clone()),
+    };
+    let readers =
+        tokio::task::spawn_blocking(move || DatapathReaders::open(netns.as_deref(), tunnel_mtu))
+            .await
+            .map_err(|e| {
+                AgentError::Runtime(crate::Error::Blocking {
+                    what: "opening the data-path readers",
+                    reason: e.to_string(),
+                })
+            })?
+            .map_err(AgentError::Runtime)?;
+    let protection = Arc::new(ProtectionAdapter::new(
+        &args.node.key_dir,
+        node_uid.clone(),
+        AllocationConfig {
+            reserved_bits: args.reserved_mark_bits,
+        },
+        xfrm,
+        ovs.clone(),
+        readers,
+    ));
+    let refresh = actors::datapath::RefreshSignal::default();
+    let datapath_ports = actors::tree::DatapathPorts {
+        port: protection.clone(),
+        refresh: refresh.clone(),
+        config: actors::datapath::DatapathConfig {
+            period: Duration::from_millis(args.datapath_period_ms),
+            fast_period: Duration::from_millis(args.datapath_fast_period_ms),
+            window: Duration::from_secs(args.datapath_window),
+        },
+    };
     let tunnel_ports = TunnelPorts {
-        protection: Arc::new(ProtectionAdapter::new(
-            &args.node.key_dir,
-            node_uid.clone(),
-            AllocationConfig::default(),
-            xfrm,
-            ovs.clone(),
-        )),
+        protection,
         ike: Arc::new(IkeAdapter {
             config: ike.clone(),
             launcher: launcher.clone(),
@@ -350,7 +381,9 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         },
         process_config: ProcessConfig {
             probe_period: Duration::from_secs(args.probe_period.max(1)),
-            start_timeout: Duration::from_secs(30).max(stop_grace),
+            start_timeout: Duration::from_secs(args.process_start_timeout).max(stop_grace),
+            start_timeout_max: (Duration::from_secs(args.process_start_timeout) * 8)
+                .max(stop_grace),
             ..ProcessConfig::default()
         },
         ack_retry: Duration::from_secs(1),
@@ -420,6 +453,19 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         extra_children: Vec::new(),
     };
     tree_args.extra_children = tree::tunnel_child_specs(&tree_args, tunnel_ports);
+    tree_args
+        .extra_children
+        .push(tree::datapath_child_spec(&tree_args, datapath_ports));
+    let ctl = unixctl::bind(&args.ctl_socket, board.clone(), refresh, shutdown.clone()).map_err(
+        |source| {
+            AgentError::Runtime(crate::Error::Io {
+                path: args.ctl_socket.clone(),
+                source,
+            })
+        },
+    )?;
+    let ctl = tokio::spawn(ctl);
+    tracing::info!(socket = %args.ctl_socket.display(), "control socket listening (ovs-appctl -t <socket> ipsec/show)");
     let mut record_follower = None;
     if coordinated {
         let (record_tx, record_rx) = watch::channel(RecordView::Unknown);
@@ -467,6 +513,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     let _ = join.await;
     forwarder.stop(None);
     let _ = forwarder_join.await;
+    let _ = ctl.await;
     follower.abort();
     if let Some(f) = record_follower {
         f.abort();

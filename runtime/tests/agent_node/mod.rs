@@ -14,9 +14,10 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use crate::ike_node::{Outcome, initiate, start_ovsdb, tear_down};
-use crate::support::cluster::{AgentPod, AgentProcess, http_get, spawn_agent_process};
+use crate::support::cluster::http_get;
 use crate::support::controller_cluster as cc;
 use crate::support::controller_cluster::coordination::flags;
+use apiserver::chart;
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::names::ovs;
 use kube_ovn_ipsec_api::pki::Certificate;
@@ -230,8 +231,11 @@ impl AgentNode {
     }
 }
 
-/// `kube-ovn-ipsec run` on `node` as `fx`'s Pod (its token in a kubeconfig
-/// under `dir/<node>`), with the real runtime in the node's namespaces.
+/// The chart's `ipsec` container on `node` as `fx`'s Pod (its token in a
+/// kubeconfig under `dir/<node>`; apiserver::chart), with the real runtime
+/// in the node's namespaces: the chart's command, arguments and
+/// environment, and only what a simulated node moves (paths, sockets,
+/// namespaces) or the test asks for in `extra` changed.
 #[allow(clippy::too_many_arguments)]
 fn spawn_agent(
     node: &IpsecNode,
@@ -250,35 +254,65 @@ fn spawn_agent(
     api.write_kubeconfig(&kubeconfig, &fx.token).unwrap();
     let standins = own.join("standins");
     let appctl = crate::support::cluster::write_capability_standins(&standins);
+    let container = chart::Rendered::of(cc::Shape::Ipsec)
+        .and_then(|r| r.container(chart::CONTAINER_AGENT))
+        .unwrap();
+    let mut agent = chart::Process::of(&container, &fx.pod_fields()).unwrap();
+    let sock = format!("unix:{}", node.run_path("openvswitch/db.sock").display());
+    agent
+        .set("key-dir", Some(&key_dir.to_string_lossy()))
+        .set("ovsdb", Some(&sock))
+        .set("status-addr", Some(&format!("127.0.0.1:{port}")))
+        .set("kubeconfig", Some(&kubeconfig.to_string_lossy()))
+        .set("certificate-lifetime", Some("3600"))
+        // Beside the key directory: one per agent (many run on one host).
+        .set(
+            "ctl-socket",
+            Some(&key_dir.with_extension("ctl").to_string_lossy()),
+        )
+        // Armed at start, as the tests without a coordinating controller
+        // need; a test that coordinates says so in `extra`.
+        .set("coordination", Some("off"));
     // RSA node keys (the default): ovs-monitor-ipsec writes the key into
     // ipsec.secrets as `: RSA`, which charon cannot load for an ECDSA key.
-    let mut flags: Vec<String> = extra.iter().map(|f| (*f).to_owned()).collect();
-    // A flag in `extra` replaces the runtime default of the same name
-    // (every runtime flag takes one value).
     let runtime = crate::support::cluster::real_runtime_flags(node, &standins, &appctl, script);
-    for pair in runtime.chunks(2) {
-        assert!(pair[0].starts_with("--") && pair.len() == 2, "{pair:?}");
-        if !extra.contains(&pair[0].as_str()) {
-            flags.extend_from_slice(pair);
+    let runtime: Vec<&str> = runtime.iter().map(String::as_str).collect();
+    set_flags(&mut agent, &runtime);
+    set_flags(&mut agent, extra);
+    agent
+        .command(Path::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec")))
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap()
+}
+
+/// Applies command-line `flags` (`--flag value`, `--flag=value` or a bare
+/// `--switch`) to `process`, each replacing the chart's or an earlier one.
+fn set_flags(process: &mut chart::Process, flags: &[&str]) {
+    let mut i = 0;
+    while i < flags.len() {
+        let flag = flags[i].strip_prefix("--").unwrap_or_else(|| {
+            panic!("{:?} is not a flag (in {flags:?})", flags[i]);
+        });
+        if let Some((name, value)) = flag.split_once('=') {
+            process.set(name, Some(value));
+            i += 1;
+        } else if let Some(value) = flags.get(i + 1).filter(|v| !v.starts_with("--")) {
+            process.set(flag, Some(value));
+            i += 2;
+        } else {
+            process.set(flag, None);
+            i += 1;
         }
     }
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let pod = AgentPod {
-        node: fx.name.clone(),
-        name: fx.pod_name.clone(),
-        uid: fx.pod_uid.clone(),
-    };
-    let sock = format!("unix:{}", node.run_path("openvswitch/db.sock").display());
-    spawn_agent_process(&AgentProcess {
-        pod: &pod,
-        ovsdb: &sock,
-        kubeconfig: &kubeconfig,
-        key_dir,
-        status_port: port,
-        lifetime_secs: 3600,
-        log,
-        extra: &flags,
-    })
 }
 
 /// Adds each node's tunnel to the other, with its lease, as the patched
@@ -426,8 +460,9 @@ pub async fn env(nodes: usize) -> Env {
     }
 }
 
-/// Runs `kube-ovn-ipsec cleanup` on `node` as `fx`'s (cleanup) Pod, with
-/// its kubeconfig `kubeconfig`, template hash `hash`, waiting at most
+/// Runs the chart's `ipsec-cleanup` init container on `node` as `fx`'s
+/// (cleanup) Pod of template `hash`, with its kubeconfig `kubeconfig`,
+/// waiting at most
 /// `wait_secs` for what the rollout still changes.
 pub fn run_cleanup(
     node: &IpsecNode,
@@ -438,21 +473,23 @@ pub fn run_cleanup(
     wait_secs: u64,
 ) -> std::process::Output {
     let sock = format!("unix:{}", node.run_path("openvswitch/db.sock").display());
+    let container = chart::Rendered::of(cc::Shape::Cleanup)
+        .and_then(|r| r.container(chart::CONTAINER_CLEANUP))
+        .unwrap();
+    let mut pod = fx.pod_fields();
+    pod.template_hash = hash;
+    let mut cleanup = chart::Process::of(&container, &pod).unwrap();
+    cleanup
+        .set("key-dir", Some(&key_dir.to_string_lossy()))
+        .set("ovsdb", Some(&sock))
+        .set("kubeconfig", Some(&kubeconfig.to_string_lossy()))
+        .set("ike-rundir", Some(&node.run_path("").to_string_lossy()))
+        .set("xfrm-netns", Some(node.netns().name()))
+        .set("wait", Some(&wait_secs.to_string()))
+        .set("poll-ms", Some("200"));
     let t = Instant::now();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
-        .args(["cleanup", "--node-name", &fx.name])
-        .args(["--pod-name", &fx.pod_name, "--pod-namespace", cc::NS])
-        .args(["--pod-uid", &fx.pod_uid])
-        .args(["--pod-template-hash", hash])
-        .arg("--key-dir")
-        .arg(key_dir)
-        .args(["--ovsdb", &sock])
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--ike-rundir")
-        .arg(node.run_path(""))
-        .args(["--xfrm-netns", node.netns().name()])
-        .args(["--wait", &wait_secs.to_string(), "--poll-ms", "200"])
+    let out = cleanup
+        .command(Path::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec")))
         .env("RUST_LOG", "info")
         .output()
         .unwrap();

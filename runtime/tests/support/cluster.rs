@@ -202,8 +202,12 @@ pub fn spawn_agent_process(a: &AgentProcess<'_>) -> Child {
         .args(["--status-addr", &format!("127.0.0.1:{}", a.status_port)])
         .args(["--certificate-lifetime", &a.lifetime_secs.to_string()])
         .arg("--kubeconfig")
-        .arg(a.kubeconfig)
-        .args(a.extra)
+        .arg(a.kubeconfig);
+    if !a.extra.contains(&"--ctl-socket") {
+        // Beside the key directory: one per agent (many run on one host).
+        cmd.arg("--ctl-socket").arg(a.key_dir.with_extension("ctl"));
+    }
+    cmd.args(a.extra)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(
