@@ -1,7 +1,7 @@
 //! A Kube-OVN-shaped cluster on the embedded API server, for the tests,
-//! the benches and the lab: the RBAC of docs/controller.md (the
-//! controller's ServiceAccount and the agent's, the CNI ServiceAccount),
-//! the `kube-ovn-cni` DaemonSet with its ControllerRevisions, Nodes with
+//! the benches and the lab: the chart's ServiceAccounts and RBAC (the
+//! controller's and the CNI's, from [`chart`]), the chart's `kube-ovn-cni`
+//! DaemonSet with its ControllerRevisions, Nodes with
 //! chassis annotations, one CNI Pod per Node and a token bound to that
 //! Pod — minted through `TokenRequest`, as the kubelet asks for a Pod's
 //! projected token.
@@ -21,11 +21,12 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::ApiServerHandle;
+use crate::chart;
 
 /// The namespace of the CNI DaemonSet and the controller.
 pub const NS: &str = "kube-system";
 /// The controller's ServiceAccount.
-pub const CONTROLLER_SA: &str = "ovn";
+pub const CONTROLLER_SA: &str = "kube-ovn-ipsec-controller";
 /// The CNI Pods' ServiceAccount: the agent's identity.
 pub const CNI_SA: &str = "kube-ovn-cni";
 /// The DaemonSet's name.
@@ -74,6 +75,8 @@ pub struct CniNode {
     pub pod_name: String,
     /// The CNI Pod's UID.
     pub pod_uid: String,
+    /// The CNI Pod's template hash (its `controller-revision-hash` label).
+    pub template_hash: String,
     /// The Pod-bound ServiceAccount token `client` authenticates with.
     pub token: String,
     /// A client with that token.
@@ -89,7 +92,21 @@ impl std::fmt::Debug for CniNode {
             .field("chassis", &self.chassis)
             .field("pod_name", &self.pod_name)
             .field("pod_uid", &self.pod_uid)
+            .field("template_hash", &self.template_hash)
             .finish_non_exhaustive()
+    }
+}
+
+impl CniNode {
+    /// What the downward API gives a container of this node's CNI Pod.
+    pub fn pod_fields(&self) -> chart::PodFields<'_> {
+        chart::PodFields {
+            node_name: &self.name,
+            pod_name: &self.pod_name,
+            namespace: NS,
+            pod_uid: &self.pod_uid,
+            template_hash: &self.template_hash,
+        }
     }
 }
 
@@ -136,65 +153,12 @@ async fn create(admin: &Client, v: Value) -> Result<Value> {
     serde_json::to_value(created).map_err(|e| ClusterError::Unexpected(e.to_string()))
 }
 
-/// The RBAC objects and ServiceAccounts of docs/controller.md.
-fn rbac() -> Vec<Value> {
-    let ctrl = json!([{"kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": NS}]);
-    let cni = json!([{"kind": "ServiceAccount", "name": CNI_SA, "namespace": NS}]);
-    vec![
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "kube-ovn-ipsec-controller"},
-        "rules": [
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval", "certificatesigningrequests/status"], "verbs": ["update", "patch"]},
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["kubeovn.io/signer"], "verbs": ["approve", "sign"]},
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
-        ]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "kube-ovn-ipsec-controller"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kube-ovn-ipsec-controller"},
-            "subjects": ctrl}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": "kube-ovn-ipsec-controller", "namespace": NS},
-        "rules": [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["apps"], "resources": ["controllerrevisions"], "verbs": ["list", "watch"]},
-            {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get", "create", "update"]},
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
-            {"apiGroups": ["cert-manager.io"], "resources": ["certificaterequests"], "verbs": ["get", "create", "delete"]},
-            {"apiGroups": ["cert-manager.io"], "resources": ["certificaterequests/status"], "verbs": ["patch", "update"]}
-        ]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "kube-ovn-ipsec-controller", "namespace": NS},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kube-ovn-ipsec-controller"},
-            "subjects": ctrl}),
-        json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": CONTROLLER_SA, "namespace": NS}}),
-        json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": CNI_SA, "namespace": NS}}),
-        // The agent: its CSRs, its Node (the UID it binds; its receipt
-        // annotation), Events on its Node (namespace `default`), the trust
-        // ConfigMap and the coordination record.
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "kube-ovn-cni-ipsec"},
-        "rules": [
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
-        ]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "kube-ovn-cni-ipsec"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kube-ovn-cni-ipsec"},
-            "subjects": cni}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": "kube-ovn-cni-ipsec", "namespace": NS},
-            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "kube-ovn-cni-ipsec", "namespace": NS},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kube-ovn-cni-ipsec"},
-            "subjects": cni}),
-    ]
+/// The chart's ServiceAccounts and RBAC objects (the same in every
+/// render), as `kubectl apply` of the chart would create them.
+fn rbac() -> Result<Vec<Value>> {
+    let rendered =
+        chart::Rendered::of(Shape::Ipsec).map_err(|e| ClusterError::Unexpected(e.to_string()))?;
+    Ok(rendered.rbac())
 }
 
 /// Mints a token for ServiceAccount `sa` in [`NS`] through `TokenRequest`,
@@ -243,16 +207,17 @@ pub async fn populate(
     admin: &Client,
     nodes: usize,
 ) -> Result<(Vec<CniNode>, String)> {
-    for obj in rbac() {
+    for obj in rbac()? {
         create(admin, obj).await?;
     }
-    let labels = json!({"app": DAEMON_SET});
-    let ds = create(admin, json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": DAEMON_SET, "namespace": NS},
-            "spec": {"selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "cni-server", "image": "kube-ovn"}]}}}}))
-        .await?;
+    // The chart's DaemonSet with IPsec on, as applied (a DaemonSet
+    // controller's status is not simulated).
+    let mut ds = chart::Rendered::of(Shape::Ipsec)
+        .and_then(|r| r.find("DaemonSet", DAEMON_SET))
+        .cloned()
+        .map_err(|e| ClusterError::Unexpected(e.to_string()))?;
+    ds["metadata"]["namespace"] = json!(NS);
+    let ds = create(admin, ds).await?;
     let ds_uid = str_at(&ds, &["metadata", "uid"])?.to_owned();
     for (hash, revision) in [(HASH, 2), ("oldhash", 1)] {
         create(
@@ -291,14 +256,15 @@ pub async fn add_node(
     .await?;
     let uid = str_at(&node, &["metadata", "uid"])?.to_owned();
     let pod_name = format!("{DAEMON_SET}-{i}");
+    let mut pod_spec = Shape::Ipsec.pod_spec()?;
+    pod_spec["nodeName"] = json!(name);
     let pod = create(
         admin,
         json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod_name, "namespace": NS,
                          "labels": {"app": DAEMON_SET, "controller-revision-hash": HASH},
                          "ownerReferences": owned_by(ds_uid)},
-            "spec": {"nodeName": name, "serviceAccountName": CNI_SA,
-                     "containers": [{"name": "cni-server", "image": "kube-ovn"}]}}),
+            "spec": pod_spec}),
     )
     .await?;
     let pod_uid = str_at(&pod, &["metadata", "uid"])?.to_owned();
@@ -313,6 +279,7 @@ pub async fn add_node(
         chassis,
         pod_name,
         pod_uid,
+        template_hash: HASH.to_owned(),
         token,
         client,
     })
@@ -330,16 +297,24 @@ pub enum Shape {
 }
 
 impl Shape {
-    /// The Pod spec's containers of this shape.
-    fn containers(self) -> Value {
-        let c = |name: &str| json!({"name": name, "image": "kube-ovn"});
-        match self {
-            Shape::Ipsec => json!({"containers": [c("cni-server"), c("ipsec")]}),
-            Shape::Cleanup => json!({
-                "initContainers": [c("ipsec-cleanup")],
-                "containers": [c("cni-server")],
-            }),
+    /// The Pod spec of this shape, as the chart renders it
+    /// ([`chart::Rendered::of`]).
+    pub fn pod_spec(self) -> Result<Value> {
+        chart::Rendered::of(self)
+            .and_then(chart::Rendered::daemon_set_pod_spec)
+            .cloned()
+            .map_err(|e| ClusterError::Unexpected(e.to_string()))
+    }
+
+    /// The DaemonSet template patch that makes this shape the template: a
+    /// merge patch replaces lists whole, and a list this shape does not
+    /// have (the other shape's `initContainers`) is removed.
+    fn template_patch(self) -> Result<Value> {
+        let mut spec = self.pod_spec()?;
+        if spec.get("initContainers").is_none() {
+            spec["initContainers"] = Value::Null;
         }
+        Ok(json!({"spec": {"template": {"spec": spec}}}))
     }
 }
 
@@ -350,7 +325,7 @@ impl Shape {
 /// rolled separately ([`replace_pod`]).
 pub async fn set_template(admin: &Client, ds_uid: &str, shape: Shape, hash: &str) -> Result<()> {
     let sets: Api<DaemonSet> = Api::namespaced(admin.clone(), NS);
-    let template = json!({"spec": {"template": {"spec": shape.containers()}}});
+    let template = shape.template_patch()?;
     sets.patch(
         DAEMON_SET,
         &PatchParams::default(),
@@ -410,9 +385,8 @@ pub async fn replace_pod(
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     // Already gone is what a delete wants.
     let _ = pods.delete(&node.pod_name, &Default::default()).await;
-    let mut spec = shape.containers();
+    let mut spec = shape.pod_spec()?;
     spec["nodeName"] = json!(node.name);
-    spec["serviceAccountName"] = json!(CNI_SA);
     let pod = create(
         admin,
         json!({"apiVersion": "v1", "kind": "Pod",
@@ -431,6 +405,7 @@ pub async fn replace_pod(
         .map_err(|e| ClusterError::Unexpected(format!("a client for {pod_name}: {e}")))?;
     node.pod_name = pod_name;
     node.pod_uid = pod_uid;
+    node.template_hash = hash.to_owned();
     node.token = token;
     node.client = client;
     Ok(())

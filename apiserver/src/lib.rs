@@ -49,6 +49,7 @@
 //! is [`FutureWatch`].
 
 mod auth;
+pub mod chart;
 mod discovery;
 mod error;
 mod handlers;

@@ -541,3 +541,117 @@ async fn create_token_bound_to_a_pod_and_whoami() {
     );
     s.shutdown().await;
 }
+
+/// The RBAC objects and ServiceAccounts of the chart's committed default
+/// render (helm/rendered/, kept equal to a fresh render by CI), as one
+/// multi-document YAML: what `kubectl create -f` gets. The Deployment and
+/// DaemonSet are left out (this server serves no Deployments; neither
+/// carries a permission).
+fn chart_rbac_yaml() -> String {
+    let rendered =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/rendered/kube-ovn-ipsec.yaml");
+    let text = std::fs::read_to_string(&rendered)
+        .unwrap_or_else(|e| panic!("{}: {e}", rendered.display()));
+    let kinds = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let docs: Vec<&str> = text
+        .split("\n---\n")
+        .filter(|d| {
+            d.lines()
+                .any(|l| kinds.iter().any(|k| l == format!("kind: {k}")))
+        })
+        .collect();
+    assert_eq!(
+        docs.len(),
+        10,
+        "the chart's 2 ServiceAccounts and 8 RBAC objects"
+    );
+    docs.join("\n---\n")
+}
+
+#[tokio::test]
+async fn chart_rbac_holds_for_the_cni_and_the_controller() {
+    let s = server(true, &[]).await;
+    let admin = Kubectl::new(&s, ADMIN_TOKEN);
+    let path = admin.dir.path().join("chart-rbac.yaml");
+    std::fs::write(&path, chart_rbac_yaml()).unwrap();
+    admin.ok(&["create", "-f", &path_str(&path)]).await;
+    let token = |sa: &'static str| {
+        let admin = &admin;
+        async move {
+            admin
+                .ok(&["create", "token", sa, "-n", "kube-system"])
+                .await
+                .trim()
+                .to_string()
+        }
+    };
+    let cni = Kubectl::new(&s, &token("kube-ovn-cni").await);
+    let controller = Kubectl::new(&s, &token("kube-ovn-ipsec-controller").await);
+    let forbidden = |out: &Output, what: &str| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("Forbidden"),
+            "{what}: expected Forbidden, got {}: {stderr}",
+            out.status
+        );
+    };
+
+    // The CNI ServiceAccount: its CSR is created ...
+    let file = cni.write("csr.json", &csr("ovn-ipsec-node1", "node1"));
+    cni.ok(&["create", "-f", &file]).await;
+    // ... a cert-manager CertificateRequest is not, in any namespace.
+    let request = json!({"apiVersion": "cert-manager.io/v1", "kind": "CertificateRequest",
+        "metadata": {"name": "node1", "namespace": "kube-system"},
+        "spec": {"request": common::csr_request("node1"),
+                 "issuerRef": {"name": "kube-ovn", "kind": "ClusterIssuer", "group": "cert-manager.io"}}});
+    let file = cni.write("cr.json", &request);
+    forbidden(
+        &cni.run(&["create", "-f", &file]).await,
+        "the CNI creating a CertificateRequest",
+    );
+    forbidden(
+        &cni.run(&["get", "secrets", "-n", "kube-system"]).await,
+        "the CNI reading Secrets",
+    );
+    forbidden(
+        &cni.run(&["certificate", "approve", "ovn-ipsec-node1"])
+            .await,
+        "the CNI approving its own CSR",
+    );
+
+    // The controller: its CA Secret (not there yet: NotFound, not
+    // Forbidden) and CertificateRequests in its namespace ...
+    let out = controller
+        .run(&["get", "secret", "ovn-ipsec-ca", "-n", "kube-system"])
+        .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("NotFound"), "{stderr}");
+    let file = controller.write("cr.json", &request);
+    controller.ok(&["create", "-f", &file]).await;
+    // ... and nowhere else.
+    forbidden(
+        &controller
+            .run(&["get", "secret", "ovn-ipsec-ca", "-n", "default"])
+            .await,
+        "the controller reading Secrets outside its namespace",
+    );
+    let mut elsewhere = request.clone();
+    elsewhere["metadata"]["namespace"] = json!("default");
+    let file = controller.write("cr-default.json", &elsewhere);
+    forbidden(
+        &controller.run(&["create", "-f", &file]).await,
+        "the controller creating a CertificateRequest outside its namespace",
+    );
+    // It approves CSRs of its signer.
+    let out = controller
+        .ok(&["certificate", "approve", "ovn-ipsec-node1"])
+        .await;
+    assert!(out.contains("approved"), "{out}");
+    s.shutdown().await;
+}

@@ -53,11 +53,12 @@ pub struct Config {
         default_value = "kube-ovn-cni"
     )]
     pub cni_service_account: String,
-    /// The controller's own ServiceAccount (cert-manager requester check).
+    /// The controller's own ServiceAccount (cert-manager requester check);
+    /// the chart's by default.
     #[arg(
         long,
         env = "KUBE_OVN_CONTROLLER_SERVICE_ACCOUNT",
-        default_value = "ovn"
+        default_value = "kube-ovn-ipsec-controller"
     )]
     pub controller_service_account: String,
     /// Lifetime of a newly generated built-in CA.
@@ -156,5 +157,56 @@ impl Config {
             "system:serviceaccount:{}:{}",
             self.namespace, self.controller_service_account
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+    use apiserver::chart::{self, PodFields, Rendered};
+    use apiserver::kube_ovn::Shape;
+    use clap::Args;
+
+    /// The chart's controller container against this command line: every
+    /// variable it sets is read by a flag, every flag exists, and together
+    /// they parse into a valid policy.
+    #[test]
+    fn the_charts_controller_container_is_what_the_binary_reads() {
+        let cmd = Config::augment_args(clap::Command::new("kube-ovn-ipsec-controller"));
+        for shape in [Shape::Ipsec, Shape::Cleanup] {
+            let c = Rendered::of(shape)
+                .and_then(|r| r.container(chart::CONTAINER_CONTROLLER))
+                .unwrap();
+            let pod = PodFields {
+                node_name: "control-plane",
+                pod_name: "kube-ovn-ipsec-controller-0",
+                namespace: "kube-system",
+                pod_uid: "",
+                template_hash: "",
+            };
+            let p = chart::Process::of(&c, &pod).unwrap();
+            assert_eq!(p.program, "/kube-ovn/kube-ovn-ipsec-controller");
+            let flag_of = |env: &str| {
+                cmd.get_arguments()
+                    .find(|a| a.get_env().is_some_and(|e| e == env))
+                    .and_then(|a| a.get_long())
+                    .map(str::to_owned)
+            };
+            let line = p.as_arguments(flag_of).unwrap();
+            let matches = cmd
+                .clone()
+                .no_binary_name(true)
+                .try_get_matches_from(&line)
+                .unwrap_or_else(|e| panic!("{line:?}: {e}"));
+            let config = <Config as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
+            config.policy().unwrap();
+            assert_eq!(
+                config.controller_username(),
+                format!(
+                    "system:serviceaccount:kube-system:{}",
+                    apiserver::kube_ovn::CONTROLLER_SA
+                )
+            );
+        }
     }
 }

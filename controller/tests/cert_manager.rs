@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 /// The dedicated ClusterIssuer the controller is configured with.
 const ISSUER: &str = "kube-ovn-ipsec";
 /// The controller's ServiceAccount as cert-manager's webhook records it.
-const CONTROLLER_USERNAME: &str = "system:serviceaccount:kube-system:ovn";
+const CONTROLLER_USERNAME: &str = "system:serviceaccount:kube-system:kube-ovn-ipsec-controller";
 /// Bound on this file's own waits (`wait_outcome` and `eventually` from
 /// `common` bound theirs at 10 s).
 const WAIT: Duration = Duration::from_secs(20);

@@ -173,6 +173,14 @@ impl Cluster {
     }
 
     async fn repopulate(&mut self) {
+        // The admin client's pooled connection may be the old server's: a
+        // request on it fails once. Populating starts when one succeeds.
+        let admin = self.admin.clone();
+        eventually("the API server answers after the reset", || {
+            let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+            async move { nodes.list(&Default::default()).await.is_ok() }
+        })
+        .await;
         let (nodes, ds_uid) = populate(&self.server, &self.admin, self.nodes.len()).await;
         self.nodes = nodes;
         self.ds_uid = ds_uid;
