@@ -9,31 +9,47 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each section prints how long the one before it took, so a slow CI run
+# shows where its time went.
+SECONDS=0
+section_started=0
+section() {
+  if [ -n "${section_name:-}" ]; then
+    echo "== ($section_name: $((SECONDS - section_started)) s; $SECONDS s so far)"
+  fi
+  section_name="$1"
+  section_started=$SECONDS
+  echo "== $1"
+}
+
 bash scripts/install-deps.sh
 source scripts/lib/toolchain.sh
 require_toolchain
 
-echo "== cargo fmt --check"
+section "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== docs/architecture.md crate graph matches cargo metadata"
+section "docs/architecture.md crate graph matches cargo metadata"
 python3 scripts/crate-graph.py --check docs/architecture.md
 
-echo "== cargo clippy --all-targets -D warnings"
+section "the Helm chart: renders, lints, validates, matches SPEC and helm/rendered/"
+bash scripts/chart-test.sh
+
+section "cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # A workspace build unifies features across every crate; a binary built on
 # its own (scripts/lab.sh, the image) gets only its own. Check each alone.
-echo "== each binary crate builds on its own"
+section "each binary crate builds on its own"
 for p in kube-ovn-ipsec-lab kube-ovn-ipsec-runtime kube-ovn-ipsec-controller; do
   cargo check --locked -q -p "$p"
 done
 
-echo "== the full kernel for the kernel checks (fetched once into its cache)"
+section "the full kernel for the kernel checks (fetched once into its cache)"
 cargo build --locked -q -p testbed --bin koi-kernel-run
 "${CARGO_TARGET_DIR:-target}/debug/koi-kernel-run" --prepare
 
-echo "== cargo test (real daemons; a missing program fails by name)"
+section "cargo test (real daemons; a missing program fails by name)"
 # Two test threads: the machine has two cores, and the integration tests start
 # real daemons whose start-up latency is what they measure against timeouts.
 # --all-targets includes the criterion benches: built in the test profile and
@@ -47,14 +63,14 @@ RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}" cargo test --workspace --all-targets
 # kernel under qemu (docs/kernel.md). On the host above they printed
 # SKIPPED/NOT CHECKED for what this kernel cannot do; there every check must
 # run, so any such line, or a failure, fails this step.
-echo "== kernel-dependent tests on a full kernel"
+section "kernel-dependent tests on a full kernel"
 bash scripts/kernel-tests.sh
 
 # The lab's own run, end to end (README's first command, three nodes, the
 # whole lifecycle on the full kernel) with its JSON summary checked, and
 # `down` leaving nothing behind. Alone: it measures windows and losses that
 # a parallel build would distort.
-echo "== the lab end to end"
+section "the lab end to end"
 RUST_BACKTRACE=0 cargo test --locked -q -p kube-ovn-ipsec-lab --test lab_e2e -- --ignored --nocapture
 
-echo "== all tests passed"
+section "all tests passed"

@@ -5,9 +5,10 @@
 //! a Deployment's Pod would.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
-use apiserver::kube_ovn::{self, CONTROLLER_SA, CniNode, NS};
+use apiserver::chart;
+use apiserver::kube_ovn::{self, CONTROLLER_SA, CniNode, NS, Shape};
 use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle, Identity};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
@@ -39,6 +40,9 @@ pub enum ClusterError {
     /// The cluster's objects.
     #[error("the cluster's objects: {0}")]
     Objects(#[from] kube_ovn::ClusterError),
+    /// The rendered chart (helm/rendered/).
+    #[error("the rendered chart: {0}")]
+    Chart(String),
     /// OVN's databases or northd.
     #[error("OVN: {0}")]
     Ovn(#[from] testbed::ovs::Error),
@@ -175,17 +179,33 @@ impl ControlPlane {
             .append(true)
             .open(self.dir.join("controller.log"))
             .map_err(io("opening the controller's log"))?;
-        let child = Command::new(bin)
-            .args(["--namespace", NS, "--metrics-addr", "127.0.0.1:0"])
-            .args(["--enable-ipsec", if enable { "true" } else { "false" }])
-            .args(["--ovn-nb", &self.central.nb.address()])
-            .args(["--ovn-sb", &self.central.sb.address()])
-            .args(["--coordination-period", "1s", "--lease-duration", "3s"])
+        // The chart's controller container as its Deployment would start
+        // it, pointed at this API server and this OVN.
+        let container = chart::Rendered::of(Shape::Ipsec)
+            .and_then(|r| r.container(chart::CONTAINER_CONTROLLER))
+            .map_err(|e| ClusterError::Chart(e.to_string()))?;
+        let pod = chart::PodFields {
+            node_name: "control-plane",
+            pod_name: "kube-ovn-ipsec-controller-0",
+            namespace: NS,
+            pod_uid: "",
+            template_hash: "",
+        };
+        let mut process =
+            chart::Process::of(&container, &pod).map_err(|e| ClusterError::Chart(e.to_string()))?;
+        process
+            .set("metrics-addr", Some("127.0.0.1:0"))
+            .set("enable-ipsec", Some(if enable { "true" } else { "false" }))
+            .set("ovn-nb", Some(&self.central.nb.address()))
+            .set("ovn-sb", Some(&self.central.sb.address()))
+            .set("coordination-period", Some("1s"))
+            .set("lease-duration", Some("3s"))
             // Kubernetes' floor: the lab's agents ask for short lifetimes
             // so that a renewal happens while it watches.
-            .args(["--min-cert-lifetime", "10m"])
+            .set("min-cert-lifetime", Some("10m"));
+        let child = process
+            .command(bin)
             .env("RUST_LOG", "info")
-            .args(["--pod-name", "kube-ovn-ipsec-controller-0"])
             .env("KUBECONFIG", &kubeconfig)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .stdin(Stdio::null())

@@ -37,6 +37,7 @@ use crate::emulated_ovn_controller::{self as ovn, POD_PORT};
 use crate::node::{SimNode, rss_kib};
 use crate::state::NETNS_PREFIX;
 use crate::summary::{Failure, NodeRow, PairRow, PhaseLoss, StepTime, Summary, is_window};
+use kube_ovn_ipsec_api::datapath::PeerState;
 
 /// The template hash of the cleanup shape the lab rolls out on disable.
 const CLEANUP_HASH: &str = "4c1ea9b70";
@@ -301,6 +302,7 @@ async fn lifecycle(
     plaintext_overlay(run, w, opts.probe_interval)?;
     enable(run, w).await?;
     encrypted(run, w)?;
+    datapath(run, w).await?;
     negotiation(run, w)?;
     renewal(run, w).await?;
     actor_kill(run, w).await?;
@@ -352,7 +354,6 @@ async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
         sim.start_agent(
             &w.bins.agent,
             &w.cp.nodes[i],
-            kube_ovn::HASH,
             &w.cp.api,
             &w.monitor,
             w.lifetime,
@@ -561,6 +562,72 @@ fn encrypted(run: &mut Run<'_>, w: &mut World) -> Step {
     Ok(())
 }
 
+/// Every agent's own view of its data path (SPEC §10): `datapathHealthy`,
+/// every peer `Healthy` from its SA counters, the MTU check passed, and
+/// `ovs-appctl -t <agent ctl> ipsec/show` answering over the real socket.
+async fn datapath(run: &mut Run<'_>, w: &mut World) -> Step {
+    run.begin("data path");
+    let peers = w.nodes.len() - 1;
+    for (i, node) in w.nodes.iter().enumerate() {
+        let name = w.cp.nodes[i].name.clone();
+        // Two samples (4 s) after the SAs carry the probes; slack for TCG.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            let s = node.status().await;
+            if let Some(s) = &s
+                && s.datapath_healthy == Some(true)
+                && s.peers.len() == peers
+                && s.peers.iter().all(|p| p.state == PeerState::Healthy)
+            {
+                break s.clone();
+            }
+            if Instant::now() > deadline {
+                let seen = s.map(|s| {
+                    s.peers
+                        .iter()
+                        .map(|p| format!("{} {}", p.peer, p.state))
+                        .collect::<Vec<_>>()
+                });
+                return fail(format!(
+                    "{name}: the agent does not report every peer Healthy within 30 s: {seen:?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let out = std::process::Command::new("ovs-appctl")
+            .arg("-t")
+            .arg(node.ctl_socket())
+            .arg("ipsec/show")
+            .output();
+        let show = match out {
+            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Ok(o) => {
+                return fail(format!(
+                    "{name}: ovs-appctl ipsec/show: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ));
+            }
+            Err(e) => return fail(format!("{name}: running ovs-appctl: {e}")),
+        };
+        if !show.contains("datapath: healthy") {
+            return fail(format!(
+                "{name}: ipsec/show disagrees with /status:\n{show}"
+            ));
+        }
+        let mtu = status.mtu.map_or_else(
+            || "MTU not checked".to_string(),
+            |m| format!("MTU {} fits (max {})", m.tunnel, m.max_tunnel),
+        );
+        run.line(
+            "data path",
+            &name,
+            format!("{peers} peers Healthy; {mtu}; ipsec/show answers"),
+        );
+    }
+    run.done("data path");
+    Ok(())
+}
+
 /// Every node's pod pings every other while its underlay is captured
 /// (into `<step>.pcap`): every echo answered but the last in flight, and
 /// only ESP (`esp`) or only plaintext Geneve on the wire.
@@ -670,7 +737,12 @@ async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
     let started = unix_now();
     let n = w.nodes.len();
     let mut renewed = vec![false; n];
-    for (i, r) in renewed.iter_mut().enumerate() {
+    let mut renewed_before = vec![false; n];
+    for (i, (r, before)) in renewed
+        .iter_mut()
+        .zip(renewed_before.iter_mut())
+        .enumerate()
+    {
         // A renewal that fell before this step (it is timed from the
         // certificate, not from the lab) still counts; its echoes are in
         // the phase it fell in.
@@ -678,6 +750,7 @@ async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
             && g > w.issued_generation[i]
         {
             *r = true;
+            *before = true;
             run.line(
                 "renewal",
                 &w.cp.nodes[i].name.clone(),
@@ -735,10 +808,19 @@ async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
         .map(|p| p.log().tally(started, ended).lost)
         .sum();
     run.summary.figures.renewal_lost = Some(lost);
+    let early = renewed_before.iter().filter(|b| **b).count();
+    run.summary.figures.renewed_before_step = u32::try_from(early).unwrap_or(u32::MAX);
     run.line(
         "renewal",
         "-",
-        format!("every agent renewed; {lost} echoes lost across it"),
+        if early == 0 {
+            format!("every agent renewed; {lost} echoes lost across it")
+        } else {
+            format!(
+                "every agent renewed; {lost} echoes lost in this step; {early} renewal(s) fell \
+                 before it, their losses are in the phases they fell in"
+            )
+        },
     );
     refresh_rows(run, w).await;
     run.done("renewal");
@@ -884,8 +966,7 @@ async fn disable(run: &mut Run<'_>, w: &mut World) -> Step {
         )
         .await?;
         kube_ovn::set_cleanup_init(&w.cp.admin, &cni.pod_name, InitReport::Running).await?;
-        let (code, message) =
-            w.nodes[i].run_cleanup(&w.bins.agent, cni, CLEANUP_HASH, &w.cp.api, 180)?;
+        let (code, message) = w.nodes[i].run_cleanup(&w.bins.agent, cni, &w.cp.api, 180)?;
         kube_ovn::set_cleanup_init(
             &w.cp.admin,
             &cni.pod_name,
@@ -1040,8 +1121,15 @@ async fn refresh_rows(run: &mut Run<'_>, w: &World) {
         }
         let row = &mut run.summary.nodes[i];
         row.sas = Some(lease_sas(&w.nodes[i]));
-        row.agent_rss_kib = w.nodes[i].agent_pid().and_then(rss_kib);
-        row.monitor_rss_kib = w.nodes[i].monitor_pid().and_then(rss_kib);
+        // The last measurement stands: a process restarting at this very
+        // moment (a renewal's monitor restart, the actor-kill step) has no
+        // resident set to read, which says nothing about what it used.
+        if let Some(kib) = w.nodes[i].agent_pid().and_then(rss_kib) {
+            row.agent_rss_kib = Some(kib);
+        }
+        if let Some(kib) = w.nodes[i].monitor_pid().and_then(rss_kib) {
+            row.monitor_rss_kib = Some(kib);
+        }
         row.receipt = receipt_of(&w.cp, &w.cp.nodes[i].name).await;
     }
     tally(run, w);

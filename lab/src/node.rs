@@ -24,13 +24,24 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use apiserver::ApiServerHandle;
-use apiserver::kube_ovn::{CniNode, NS};
+use apiserver::chart::{self, CONTAINER_AGENT, CONTAINER_CLEANUP};
+use apiserver::kube_ovn::{CniNode, Shape};
 use kube_ovn_ipsec_api::names::host::CAPABILITY_MARKER;
 use kube_ovn_ipsec_api::names::ovs;
 use kube_ovn_ipsec_api::status::Status;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use testbed::ipsec::{IpsecNode, SYSTEM_PYTHON};
+
+/// What the agent and the cleanup get beyond the chart's capabilities, for
+/// the simulation alone: entering a node's network and mount namespaces
+/// (`setns`: SYS_ADMIN, and SYS_CHROOT for a mount namespace) through
+/// `/proc/<holder>/ns/*` (a ptrace-mode read of a process that has every
+/// capability: SYS_PTRACE). The chart's hostNetwork Pod enters nothing.
+/// Everything else — strongSwan, the monitor, XFRM, the key directory —
+/// runs with the chart's set only, so a capability the chart forgot fails
+/// here.
+pub const SIMULATION_CAPABILITIES: [&str; 3] = ["SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"];
 
 /// Why a node could not be set up or its agent started.
 #[derive(Debug, thiserror::Error)]
@@ -175,18 +186,16 @@ impl SimNode {
         })
     }
 
-    /// Starts `kube-ovn-ipsec run` (binary `agent`) as `cni`'s Pod of
-    /// template `template_hash` (its `controller-revision-hash`, which the
-    /// downward API gives the container), following the cluster's
-    /// coordination, with the real runtime in the node's namespaces and
-    /// the patched monitor `monitor_script`.
+    /// Starts the chart's `ipsec` container (binary `agent`) as `cni`'s
+    /// Pod would (its template hash from the downward API), following the
+    /// cluster's coordination, with the real runtime in the node's
+    /// namespaces and the patched monitor `monitor_script`.
     /// `certificate_lifetime` is the `expirationSeconds` it asks for (the
     /// lab's short lifetime makes a renewal happen while traffic runs).
     pub fn start_agent(
         &mut self,
         agent: &Path,
         cni: &CniNode,
-        template_hash: &str,
         api: &ApiServerHandle,
         monitor_script: &Path,
         certificate_lifetime: u32,
@@ -210,37 +219,60 @@ impl SimNode {
             .open(&self.log)
             .map_err(|e| failed("opening the agent's log")(e.to_string()))?;
         let node = &self.node;
-        let p = |p: PathBuf| p.into_os_string();
-        let child = self
-            .agent_command(agent, "run", cni)
-            .args(["--status-addr", &format!("127.0.0.1:{}", self.status_port)])
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--ovn-controller")
-            .arg(p(self.dir.join("ovn-controller")))
-            .arg("--ovs-appctl")
-            .arg(p(self.dir.join("ovs-appctl")))
-            .args(["--ovn-controller-ctl", "ovn-controller", "--ipsec", "ipsec"])
-            .arg("--ike-rundir")
-            .arg(p(node.run_path("")))
-            .arg("--ipsec-cacerts-dir")
-            .arg(p(node.etc_path("ipsec.d/cacerts")))
-            .arg("--ike-log-file")
-            .arg(p(node.dir().join("starter.out")))
-            .arg("--monitor-script")
-            .arg(monitor_script)
-            .args(["--monitor-python", SYSTEM_PYTHON])
-            .args(["--monitor-rundir", "/run/openvswitch"])
-            .args(["--monitor-log-file", "/run/ovs-monitor-ipsec.log"])
-            .arg("--monitor-output-file")
-            .arg(p(node.dir().join("ovs-monitor-ipsec.out")))
-            .args(["--xfrm-netns", node.netns().name()])
-            .args(["--node-netns-pid", &node.netns().holder_pid().to_string()])
+        let path = |p: PathBuf| p.to_string_lossy().into_owned();
+        let mut process = self.container(Shape::Ipsec, CONTAINER_AGENT, cni)?;
+        process
+            .set(
+                "status-addr",
+                Some(&format!("127.0.0.1:{}", self.status_port)),
+            )
+            .set("kubeconfig", Some(&path(kubeconfig)))
+            .set(
+                "ovn-controller",
+                Some(&path(self.dir.join("ovn-controller"))),
+            )
+            .set("ovs-appctl", Some(&path(self.dir.join("ovs-appctl"))))
+            .set("ovn-controller-ctl", Some("ovn-controller"))
+            .set("ipsec", Some("ipsec"))
+            .set("ike-rundir", Some(&path(node.run_path(""))))
+            .set(
+                "ipsec-cacerts-dir",
+                Some(&path(node.etc_path("ipsec.d/cacerts"))),
+            )
+            .set("ike-log-file", Some(&path(node.dir().join("starter.out"))))
+            .set("monitor-script", Some(&monitor_script.to_string_lossy()))
+            .set("monitor-python", Some(SYSTEM_PYTHON))
+            .set("monitor-rundir", Some("/run/openvswitch"))
+            .set("monitor-log-file", Some("/run/ovs-monitor-ipsec.log"))
+            .set(
+                "monitor-output-file",
+                Some(&path(node.dir().join("ovs-monitor-ipsec.out"))),
+            )
+            .set("xfrm-netns", Some(node.netns().name()))
+            .set(
+                "node-netns-pid",
+                Some(&node.netns().holder_pid().to_string()),
+            )
             // A 5 s probe: under qemu's TCG a 1 s probe times out and
             // restarts a healthy monitor (docs/coordination.md).
-            .args(["--probe-period", "5", "--stop-grace", "3"])
-            .args(["--certificate-lifetime", &certificate_lifetime.to_string()])
-            .env("POD_TEMPLATE_HASH", template_hash)
+            .set("probe-period", Some("5"))
+            .set("stop-grace", Some("3"))
+            // Three nodes' charons (7 s each just to load their plugins
+            // under TCG) and Python monitors start at once: 60 s for the
+            // first answer, doubling from there, rather than 30 s.
+            .set("process-start-timeout", Some("60"))
+            .set(
+                "certificate-lifetime",
+                Some(&certificate_lifetime.to_string()),
+            )
+            // The pod port carries the Pod MTU, as ovn0 does on a node.
+            .set(
+                "tunnel-mtu-interface",
+                Some(crate::emulated_ovn_controller::POD_PORT),
+            )
+            .set("ctl-socket", Some(&path(self.ctl_socket())));
+        let child = process
+            .command_with_capabilities(agent, &SIMULATION_CAPABILITIES)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -271,21 +303,37 @@ impl SimNode {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// `kube-ovn-ipsec <mode>` (binary `agent`) with what both modes are
-    /// told about the node: who it is (`cni`'s Node and Pod), its key
-    /// directory and its OVSDB.
-    fn agent_command(&self, agent: &Path, mode: &str, cni: &CniNode) -> Command {
-        let mut cmd = Command::new(agent);
-        cmd.args([mode, "--node-name", &cni.name, "--pod-name", &cni.pod_name])
-            .args(["--pod-namespace", NS, "--pod-uid", &cni.pod_uid])
-            .arg("--key-dir")
-            .arg(&self.key_dir)
-            .arg("--ovsdb")
-            .arg(format!(
-                "unix:{}",
-                self.node.run_path("openvswitch/db.sock").display()
-            ));
-        cmd
+    /// Container `name` of the chart's DaemonSet in `shape`, as the
+    /// kubelet would start it in `cni`'s Pod ([`chart::Process`]), with what a simulated node moves: its key
+    /// directory and its OVSDB socket are under the lab's directory, not at
+    /// the chart's host paths.
+    fn container(
+        &self,
+        shape: Shape,
+        name: &str,
+        cni: &CniNode,
+    ) -> Result<chart::Process, NodeError> {
+        let what = format!("the chart's {name} container");
+        let container = chart::Rendered::of(shape)
+            .and_then(|r| r.container(name))
+            .map_err(|e| failed(what.clone())(e.to_string()))?;
+        let mut process = chart::Process::of(&container, &cni.pod_fields())
+            .map_err(|e| failed(what)(e.to_string()))?;
+        process
+            .set("key-dir", Some(&self.key_dir.to_string_lossy()))
+            .set(
+                "ovsdb",
+                Some(&format!(
+                    "unix:{}",
+                    self.node.run_path("openvswitch/db.sock").display()
+                )),
+            );
+        Ok(process)
+    }
+
+    /// The agent's control socket (`ovs-appctl -t <it> ipsec/show`).
+    pub fn ctl_socket(&self) -> PathBuf {
+        self.dir.join("kube-ovn-ipsec.ctl")
     }
 
     /// The agent's PID while it runs.
@@ -336,20 +384,20 @@ impl SimNode {
 
     /// The PID of the agent's ovs-monitor-ipsec, if it runs.
     pub fn monitor_pid(&self) -> Option<u32> {
-        descendants(self.agent_pid()?)
+        kube_ovn_ipsec_runtime::process::descendants(self.agent_pid()?)
             .into_iter()
+            .map(|p| p.pid)
             .find(|&pid| cmdline(pid).contains("ovs-monitor-ipsec"))
     }
 
-    /// Runs `kube-ovn-ipsec cleanup` (binary `agent`) as `cni`'s Pod's
-    /// `ipsec-cleanup` init container of template `template_hash`, waiting
+    /// Runs the chart's `ipsec-cleanup` init container (binary `agent`) as
+    /// `cni`'s Pod would, waiting
     /// up to `wait_secs` for its node's release to be asked; returns its
     /// exit code and the end of its output (the termination message).
     pub fn run_cleanup(
         &self,
         agent: &Path,
         cni: &CniNode,
-        template_hash: &str,
         api: &ApiServerHandle,
         wait_secs: u64,
     ) -> Result<(i32, String), NodeError> {
@@ -357,15 +405,15 @@ impl SimNode {
         api.write_kubeconfig(&kubeconfig, &cni.token)
             .map_err(|e| failed("writing the cleanup's kubeconfig")(e.to_string()))?;
         let node = &self.node;
-        let out = self
-            .agent_command(agent, "cleanup", cni)
-            .args(["--pod-template-hash", template_hash])
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--ike-rundir")
-            .arg(node.run_path(""))
-            .args(["--xfrm-netns", node.netns().name()])
-            .args(["--wait", &wait_secs.to_string(), "--poll-ms", "200"])
+        let mut process = self.container(Shape::Cleanup, CONTAINER_CLEANUP, cni)?;
+        process
+            .set("kubeconfig", Some(&kubeconfig.to_string_lossy()))
+            .set("ike-rundir", Some(&node.run_path("").to_string_lossy()))
+            .set("xfrm-netns", Some(node.netns().name()))
+            .set("wait", Some(&wait_secs.to_string()))
+            .set("poll-ms", Some("200"));
+        let out = process
+            .command_with_capabilities(agent, &SIMULATION_CAPABILITIES)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .output()
@@ -400,33 +448,6 @@ fn cmdline(pid: u32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
         .unwrap_or_default()
-}
-
-/// Every descendant of `root` (not `root` itself), from `/proc`.
-fn descendants(root: u32) -> Vec<u32> {
-    let mut parents: Vec<(u32, u32)> = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse().ok())
-        {
-            parents.push((pid, ppid));
-        }
-    }
-    let mut out = vec![root];
-    let mut i = 0;
-    while i < out.len() {
-        let p = out[i];
-        out.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    out.remove(0);
-    out
 }
 
 impl Drop for SimNode {

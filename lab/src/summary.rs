@@ -132,8 +132,12 @@ pub struct Figures {
     /// One IKE_SA with its two CHILD_SAs negotiated on a pair whose SAs
     /// were taken down, initiated by name, to the first reply.
     pub negotiation_ms: Option<u64>,
-    /// Echoes lost across the renewal (target 0).
+    /// Echoes lost across the renewal (target 0), within the renewal step.
     pub renewal_lost: Option<u32>,
+    /// Renewals that fell before the renewal step (their echoes are in
+    /// the phases they fell in, not in `renewal_lost`).
+    #[serde(default)]
+    pub renewed_before_step: u32,
     /// From the actor's process killed to the agent healthy again, seconds.
     pub actor_recovery_s: Option<f64>,
     /// From the intent turned off to `Disabled`, seconds.

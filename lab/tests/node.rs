@@ -11,7 +11,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use apiserver::kube_ovn;
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
 use lab::cluster::{Binaries, ControlPlane};
@@ -43,7 +42,7 @@ async fn two_simulated_nodes_reach_enabled_with_the_real_agent_and_controller() 
         SimNode::prepare(b, dir.path()).unwrap(),
     ];
     for (n, cni) in nodes.iter_mut().zip(&cp.nodes) {
-        n.start_agent(&bins.agent, cni, kube_ovn::HASH, &cp.api, script, 3600)
+        n.start_agent(&bins.agent, cni, &cp.api, script, 3600)
             .unwrap();
     }
     cp.start_controller(&bins.controller, true).unwrap();
