@@ -154,10 +154,18 @@ impl Actor for RenewalTimer {
             RenewalTimerMsg::Identity(a) => {
                 let renew_at = a.certificate.renewal_time(&state.args.node_uid);
                 let expires = a.certificate.not_after();
-                if state
-                    .schedule
-                    .is_some_and(|s| s.generation == a.generation && s.renew_at == renew_at)
+                if let Some(s) = &mut state.schedule
+                    && s.generation == a.generation
+                    && s.renew_at == renew_at
                 {
+                    // The identity actor republishes its generation when it
+                    // restarts. A `Due` sent while it was down, or one it
+                    // was killed handling, died with it, and nothing else
+                    // would send another: the identity would expire. So a
+                    // republication past the point fires again (`Due` is
+                    // ignored while an attempt is pending).
+                    s.fired = false;
+                    state.check();
                     return Ok(());
                 }
                 abort(&mut state.timers);

@@ -149,6 +149,25 @@ async fn fires_due_at_the_renewal_point_once_and_survives_restart() {
         "fired at {got}s, point {expected}s"
     );
 
+    // The identity actor restarted (its Due lost with it) and republishes
+    // the same generation: past the point, Due comes again. Found by the
+    // chaos suite: a renewal due while the identity was down never came.
+    timer
+        .send_message(RenewalTimerMsg::Identity(Box::new(ActiveIdentity {
+            generation: 1,
+            certificate: leaf.clone(),
+            csr: None,
+        })))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let dues = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(e, _)| matches!(e, RenewalEvent::Due { generation: 1 }))
+        .count();
+    assert_eq!(dues, 2, "a republication past the point fires Due again");
+
     // A restarted timer asks for the identity again.
     timer.stop(None);
     let (timer2, _) = Actor::spawn(None, RenewalTimer, args).await.unwrap();
