@@ -676,3 +676,43 @@ pub fn peer_health(
         enable_window_millis: None,
     }
 }
+
+/// SplitMix64: a seeded, dependency-free RNG, so that a randomised test
+/// (the crash-consistency kills, the chaos suite's matrix) replays exactly
+/// from the seed it prints.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in [0, n) (`n` > 0; 0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// Uniform duration in [lo, hi].
+    pub fn between(
+        &mut self,
+        lo: std::time::Duration,
+        hi: std::time::Duration,
+    ) -> std::time::Duration {
+        let hi = hi.max(lo);
+        lo + (hi - lo).mul_f64(self.unit())
+    }
+}

@@ -55,34 +55,12 @@ use apiserver::ADMIN_TOKEN;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
 use kube::api::ListParams;
+use kube_ovn_ipsec_api::test_util::SplitMix64;
 use ovsdb::{MapChanges, MapColumn};
 use support::cluster::{Cluster, http_get};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 const IDENTITY_KEYS: [&str; 3] = ["private_key", "certificate", "ca_cert"];
-
-/// SplitMix64: a seeded, dependency-free RNG so a failing run is replayable
-/// from the printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Uniform duration in [lo, hi].
-    fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
-        let hi = hi.max(lo);
-        lo + (hi - lo).mul_f64(self.unit())
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum KillPoint {
@@ -517,7 +495,7 @@ fn holds_lock(pid: u32) -> bool {
 
 /// One kill delay from a seeded RNG, stratified over the timeline so that
 /// the short windows (CSR round trip, commit → record) are hit too.
-fn kill_delay(rng: &mut Rng, t: &Timeline, stratum: usize) -> Kill {
+fn kill_delay(rng: &mut SplitMix64, t: &Timeline, stratum: usize) -> Kill {
     let ms = Duration::from_millis;
     let sub = |a: Duration, b: Duration| a.saturating_sub(b);
     Kill::AfterLock(match stratum % 5 {
@@ -746,7 +724,7 @@ async fn kill_9_anywhere_in_the_identity_flow_keeps_one_key_one_generation() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x6b75_6265_6f76_6e04);
     println!("seed {seed:#x} (CRASH_SEED to replay)");
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     let h = Harness::start().await;
 
     let ec = calibrate_median(&h, "ecdsa-p256", 3).await;

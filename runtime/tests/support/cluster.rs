@@ -189,7 +189,12 @@ pub struct AgentProcess<'a> {
 /// `--coordination off` (armed at start, as these single-node tests need)
 /// unless `extra` names `--coordination` itself.
 pub fn spawn_agent_process(a: &AgentProcess<'_>) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec"));
+    // `option_env!`: the chaos suite includes this module without the
+    // binary (it runs the agent in-process).
+    let Some(bin) = option_env!("CARGO_BIN_EXE_kube-ovn-ipsec") else {
+        panic!("the kube-ovn-ipsec binary is built only for the runtime crate's tests");
+    };
+    let mut cmd = Command::new(bin);
     cmd.args(["run", "--node-name", &a.pod.node]);
     if !a.extra.contains(&"--coordination") {
         cmd.args(["--coordination", "off"]);
