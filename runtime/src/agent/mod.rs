@@ -33,4 +33,4 @@ pub mod trust;
 pub mod unixctl;
 
 pub use config::RunArgs;
-pub use run::{Agent, AgentError};
+pub use run::{Adapters, Agent, AgentError, Seams};

@@ -18,10 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actors::bus::Bus;
+use actors::coordinator::ReceiptPort;
 use actors::identity::IdentityConfig;
 use actors::metrics::PrometheusMetrics;
+use actors::ports::{CsrApi, IkePort, MonitorPort, OvsdbIdentity, ProtectionPort};
 use actors::status::StatusBoard;
 use actors::supervisor::SupervisorConfig;
+use actors::supervisor::SupervisorMsg;
 use actors::tree::{self, AgentTreeArgs};
 use k8s_openapi::api::core::v1::Node;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -31,6 +34,7 @@ use kube_ovn_ipsec_api::ident::{Chassis, Uid};
 use kube_ovn_ipsec_api::names::ovs;
 use ovsdb::MapColumn;
 use prometheus_client::registry::Registry;
+use ractor::ActorRef;
 use tokio::sync::watch;
 
 use actors::process_watch::ProcessConfig;
@@ -193,9 +197,57 @@ fn discover_ctl(pidfile: &std::path::Path) -> std::ffi::OsString {
     }
 }
 
+/// The adapters the actors get: what [`Seams::wrap`] may replace.
+#[derive(Debug, Clone)]
+pub struct Adapters {
+    /// The CSR API (kube-rs).
+    pub csr_api: Arc<dyn CsrApi>,
+    /// The identity keys in OVSDB.
+    pub ovsdb: Arc<dyn OvsdbIdentity>,
+    /// The lease and the XFRM guards.
+    pub protection: Arc<dyn ProtectionPort>,
+    /// The IKE daemon.
+    pub ike: Arc<dyn IkePort>,
+    /// The monitor.
+    pub monitor: Arc<dyn MonitorPort>,
+    /// The signed receipts (only with `--coordination cluster`).
+    pub receipts: Option<Arc<dyn ReceiptPort>>,
+}
+
+/// The two points the chaos suite (`chaos-tests`) reaches a running agent
+/// through: every adapter can be wrapped by a fault injector before the
+/// actors get it, and the started node supervisor is handed out so a test
+/// can kill any actor by name. [`run`] passes [`Seams::default`], which
+/// changes nothing.
+#[derive(Default)]
+pub struct Seams {
+    /// Replaces the adapters the actors get.
+    pub wrap: Option<Box<dyn FnOnce(Adapters) -> Adapters + Send>>,
+    /// Receives the node supervisor once the tree has started.
+    pub started: Option<tokio::sync::oneshot::Sender<ActorRef<SupervisorMsg>>>,
+}
+
+impl std::fmt::Debug for Seams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seams")
+            .field("wrap", &self.wrap.is_some())
+            .field("started", &self.started.is_some())
+            .finish()
+    }
+}
+
 /// Runs the agent until `shutdown` turns true, then stops the actor tree
 /// (which never removes guards or identity state: SPEC §4).
-pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
+pub async fn run(args: RunArgs, shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
+    run_with(args, shutdown, Seams::default()).await
+}
+
+/// [`run`], with the adapters and the supervisor reachable through `seams`.
+pub async fn run_with(
+    args: RunArgs,
+    mut shutdown: watch::Receiver<bool>,
+    seams: Seams,
+) -> Result<(), AgentError> {
     if args.ike_daemon == IkeDaemonKind::Libreswan {
         return Err(AgentError::Unsupported(
             "--ike-daemon=libreswan is not supported yet; use strongswan".into(),
@@ -353,17 +405,12 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         readers,
     ));
     let refresh = actors::datapath::RefreshSignal::default();
-    let datapath_ports = actors::tree::DatapathPorts {
-        port: protection.clone(),
-        refresh: refresh.clone(),
-        config: actors::datapath::DatapathConfig {
-            period: Duration::from_millis(args.datapath_period_ms),
-            fast_period: Duration::from_millis(args.datapath_fast_period_ms),
-            window: Duration::from_secs(args.datapath_window),
-        },
-    };
-    let tunnel_ports = TunnelPorts {
-        protection,
+    let coordinated = args.coordination == CoordinationMode::Cluster;
+    let namespace = args.node.coordination_namespace();
+    let adapters = Adapters {
+        csr_api: Arc::new(KubeCsrApi::new(client.clone())),
+        ovsdb: Arc::new(OvsdbIdentityAdapter::new(ovs)),
+        protection: protection.clone(),
         ike: Arc::new(IkeAdapter {
             config: ike.clone(),
             launcher: launcher.clone(),
@@ -375,6 +422,32 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
             launcher,
             patch,
         }),
+        receipts: coordinated.then(|| {
+            Arc::new(KubeReceipts::new(
+                client.clone(),
+                &args.node.node_name,
+                &namespace,
+                k8s::COORDINATION_CONFIGMAP,
+            )) as Arc<dyn ReceiptPort>
+        }),
+    };
+    let adapters = match seams.wrap {
+        Some(wrap) => wrap(adapters),
+        None => adapters,
+    };
+    let datapath_ports = actors::tree::DatapathPorts {
+        port: protection,
+        refresh: refresh.clone(),
+        config: actors::datapath::DatapathConfig {
+            period: Duration::from_millis(args.datapath_period_ms),
+            fast_period: Duration::from_millis(args.datapath_fast_period_ms),
+            window: Duration::from_secs(args.datapath_window),
+        },
+    };
+    let tunnel_ports = TunnelPorts {
+        protection: adapters.protection.clone(),
+        ike: adapters.ike.clone(),
+        monitor: adapters.monitor.clone(),
         protection_config: ProtectionConfig {
             readback_period: Duration::from_millis(args.guard_readback_ms),
             observe_period: Duration::from_secs(args.sa_observe_period.max(1)),
@@ -433,11 +506,10 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
             reason: e.to_string(),
         })
     })?;
-    let coordinated = args.coordination == CoordinationMode::Cluster;
     let mut tree_args = AgentTreeArgs {
         identity,
-        csr_api: Arc::new(KubeCsrApi::new(client.clone())),
-        ovsdb: Arc::new(OvsdbIdentityAdapter::new(ovs)),
+        csr_api: adapters.csr_api.clone(),
+        ovsdb: adapters.ovsdb.clone(),
         clock,
         metrics,
         board: board.clone(),
@@ -467,9 +539,8 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
     let ctl = tokio::spawn(ctl);
     tracing::info!(socket = %args.ctl_socket.display(), "control socket listening (ovs-appctl -t <socket> ipsec/show)");
     let mut record_follower = None;
-    if coordinated {
+    if let Some(receipts) = adapters.receipts.clone() {
         let (record_tx, record_rx) = watch::channel(RecordView::Unknown);
-        let namespace = args.node.coordination_namespace();
         tracing::info!(%namespace, configmap = k8s::COORDINATION_CONFIGMAP, "following the cluster's coordination: this node arms when it asks");
         record_follower = Some(tokio::spawn(coordination::follow(
             client.clone(),
@@ -488,12 +559,7 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
                     template_hash: args.node.pod_template_hash.clone(),
                 },
                 record: record_rx,
-                receipts: Arc::new(KubeReceipts::new(
-                    client.clone(),
-                    &args.node.node_name,
-                    &namespace,
-                    k8s::COORDINATION_CONFIGMAP,
-                )),
+                receipts,
                 refresh: Duration::from_secs(args.receipt_refresh),
             },
         );
@@ -502,6 +568,9 @@ pub async fn run(args: RunArgs, mut shutdown: watch::Receiver<bool>) -> Result<(
         tracing::warn!("--coordination=off: arming at start without the cluster's coordination");
     }
     let (supervisor, join) = tree::start(tree_args).await?;
+    if let Some(started) = seams.started {
+        let _ = started.send(supervisor.clone());
+    }
 
     while !*shutdown.borrow() {
         if shutdown.changed().await.is_err() {
