@@ -10,7 +10,7 @@
 //! | `identity` | identity actor | `Ready` | OVSDB writer, node coordinator (the identity it signs with in `Prepare`) |
 //! | | | `Active` | renewal timer, monitor, node coordinator (from the current one, [`IdentityPort::subscribe_with_current`]) |
 //! | | | `StateMovedAside` | the `runtime` crate's Event forwarder |
-//! | `activation` | OVSDB writer | `Activated`, `Failed` | identity actor |
+//! | `activation` | OVSDB writer | `Activated`, `Failed`, `WriterStarted` | identity actor |
 //! | `renewal` | renewal timer | `Due`, `TimerStarted` | identity actor |
 //! | `protection` | protection actor | `GuardReadded`, `GuardConflict` | the Event forwarder |
 //!
@@ -88,6 +88,9 @@ pub enum ActivationEvent {
         /// The error's metric label.
         reason: String,
     },
+    /// The writer (re)started and holds no request: a request sent to its
+    /// predecessor died with it.
+    WriterStarted,
 }
 
 /// Published by the renewal timer.

@@ -94,6 +94,9 @@ impl Actor for OvsdbWriter {
             _ => None,
         });
         let ticker = myself.send_interval(args.verify_period, || OvsdbWriterMsg::Verify);
+        // A respawned writer: the identity actor asks again now for what it
+        // is waiting on, instead of at its watchdog's next turn (up to 30 s).
+        args.bus.activation.send(ActivationEvent::WriterStarted);
         Ok(OvsdbWriterState {
             args,
             deferred: None,

@@ -309,6 +309,7 @@ impl Actor for IdentityActor {
             IdentityMsg::Activation(ActivationEvent::Failed { generation, reason }) => {
                 Input::ActivationFailed { generation, reason }
             }
+            IdentityMsg::Activation(ActivationEvent::WriterStarted) => Input::WriterStarted,
             IdentityMsg::Internal(Internal(input)) => input,
             IdentityMsg::Snapshot(reply) => {
                 let _ = reply.send(state.snapshot());

@@ -266,6 +266,8 @@ pub(crate) enum Input {
     },
     /// The renewal timer (re)started.
     TimerStarted,
+    /// The OVSDB writer (re)started: a request it held is gone.
+    WriterStarted,
     /// OVSDB points at `generation`.
     Activated {
         /// The generation.
@@ -412,6 +414,7 @@ impl Machine {
             Input::Trust(source) => self.on_trust(source),
             Input::RenewalDue { generation } => self.on_renewal_due(generation),
             Input::TimerStarted => self.publish_active(),
+            Input::WriterStarted => self.on_writer_started(),
             Input::Activated { generation } => self.on_activated(generation),
             Input::ActivationFailed { generation, reason } => {
                 tracing::warn!(generation, reason, "activation failed; will retry");
@@ -927,6 +930,20 @@ impl Machine {
             self.check_trust_and_expiry();
         }
         self.drive();
+    }
+
+    /// A respawned writer lost any activation request it held: one that is
+    /// awaited is published again at once (the watchdog would, but only
+    /// after its backoff delay).
+    fn on_writer_started(&mut self) {
+        let awaited = match &self.phase {
+            Phase::AwaitingActivation { .. } => true,
+            Phase::Idle => self.active.as_ref().is_some_and(|a| !a.confirmed),
+            _ => false,
+        };
+        if awaited {
+            self.drive();
+        }
     }
 
     fn on_renewal_due(&mut self, generation: u64) {

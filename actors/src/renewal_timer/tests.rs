@@ -126,13 +126,16 @@ async fn fires_due_at_the_renewal_point_once_and_survives_restart() {
         .await
         .unwrap();
     let start = tokio::time::Instant::now();
-    timer
-        .send_message(RenewalTimerMsg::Identity(Box::new(ActiveIdentity {
-            generation: 1,
-            certificate: leaf.clone(),
-            csr: None,
-        })))
-        .unwrap();
+    let publish = |timer: &ActorRef<RenewalTimerMsg>| {
+        timer
+            .send_message(RenewalTimerMsg::Identity(Box::new(ActiveIdentity {
+                generation: 1,
+                certificate: leaf.clone(),
+                csr: None,
+            })))
+            .unwrap();
+    };
+    publish(&timer);
     tokio::time::sleep(Duration::from_secs(3700)).await;
     let due: Vec<_> = seen
         .lock()
@@ -152,13 +155,7 @@ async fn fires_due_at_the_renewal_point_once_and_survives_restart() {
     // The identity actor restarted (its Due lost with it) and republishes
     // the same generation: past the point, Due comes again. Found by the
     // chaos suite: a renewal due while the identity was down never came.
-    timer
-        .send_message(RenewalTimerMsg::Identity(Box::new(ActiveIdentity {
-            generation: 1,
-            certificate: leaf.clone(),
-            csr: None,
-        })))
-        .unwrap();
+    publish(&timer);
     tokio::time::sleep(Duration::from_millis(10)).await;
     let dues = seen
         .lock()

@@ -751,3 +751,27 @@ fn an_identity_another_pod_requested_is_renewed_at_once() {
     );
     assert_eq!(ready(&e), Some(1), "the old identity keeps serving");
 }
+
+#[test]
+fn a_respawned_writer_is_asked_again_at_once_for_an_awaited_activation() {
+    let mut f = Fixture::active();
+    // Nothing awaited: a respawned writer changes nothing.
+    assert!(f.step(Input::WriterStarted).is_empty());
+    let e = f.step(Input::RenewalDue { generation: 1 });
+    let g = f.mint_and_submit(&e);
+    let outcome = f.issued(Tamper::None);
+    let e = f.step(Input::Settled {
+        generation: g,
+        outcome: Ok(outcome),
+    });
+    assert!(matches!(job(&e), Some(Job::StoreIssued(_))), "{e:?}");
+    let e = f.step(Input::Stored(Ok(())));
+    assert_eq!(ready(&e), Some(g));
+    // The writer died with the request: the next one gets it at once,
+    // not after the watchdog's delay.
+    let e = f.step(Input::WriterStarted);
+    assert_eq!(ready(&e), Some(g), "{e:?}");
+    f.step(Input::Activated { generation: g });
+    assert_eq!(f.m.active().unwrap().generation, g);
+    assert!(f.step(Input::WriterStarted).is_empty());
+}
