@@ -66,6 +66,13 @@ RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}" cargo test --workspace --all-targets
 section "kernel-dependent tests on a full kernel"
 bash scripts/kernel-tests.sh
 
+# The chaos suite (docs/chaos.md): actors of eight agents killed at each point
+# of an activation, nine rounds of the matrix (504 faults), a fresh seed each
+# run (the table prints it; scripts/chaos.sh --seed replays it).
+section "the chaos suite"
+CHAOS_ROUNDS=9 CHAOS_NODES=8 RUST_BACKTRACE=0 \
+  cargo test --locked -q -p chaos-tests --test actor_kills -- --ignored --nocapture
+
 # The lab's own run, end to end (README's first command, three nodes, the
 # whole lifecycle on the full kernel) with its JSON summary checked, and
 # `down` leaving nothing behind. Alone: it measures windows and losses that

@@ -1,0 +1,234 @@
+//! The invariants checked after every fault, over what the test read from
+//! the node (pure but for reading the key directory's files). Each returns
+//! the violation as a sentence an operator could act on.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use actors::keydir::{self, KeyDirState, files, generation_dir_name};
+use actors::pki::PrivateKey;
+use actors::ports::OvsdbIdentityKeys;
+use kube_ovn_ipsec_api::pki::CertificateChain;
+
+/// The generation OVSDB's identity keys name, with the whole generation
+/// checked (invariant 1): all three keys or none, every one naming the
+/// file of *one* generation folder of `key_dir`, the files present and the
+/// certificate for the key, and that generation the one `state` records
+/// as active (or, mid-activation, as issued and pending). `None`: OVSDB
+/// holds no identity and none is recorded active.
+pub fn one_generation(
+    key_dir: &Path,
+    ovs: &OvsdbIdentityKeys,
+    state: &KeyDirState,
+) -> Result<Option<u64>, String> {
+    let named = [&ovs.private_key, &ovs.certificate, &ovs.ca_cert];
+    if named.iter().all(|k| k.is_none()) {
+        return match &state.active {
+            None => Ok(None),
+            Some(a) => Err(format!(
+                "state.json records generation {} active, OVSDB holds no identity",
+                a.generation
+            )),
+        };
+    }
+    let Some(g) = (1..=state.last_generation).find(|g| {
+        keydir::identity_paths_in(key_dir, *g)
+            .private_key
+            .display()
+            .to_string()
+            == ovs.private_key.clone().unwrap_or_default()
+    }) else {
+        return Err(format!(
+            "OVSDB's private_key {:?} names no generation of {}",
+            ovs.private_key,
+            key_dir.display()
+        ));
+    };
+    let want = OvsdbIdentityKeys::from_paths(&keydir::identity_paths_in(key_dir, g));
+    if &want != ovs {
+        return Err(format!(
+            "OVSDB mixes generations: {ovs:?}, generation {g} is {want:?}"
+        ));
+    }
+    let dir = key_dir.join(generation_dir_name(g));
+    let read = |name: &str| {
+        std::fs::read(dir.join(name))
+            .map_err(|e| format!("OVSDB names {}, unreadable: {e}", dir.join(name).display()))
+    };
+    let key = PrivateKey::from_pem(&read(files::PRIVATE_KEY)?)
+        .map_err(|e| format!("generation {g}'s key does not parse: {e}"))?;
+    let chain = CertificateChain::from_pem(&read(files::CERTIFICATE)?)
+        .map_err(|e| format!("generation {g}'s certificate does not parse: {e}"))?;
+    if chain.leaf().public_key_bytes() != key.public_key_raw() {
+        return Err(format!("generation {g}'s certificate is not for its key"));
+    }
+    read(files::CA)?;
+    let recorded = state.active.as_ref().is_some_and(|a| a.generation == g)
+        || state
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.generation == g && p.stage == keydir::PendingStage::Issued);
+    if !recorded {
+        return Err(format!(
+            "OVSDB is on generation {g}, which state.json names neither active nor issued-pending"
+        ));
+    }
+    Ok(Some(g))
+}
+
+/// The key directory holds no half-written file and every file of every
+/// generation folder parses as what it is named (invariant 3): a key as a
+/// key, a certificate or CA as certificates, a request as PEM.
+pub fn no_half_written(key_dir: &Path) -> Result<(), String> {
+    let mut bad = Vec::new();
+    let mut scan = |dir: &Path| -> Result<(), String> {
+        let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.contains(".tmp-") {
+                bad.push(format!(
+                    "{} (a temporary file left behind)",
+                    e.path().display()
+                ));
+                continue;
+            }
+            let Ok(data) = std::fs::read(e.path()) else {
+                continue;
+            };
+            let ok = match name.as_str() {
+                files::PRIVATE_KEY => PrivateKey::from_pem(&data).is_ok(),
+                files::CERTIFICATE | files::CA => CertificateChain::from_pem(&data).is_ok(),
+                files::REQUEST => data.starts_with(b"-----BEGIN"),
+                _ => true,
+            };
+            if !ok {
+                bad.push(format!("{} does not parse", e.path().display()));
+            }
+        }
+        Ok(())
+    };
+    scan(key_dir)?;
+    for e in std::fs::read_dir(key_dir)
+        .map_err(|e| format!("{}: {e}", key_dir.display()))?
+        .flatten()
+    {
+        if e.path().is_dir() {
+            scan(&e.path())?;
+        }
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(bad.join("; "))
+    }
+}
+
+/// A valid identity is never lost (invariant 3): the generation active
+/// before the fault is still active, or a later one is.
+pub fn identity_kept(before: Option<u64>, after: &KeyDirState) -> Result<(), String> {
+    let now = after.active.as_ref().map(|a| a.generation);
+    match (before, now) {
+        (Some(b), Some(n)) if n >= b => Ok(()),
+        (None, _) => Ok(()),
+        (Some(b), n) => Err(format!("generation {b} was active, now {n:?} is")),
+    }
+}
+
+/// Key material in a text served or logged (invariant 7): the PEM armour
+/// of a key or certificate, named.
+pub fn key_material(text: &str) -> Option<&'static str> {
+    const MARKERS: [(&str, &str); 3] = [
+        ("PRIVATE KEY-----", "a private key"),
+        ("-----BEGIN CERTIFICATE", "a certificate's PEM"),
+        ("-----BEGIN CERTIFICATE REQUEST", "a CSR's PEM"),
+    ];
+    MARKERS
+        .iter()
+        .find(|(m, _)| text.contains(m))
+        .map(|(_, what)| *what)
+}
+
+/// What of `before` changed in `after` (invariant 5): lines of an XFRM
+/// dump of state this project did not create, compared as sets.
+pub fn foreign_unchanged(before: &str, after: &str) -> Result<(), String> {
+    let set = |s: &str| {
+        s.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect::<BTreeSet<_>>()
+    };
+    let (b, a) = (set(before), set(after));
+    let gone: Vec<_> = b.difference(&a).cloned().collect();
+    if gone.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("foreign XFRM state changed: {gone:?} gone"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn active(generation: u64) -> keydir::ActiveRecord {
+        keydir::ActiveRecord {
+            generation,
+            certificate_digest: String::new(),
+            csr: None,
+        }
+    }
+
+    #[test]
+    fn key_material_is_named_and_plain_text_passes() {
+        assert_eq!(
+            key_material("x -----BEGIN PRIVATE KEY----- y"),
+            Some("a private key")
+        );
+        assert_eq!(
+            key_material("-----BEGIN EC PRIVATE KEY-----"),
+            Some("a private key")
+        );
+        assert_eq!(
+            key_material("-----BEGIN CERTIFICATE-----"),
+            Some("a certificate's PEM")
+        );
+        assert_eq!(key_material(r#"{"generation":3,"phase":"Ready"}"#), None);
+    }
+
+    #[test]
+    fn an_identity_may_advance_never_go_back_or_vanish() {
+        let mut s = KeyDirState::default();
+        assert!(identity_kept(None, &s).is_ok());
+        assert!(
+            identity_kept(Some(2), &s)
+                .unwrap_err()
+                .contains("generation 2")
+        );
+        s.active = Some(active(3));
+        assert!(identity_kept(Some(2), &s).is_ok());
+        assert!(identity_kept(Some(4), &s).is_err());
+    }
+
+    #[test]
+    fn foreign_state_may_gain_lines_never_lose_one() {
+        assert!(foreign_unchanged("a\nb\n", "b\na\nc").is_ok());
+        assert!(
+            foreign_unchanged("a\nb", "a")
+                .unwrap_err()
+                .contains("\"b\"")
+        );
+    }
+
+    #[test]
+    fn ovsdb_without_identity_is_consistent_only_without_an_active_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = KeyDirState::default();
+        assert_eq!(
+            one_generation(dir.path(), &OvsdbIdentityKeys::default(), &s),
+            Ok(None)
+        );
+        s.active = Some(active(1));
+        assert!(one_generation(dir.path(), &OvsdbIdentityKeys::default(), &s).is_err());
+    }
+}

@@ -1,0 +1,281 @@
+//! Where faults land: decorators of the agent's adapters (handed to it
+//! through `runtime::agent::Seams`) that report when the armed point is
+//! reached and hold the caller there while the test kills the victim.
+//!
+//! A kill of the calling actor itself lands while the decorator holds it:
+//! ractor cancels the handler at that await, so the call's effect is done
+//! (or, before the inner call, not done) and the actor never sees the
+//! result: exactly a crash at that point. A kill of another actor lands
+//! while this one is stopped at the point.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use actors::Result;
+use actors::ports::{
+    Acknowledgement, CsrApi, CsrOutcome, CsrRef, CsrSubmission, GuardReadback, LeaseSummary,
+    MonitorPort, OvsdbIdentity, OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess,
+    SaSummary,
+};
+use async_trait::async_trait;
+use kube_ovn_ipsec_runtime::agent::Adapters;
+use tokio::sync::oneshot;
+
+use crate::plan::Point;
+
+/// The moment the armed point was reached.
+#[derive(Debug, Clone, Copy)]
+pub struct Hit {
+    /// The point.
+    pub point: Point,
+    /// When.
+    pub at: Instant,
+}
+
+#[derive(Debug)]
+struct Arming {
+    point: Point,
+    hit: oneshot::Sender<Hit>,
+}
+
+/// One agent's fault switch: armed at one point at a time; the decorators
+/// consult it.
+#[derive(Debug)]
+pub struct Injector {
+    armed: Mutex<Option<Arming>>,
+    hold: Duration,
+}
+
+impl Injector {
+    /// A switch that holds a caller at the hit point for `hold`: long
+    /// enough for the test to kill the victim there.
+    pub fn new(hold: Duration) -> Arc<Injector> {
+        Arc::new(Injector {
+            armed: Mutex::new(None),
+            hold,
+        })
+    }
+
+    /// Arms `point` (replacing an earlier arming); the receiver fires at
+    /// the next crossing.
+    pub fn arm(&self, point: Point) -> oneshot::Receiver<Hit> {
+        let (hit, rx) = oneshot::channel();
+        *self.armed.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arming { point, hit });
+        rx
+    }
+
+    /// Nothing armed any more.
+    pub fn disarm(&self) {
+        *self.armed.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Reports a crossing of `point`; true when it was the armed one.
+    fn crossed(&self, point: Point) -> bool {
+        let arming = {
+            let mut g = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+            match g.as_ref() {
+                Some(a) if a.point == point => g.take(),
+                _ => None,
+            }
+        };
+        match arming {
+            Some(a) => a
+                .hit
+                .send(Hit {
+                    point,
+                    at: Instant::now(),
+                })
+                .is_ok(),
+            None => false,
+        }
+    }
+
+    /// Reports a crossing and, when it was the armed point, holds the
+    /// caller there.
+    async fn hold_at(&self, point: Point) {
+        if self.crossed(point) {
+            tokio::time::sleep(self.hold).await;
+        }
+    }
+
+    /// Wraps every adapter of `a` with this switch.
+    pub fn wrap(self: &Arc<Self>, a: Adapters) -> Adapters {
+        Adapters {
+            csr_api: Arc::new(FaultyCsr {
+                inner: a.csr_api,
+                at: self.clone(),
+            }),
+            ovsdb: Arc::new(FaultyOvsdb {
+                inner: a.ovsdb,
+                at: self.clone(),
+            }),
+            protection: Arc::new(FaultyProtection {
+                inner: a.protection,
+                at: self.clone(),
+            }),
+            ike: a.ike,
+            monitor: Arc::new(FaultyMonitorPort {
+                inner: a.monitor,
+                at: self.clone(),
+            }),
+            receipts: a.receipts,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct FaultyCsr {
+    inner: Arc<dyn CsrApi>,
+    at: Arc<Injector>,
+}
+
+#[async_trait]
+impl CsrApi for FaultyCsr {
+    async fn submit(&self, csr: &CsrSubmission) -> Result<CsrRef> {
+        self.at.hold_at(Point::KeyPersisted).await;
+        let r = self.inner.submit(csr).await;
+        if r.is_ok() {
+            self.at.hold_at(Point::CsrCreated).await;
+        }
+        r
+    }
+
+    async fn wait(&self, name: &str, timeout: Duration) -> Result<CsrOutcome> {
+        let r = self.inner.wait(name, timeout).await;
+        if matches!(r, Ok(CsrOutcome::Issued { .. })) {
+            self.at.hold_at(Point::CertificateReceived).await;
+        }
+        r
+    }
+}
+
+#[derive(Debug)]
+struct FaultyOvsdb {
+    inner: Arc<dyn OvsdbIdentity>,
+    at: Arc<Injector>,
+}
+
+#[async_trait]
+impl OvsdbIdentity for FaultyOvsdb {
+    async fn read(&self) -> Result<OvsdbIdentityKeys> {
+        self.inner.read().await
+    }
+
+    async fn activate(&self, new: &OvsdbIdentityKeys) -> Result<()> {
+        self.at.hold_at(Point::Verified).await;
+        // Not held: the kill races the transaction on the wire.
+        self.at.crossed(Point::OvsdbSent);
+        let r = self.inner.activate(new).await;
+        if r.is_ok() {
+            self.at.hold_at(Point::OvsdbCommitted).await;
+        }
+        r
+    }
+}
+
+#[derive(Debug)]
+struct FaultyProtection {
+    inner: Arc<dyn ProtectionPort>,
+    at: Arc<Injector>,
+}
+
+#[async_trait]
+impl ProtectionPort for FaultyProtection {
+    async fn obtain_lease(&self, allocate: bool) -> Result<Option<LeaseSummary>> {
+        self.inner.obtain_lease(allocate).await
+    }
+
+    async fn evaluate_guards(&self) -> Result<GuardReadback> {
+        let r = self.inner.evaluate_guards().await;
+        if r.as_ref().is_ok_and(|g| g.armed) {
+            self.at.hold_at(Point::GuardArmed).await;
+        }
+        r
+    }
+
+    async fn publish_lease(&self) -> Result<Vec<String>> {
+        self.inner.publish_lease().await
+    }
+
+    async fn observe_sas(&self) -> Result<SaSummary> {
+        self.inner.observe_sas().await
+    }
+}
+
+#[derive(Debug)]
+struct FaultyMonitorPort {
+    inner: Arc<dyn MonitorPort>,
+    at: Arc<Injector>,
+}
+
+#[async_trait]
+impl MonitorPort for FaultyMonitorPort {
+    async fn start(&self) -> Result<Box<dyn RunningMonitor>> {
+        let inner = self.inner.start().await?;
+        Ok(Box::new(FaultyMonitor {
+            inner,
+            at: self.at.clone(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct FaultyMonitor {
+    inner: Box<dyn RunningMonitor>,
+    at: Arc<Injector>,
+}
+
+#[async_trait]
+impl RunningProcess for FaultyMonitor {
+    fn pid(&self) -> u32 {
+        self.inner.pid()
+    }
+
+    fn try_exited(&mut self) -> Option<String> {
+        self.inner.try_exited()
+    }
+
+    async fn probe(&mut self) -> Result<()> {
+        self.inner.probe().await
+    }
+
+    async fn stop(&mut self) -> Result<()> {
+        self.inner.stop().await
+    }
+
+    fn probe_again_within(&self) -> Option<Duration> {
+        self.inner.probe_again_within()
+    }
+}
+
+#[async_trait]
+impl RunningMonitor for FaultyMonitor {
+    async fn acknowledge(&mut self, keys: &OvsdbIdentityKeys) -> Result<Acknowledgement> {
+        let r = self.inner.acknowledge(keys).await;
+        if r.as_ref().is_ok_and(|a| a.configuration_applied) {
+            self.at.hold_at(Point::MonitorReadBack).await;
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn only_the_armed_point_fires_and_only_once() {
+        let i = Injector::new(Duration::from_millis(1));
+        let mut rx = i.arm(Point::CsrCreated);
+        assert!(!i.crossed(Point::KeyPersisted));
+        assert!(rx.try_recv().is_err(), "another point fired");
+        assert!(i.crossed(Point::CsrCreated));
+        assert_eq!(rx.try_recv().unwrap().point, Point::CsrCreated);
+        assert!(!i.crossed(Point::CsrCreated), "fired twice");
+        let _rx = i.arm(Point::GuardArmed);
+        i.disarm();
+        assert!(!i.crossed(Point::GuardArmed));
+    }
+}

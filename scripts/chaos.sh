@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The chaos suite (docs/chaos.md): the agent's actors killed at every point
+# of an activation, the invariants checked after each fault, a table per run.
+#
+#   scripts/chaos.sh                 one round of the matrix (56 faults)
+#   scripts/chaos.sh --long          the CI form: nine rounds (504 faults), eight agents
+#   scripts/chaos.sh --seed 0x1234   replay a run (the table prints its seed)
+#   scripts/chaos.sh --rounds N --nodes M
+#
+# Installs what it needs (scripts/install-deps.sh), as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rounds=1
+nodes=4
+seed=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --long) rounds=9; nodes=8; shift ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --nodes) nodes="$2"; shift 2 ;;
+    --seed) seed="$2"; shift 2 ;;
+    *) echo "chaos.sh: unknown argument $1 (--long, --rounds N, --nodes M, --seed S)" >&2; exit 2 ;;
+  esac
+done
+
+bash scripts/install-deps.sh
+source scripts/lib/toolchain.sh
+require_toolchain
+
+export CHAOS_ROUNDS="$rounds" CHAOS_NODES="$nodes"
+if [ -n "$seed" ]; then
+  export CHAOS_SEED="$seed"
+fi
+RUST_BACKTRACE=0 cargo test --locked -q -p chaos-tests --test actor_kills -- --ignored --nocapture
