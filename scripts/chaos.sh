@@ -2,8 +2,9 @@
 # The chaos suite (docs/chaos.md): the agent's actors killed at every point
 # of an activation, the invariants checked after each fault, a table per run.
 #
-#   scripts/chaos.sh                 one round of the matrix (56 faults)
-#   scripts/chaos.sh --long          the CI form: nine rounds (504 faults), eight agents
+#   scripts/chaos.sh                 four agents, one round of the matrix each (256 faults)
+#   scripts/chaos.sh --ci            the CI form: eight agents, one round each (512 faults)
+#   scripts/chaos.sh --long          eight agents, four rounds each (2048 faults)
 #   scripts/chaos.sh --seed 0x1234   replay a run (the table prints its seed)
 #   scripts/chaos.sh --rounds N --nodes M
 #
@@ -16,11 +17,12 @@ nodes=4
 seed=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --long) rounds=9; nodes=8; shift ;;
+    --ci) rounds=1; nodes=8; shift ;;
+    --long) rounds=4; nodes=8; shift ;;
     --rounds) rounds="$2"; shift 2 ;;
     --nodes) nodes="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
-    *) echo "chaos.sh: unknown argument $1 (--long, --rounds N, --nodes M, --seed S)" >&2; exit 2 ;;
+    *) echo "chaos.sh: unknown argument $1 (--ci, --long, --rounds N, --nodes M, --seed S)" >&2; exit 2 ;;
   esac
 done
 

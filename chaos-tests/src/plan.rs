@@ -70,6 +70,9 @@ pub enum Victim {
     /// One actor of the tree, by its supervisor name
     /// (`actors::tree::names`).
     Actor(&'static str),
+    /// The node's ovsdb-server, SIGKILLed and started again on the same
+    /// database a second later.
+    OvsdbServer,
 }
 
 impl Victim {
@@ -84,10 +87,23 @@ impl Victim {
         Victim::Actor(actors::tree::names::DATAPATH),
     ];
 
+    /// Every victim: the actors, then the processes.
+    pub const ALL: [Victim; 8] = [
+        Victim::ACTORS[0],
+        Victim::ACTORS[1],
+        Victim::ACTORS[2],
+        Victim::ACTORS[3],
+        Victim::ACTORS[4],
+        Victim::ACTORS[5],
+        Victim::ACTORS[6],
+        Victim::OvsdbServer,
+    ];
+
     /// The name in the report.
     pub fn name(self) -> &'static str {
         match self {
             Victim::Actor(name) => name,
+            Victim::OvsdbServer => "ovsdb-server",
         }
     }
 }
@@ -159,9 +175,9 @@ mod tests {
 
     #[test]
     fn a_round_is_every_point_and_victim_once_never_the_same_victim_twice_in_a_row() {
-        let m = matrix(7, 3, &Victim::ACTORS);
-        assert_eq!(m.len(), 3 * Point::ALL.len() * Victim::ACTORS.len());
-        for round in m.chunks(Point::ALL.len() * Victim::ACTORS.len()) {
+        let m = matrix(7, 3, &Victim::ALL);
+        assert_eq!(m.len(), 3 * Point::ALL.len() * Victim::ALL.len());
+        for round in m.chunks(Point::ALL.len() * Victim::ALL.len()) {
             let mut pairs: Vec<_> = round.iter().map(|f| (f.point, f.victim)).collect();
             pairs.sort();
             pairs.dedup();
