@@ -189,12 +189,18 @@ async fn evaluate(state: &mut ProtectionState) -> Result<bool, ActorProcessingEr
         let drifted = match state.args.port.publish_lease().await {
             Ok(d) => d,
             Err(e) => {
+                // OVSDB unreachable (an ovsdb-server restart) or the write
+                // refused: not armed until the publication is confirmed,
+                // and tried again at the next read-back. Failing the actor
+                // instead put each outage under the supervisor's backoff,
+                // up to 30 s not ready after OVSDB was back.
+                tracing::warn!(error = %e, "publishing the lease in OVSDB failed; not armed, retried at the next read-back");
                 state.args.gate.set_armed(false);
                 state
                     .args
                     .board
                     .set_protection(false, Some(Reason::OvsdbDrift));
-                return Err(Box::new(e));
+                return Ok(false);
             }
         };
         if !state.published {

@@ -267,6 +267,9 @@ impl Node {
             if Instant::now() >= deadline {
                 return Err(format!("not ready within {bound:?}: {last}"));
             }
+            if std::env::var_os("CHAOS_TRACE").is_some() {
+                eprintln!("chaos: node {} waiting: {last}", self.index);
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -455,13 +458,22 @@ async fn actors_killed_at_every_activation_point_keep_every_invariant() {
     println!(
         "chaos: seed {seed:#x} (CHAOS_SEED={seed:#x} replays), {rounds} round(s), {nodes} agents"
     );
+    // `CHAOS_VICTIMS` (comma-separated names) narrows the victims.
+    let victims: Vec<Victim> = match std::env::var("CHAOS_VICTIMS") {
+        Ok(names) => Victim::ALL
+            .into_iter()
+            .filter(|v| names.split(',').any(|n| n.trim() == v.name()))
+            .collect(),
+        Err(_) => Victim::ALL.to_vec(),
+    };
+    assert!(!victims.is_empty(), "CHAOS_VICTIMS names no victim");
     // Each agent its own matrix (drawn from the run's seed and its index):
     // every (point, victim) pair once per round, never one victim twice in
     // a row on one agent.
     let per_node: Vec<Vec<Fault>> = (0..nodes)
         .map(|n| {
             let node_seed = seed.wrapping_add((n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            let mut m = matrix(node_seed, rounds, &Victim::ALL);
+            let mut m = matrix(node_seed, rounds, &victims);
             for f in &mut m {
                 f.index = f.index * nodes + n;
             }

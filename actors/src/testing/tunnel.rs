@@ -28,6 +28,7 @@ struct ProtectionInner {
     readds: u32,
     observations: u32,
     observe_fails: bool,
+    publish_fails: bool,
     /// A publication happened while the guards were not armed.
     published_before_armed: bool,
     /// A lease of this node is persisted (allocated before).
@@ -106,6 +107,11 @@ impl FakeProtection {
     pub fn observations(&self) -> u32 {
         self.lock().observations
     }
+    /// Publishing the lease fails (OVSDB unreachable), or works.
+    pub fn fail_publications(&self, fail: bool) {
+        self.lock().publish_fails = fail;
+    }
+
     /// SA observation fails (e.g. OVSDB unreachable).
     pub fn fail_observations(&self, fail: bool) {
         self.lock().observe_fails = fail;
@@ -175,6 +181,12 @@ impl ProtectionPort for FakeProtection {
 
     async fn publish_lease(&self) -> Result<Vec<String>> {
         let mut i = self.lock();
+        if i.publish_fails {
+            return Err(Error::Protection {
+                reason: Reason::OvsdbUnavailable,
+                detail: "publication refused by the fake".into(),
+            });
+        }
         if !i.guards_present {
             i.published_before_armed = true;
         }

@@ -775,3 +775,38 @@ async fn a_node_that_holds_a_lease_keeps_protecting_without_a_permit() {
     .await;
     assert!(h.protection.guards_present());
 }
+
+/// OVSDB unreachable for a while (an ovsdb-server restart): the protection
+/// actor is not armed meanwhile and arms again at the next read-back once
+/// the publication works; it is not restarted (a restart would put each
+/// outage under the supervisor's backoff). Found by the chaos suite.
+#[tokio::test(start_paused = true)]
+async fn an_ovsdb_outage_unarms_until_the_next_read_back_without_a_restart() {
+    let h = harness().await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    h.protection.fail_publications(true);
+    until(
+        "not ready while the lease cannot be published",
+        Duration::from_secs(2),
+        || h.board.readyz().is_err(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    h.protection.fail_publications(false);
+    let back = Instant::now();
+    until("ready again", Duration::from_secs(5), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    assert!(
+        back.elapsed() < Duration::from_secs(2),
+        "ready again {:?} after OVSDB came back",
+        back.elapsed()
+    );
+    let report = crate::supervisor::report(&h.sup).await.unwrap();
+    let protection = report.iter().find(|c| c.name == "protection").unwrap();
+    assert_eq!(protection.restarts, 0, "{protection:?}");
+}
