@@ -161,8 +161,9 @@ impl Fixture {
         }
     }
 
-    /// Issues, stores and activates the requested generation `g`.
-    fn activate(&mut self, g: u64) -> Vec<Effect> {
+    /// Issues and stores the requested generation `g`: it is published
+    /// Ready, awaiting activation.
+    fn issue_and_store(&mut self, g: u64) {
         let outcome = self.issued(Tamper::None);
         let e = self.step(Input::Settled {
             generation: g,
@@ -171,6 +172,11 @@ impl Fixture {
         assert!(matches!(job(&e), Some(Job::StoreIssued(_))), "{e:?}");
         let e = self.step(Input::Stored(Ok(())));
         assert_eq!(ready(&e), Some(g));
+    }
+
+    /// Issues, stores and activates the requested generation `g`.
+    fn activate(&mut self, g: u64) -> Vec<Effect> {
+        self.issue_and_store(g);
         self.step(Input::Activated { generation: g })
     }
 
@@ -759,14 +765,7 @@ fn a_respawned_writer_is_asked_again_at_once_for_an_awaited_activation() {
     assert!(f.step(Input::WriterStarted).is_empty());
     let e = f.step(Input::RenewalDue { generation: 1 });
     let g = f.mint_and_submit(&e);
-    let outcome = f.issued(Tamper::None);
-    let e = f.step(Input::Settled {
-        generation: g,
-        outcome: Ok(outcome),
-    });
-    assert!(matches!(job(&e), Some(Job::StoreIssued(_))), "{e:?}");
-    let e = f.step(Input::Stored(Ok(())));
-    assert_eq!(ready(&e), Some(g));
+    f.issue_and_store(g);
     // The writer died with the request: the next one gets it at once,
     // not after the watchdog's delay.
     let e = f.step(Input::WriterStarted);
