@@ -344,6 +344,72 @@ pub fn identity_paths_in(dir: &Path, generation: u64) -> IdentityPaths {
     }
 }
 
+/// The generation OVSDB's identity keys name, with the whole generation
+/// checked (SPEC §2: never a mix; what the crash and chaos tests assert): all three keys or none, every one naming the
+/// file of *one* generation folder of `key_dir`, the files present and the
+/// certificate for the key, and that generation the one `state` records
+/// as active (or, mid-activation, as issued and pending). `None`: OVSDB
+/// holds no identity and none is recorded active.
+pub fn published_generation(
+    key_dir: &Path,
+    ovs: &crate::ports::OvsdbIdentityKeys,
+    state: &KeyDirState,
+) -> Result<Option<u64>, String> {
+    let named = [&ovs.private_key, &ovs.certificate, &ovs.ca_cert];
+    if named.iter().all(|k| k.is_none()) {
+        return match &state.active {
+            None => Ok(None),
+            Some(a) => Err(format!(
+                "state.json records generation {} active, OVSDB holds no identity",
+                a.generation
+            )),
+        };
+    }
+    let Some(g) = (1..=state.last_generation).find(|g| {
+        identity_paths_in(key_dir, *g)
+            .private_key
+            .display()
+            .to_string()
+            == ovs.private_key.clone().unwrap_or_default()
+    }) else {
+        return Err(format!(
+            "OVSDB's private_key {:?} names no generation of {}",
+            ovs.private_key,
+            key_dir.display()
+        ));
+    };
+    let want = crate::ports::OvsdbIdentityKeys::from_paths(&identity_paths_in(key_dir, g));
+    if &want != ovs {
+        return Err(format!(
+            "OVSDB mixes generations: {ovs:?}, generation {g} is {want:?}"
+        ));
+    }
+    let dir = key_dir.join(generation_dir_name(g));
+    let read = |name: &str| {
+        std::fs::read(dir.join(name))
+            .map_err(|e| format!("OVSDB names {}, unreadable: {e}", dir.join(name).display()))
+    };
+    let key = crate::pki::PrivateKey::from_pem(&read(files::PRIVATE_KEY)?)
+        .map_err(|e| format!("generation {g}'s key does not parse: {e}"))?;
+    let chain = kube_ovn_ipsec_api::pki::CertificateChain::from_pem(&read(files::CERTIFICATE)?)
+        .map_err(|e| format!("generation {g}'s certificate does not parse: {e}"))?;
+    if chain.leaf().public_key_bytes() != key.public_key_raw() {
+        return Err(format!("generation {g}'s certificate is not for its key"));
+    }
+    read(files::CA)?;
+    let recorded = state.active.as_ref().is_some_and(|a| a.generation == g)
+        || state
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.generation == g && p.stage == PendingStage::Issued);
+    if !recorded {
+        return Err(format!(
+            "OVSDB is on generation {g}, which state.json names neither active nor issued-pending"
+        ));
+    }
+    Ok(Some(g))
+}
+
 /// The folder name of a generation.
 pub fn generation_dir_name(generation: u64) -> String {
     format!("gen-{generation:06}")

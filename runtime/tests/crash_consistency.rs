@@ -49,8 +49,8 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use actors::keydir::{KeyDirState, PendingStage, files, generation_dir_name};
-use actors::pki::PrivateKey;
+use actors::keydir::{self, KeyDirState, PendingStage, files, generation_dir_name};
+use actors::ports::OvsdbIdentityKeys;
 use apiserver::ADMIN_TOKEN;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
@@ -58,7 +58,6 @@ use kube::api::ListParams;
 use kube_ovn_ipsec_api::test_util::SplitMix64;
 use ovsdb::{MapChanges, MapColumn};
 use support::cluster::{Cluster, http_get};
-use x509_parser::prelude::{FromDer, X509Certificate};
 
 const IDENTITY_KEYS: [&str; 3] = ["private_key", "certificate", "ca_cert"];
 
@@ -310,62 +309,17 @@ fn kill9(child: &mut Child) {
 }
 
 /// OVSDB is on nothing or on one complete generation of `key_dir`; a
-/// recorded active generation is what OVSDB is on.
+/// recorded active generation is what OVSDB is on
+/// (`keydir::published_generation`, the chaos suite's check too).
 fn check_ovsdb(obs: &Observation, key_dir: &Path, ctx: &str) {
-    if obs.ovs.is_empty() {
-        assert!(
-            obs.state.active.is_none(),
-            "{ctx}: state.json records an active generation OVSDB was never switched to: {obs:?}"
-        );
-        return;
+    let keys = OvsdbIdentityKeys {
+        private_key: obs.ovs.get("private_key").cloned(),
+        certificate: obs.ovs.get("certificate").cloned(),
+        ca_cert: obs.ovs.get("ca_cert").cloned(),
+    };
+    if let Err(e) = keydir::published_generation(key_dir, &keys, &obs.state) {
+        panic!("{ctx}: {e}: {obs:?}");
     }
-    assert_eq!(
-        obs.ovs.len(),
-        3,
-        "{ctx}: OVSDB holds a partial identity: {:?}",
-        obs.ovs
-    );
-    let g = obs
-        .ovs_generation(key_dir)
-        .unwrap_or_else(|| panic!("{ctx}: OVSDB points outside the key dir: {:?}", obs.ovs));
-    let dir = key_dir.join(generation_dir_name(g));
-    for (k, f) in [
-        ("private_key", files::PRIVATE_KEY),
-        ("certificate", files::CERTIFICATE),
-        ("ca_cert", files::CA),
-    ] {
-        let want = dir.join(f);
-        assert_eq!(
-            obs.ovs.get(k).map(PathBuf::from),
-            Some(want.clone()),
-            "{ctx}: OVSDB mixes generations: {:?}",
-            obs.ovs
-        );
-        assert!(want.exists(), "{ctx}: OVSDB names a missing file {want:?}");
-    }
-    let key = PrivateKey::from_pem(&std::fs::read(dir.join(files::PRIVATE_KEY)).unwrap()).unwrap();
-    let cert_pem = std::fs::read(dir.join(files::CERTIFICATE)).unwrap();
-    let der =
-        kube_ovn_ipsec_api::pki::parse_pem(&cert_pem, kube_ovn_ipsec_api::pki::PEM_CERTIFICATE)
-            .unwrap()
-            .remove(0);
-    let (_, x) = X509Certificate::from_der(&der).unwrap();
-    assert_eq!(
-        x.public_key().subject_public_key.data.as_ref(),
-        key.public_key_raw(),
-        "{ctx}: OVSDB's certificate is not for OVSDB's key (generation {g})"
-    );
-    let named = obs.state.active.as_ref().map(|a| a.generation) == Some(g)
-        || obs
-            .state
-            .pending
-            .as_ref()
-            .is_some_and(|p| p.generation == g && p.stage == PendingStage::Issued);
-    assert!(
-        named,
-        "{ctx}: OVSDB on generation {g}, which state.json names neither active nor issued-pending: {:?}",
-        obs.state
-    );
 }
 
 /// The flow's timeline from spawn, measured by polling (≈1 ms).
