@@ -10,7 +10,7 @@
 //!
 //! Order: the key directory's owner lock; what the node holds (lease,
 //! observations, OVSDB keys, identity); the guards re-armed if one was
-//! lost; then passes of live reads ([`judge`]) until every check holds or
+//! lost while OVSDB still publishes the lease; then passes of live reads ([`judge`]) until every check holds or
 //! `--wait` runs out; the drain; and in this order the lease's OVSDB keys,
 //! the guards (confirmed gone), the identity paths, the receipt, and last
 //! the evidence files, so a run cut short anywhere repeats cleanly.
@@ -103,6 +103,69 @@ pub enum Outcome {
     },
 }
 
+/// A step of the release that a run cut short after it must repeat
+/// cleanly from (the chaos suite stops the process at each: docs/chaos.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Point {
+    /// The lease's SAs and tunnel policies are deleted and read back gone.
+    Drained,
+    /// The lease's keys are gone from OVSDB; the guards are still armed.
+    LeaseWithdrawn,
+    /// The guards are removed and confirmed gone.
+    GuardsRemoved,
+    /// The identity paths are gone from `other_config`.
+    IdentityCleared,
+    /// The release receipt is on the Node; the evidence files remain.
+    ReceiptPublished,
+}
+
+impl Point {
+    /// Every point, in the order a release passes them.
+    pub const ALL: [Point; 5] = [
+        Point::Drained,
+        Point::LeaseWithdrawn,
+        Point::GuardsRemoved,
+        Point::IdentityCleared,
+        Point::ReceiptPublished,
+    ];
+
+    /// The point's name (what a test selects it by).
+    pub fn name(self) -> &'static str {
+        match self {
+            Point::Drained => "drained",
+            Point::LeaseWithdrawn => "lease withdrawn",
+            Point::GuardsRemoved => "guards removed",
+            Point::IdentityCleared => "identity cleared",
+            Point::ReceiptPublished => "release receipt published",
+        }
+    }
+}
+
+/// What a test reaches a release through, as [`crate::agent::Seams`] is
+/// for the agent: a callback at each [`Point`], called synchronously right
+/// after the step. [`run`] passes [`Seams::default`], which does nothing.
+#[derive(Default, Clone)]
+pub struct Seams {
+    /// Called at each point.
+    pub at: Option<Arc<dyn Fn(Point) + Send + Sync>>,
+}
+
+impl Seams {
+    fn reach(&self, point: Point) {
+        if let Some(at) = &self.at {
+            at(point);
+        }
+    }
+}
+
+impl std::fmt::Debug for Seams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seams")
+            .field("at", &self.at.is_some())
+            .finish()
+    }
+}
+
 fn failed(what: &str) -> impl FnOnce(String) -> CleanupError + '_ {
     move |e| CleanupError::Failed(format!("{what}: {e}"))
 }
@@ -141,6 +204,15 @@ impl Held {
 pub async fn run(
     args: CleanupArgs,
     shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<Outcome, CleanupError> {
+    run_with(args, shutdown, Seams::default()).await
+}
+
+/// [`run`], with each [`Point`] of the release reported to `seams`.
+pub async fn run_with(
+    args: CleanupArgs,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    seams: Seams,
 ) -> Result<Outcome, CleanupError> {
     let dir = args.node.key_dir.clone();
     // A node that never held a key directory has nothing of ours: leave
@@ -181,9 +253,15 @@ pub async fn run(
     let mut unasked: Option<String> = None;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.wait);
     let mut last_wait = String::new();
+    // The guards protect marked traffic, and ovn-controller marks tunnels
+    // only while OVSDB publishes the lease. A run cut short after it
+    // withdrew the lease must not re-arm them when it is restarted: they
+    // guard nothing then, and a release receipt it may already have
+    // published says they are gone.
+    let guarded = !held.published.is_empty();
     loop {
         // Guards stay armed (a lost one re-added) while anything is checked.
-        if let Some(l) = lease.as_mut() {
+        if guarded && let Some(l) = lease.as_mut() {
             keep_guards(&mut keeper, &dir, l)?;
         }
         let view = read_record(&client, &args.node).await?;
@@ -258,11 +336,14 @@ pub async fn run(
         }
         None => (0, 0),
     };
+    seams.reach(Point::Drained);
     let guards = match &lease {
-        Some(l) => withdraw(&ovs, &mut keeper, l).await?,
+        Some(l) => withdraw(&ovs, &mut keeper, l, &seams).await?,
         None => 0,
     };
+    seams.reach(Point::GuardsRemoved);
     clear_identity_paths(&ovs, &held.identity_keys).await?;
+    seams.reach(Point::IdentityCleared);
     match (&held.signer, unasked) {
         (Some(signer), None) => {
             let node_uid = node_uid_of(&record, &args)?;
@@ -283,6 +364,7 @@ pub async fn run(
             tracing::info!("released unasked; no identity to sign a release receipt with");
         }
     }
+    seams.reach(Point::ReceiptPublished);
     remove_evidence(&dir)?;
     tracing::info!(states, policies, guards, "released");
     Ok(Outcome::Released {
@@ -477,10 +559,12 @@ async fn withdraw(
     ovs: &ovsdb::Client,
     keeper: &mut GuardKeeper<XfrmHandle>,
     lease: &Lease,
+    seams: &Seams,
 ) -> Result<usize, CleanupError> {
     crate::lease::unpublish(ovs)
         .await
         .map_err(|e| failed("withdrawing the lease from external_ids")(e.to_string()))?;
+    seams.reach(Point::LeaseWithdrawn);
     let w = keeper
         .withdraw(lease)
         .map_err(|e| failed("removing the guards")(e.to_string()))?;

@@ -24,12 +24,14 @@
 //!   the trust bundle installed one file per CA.
 //! - [`monitor`]: ovs-monitor-ipsec — start, `tunnels/show`, the
 //!   acknowledgement of the active generation.
+//! - [`cli`]: the `kube-ovn-ipsec` command line (`run`, `cleanup`).
 //! - [`fsutil`]: the boot ID (crash-safe writes are `actors::keydir::write_atomic`).
 //! - [`Error`]: the crate's one error type.
 
 pub mod agent;
 pub mod capability;
 pub mod cleanup;
+pub mod cli;
 pub mod fsutil;
 pub mod ike;
 pub mod lease;
