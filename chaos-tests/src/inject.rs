@@ -2,6 +2,11 @@
 //! through `runtime::agent::Seams`) that report when the armed point is
 //! reached and hold the caller there while the test kills the victim.
 //!
+//! The same decorators serve a whole process: a switch made with
+//! [`Injector::stopping`] stops the process (SIGSTOP) at the armed point
+//! instead of holding one caller, and the test SIGKILLs it there
+//! (`src/bin/kube-ovn-ipsec-chaos.rs`).
+//!
 //! A kill of the calling actor itself lands while the decorator holds it:
 //! ractor cancels the handler at that await, so the call's effect is done
 //! (or, before the inner call, not done) and the actor never sees the
@@ -40,12 +45,22 @@ struct Arming {
     hit: oneshot::Sender<Hit>,
 }
 
+/// What a crossing of the armed point does.
+#[derive(Debug, Clone, Copy)]
+enum OnHit {
+    /// Hold the caller this long (an in-process agent: the test kills an
+    /// actor meanwhile).
+    Hold(Duration),
+    /// Stop the whole process (the test SIGKILLs it).
+    StopProcess,
+}
+
 /// One agent's fault switch: armed at one point at a time; the decorators
 /// consult it.
 #[derive(Debug)]
 pub struct Injector {
     armed: Mutex<Option<Arming>>,
-    hold: Duration,
+    on_hit: OnHit,
 }
 
 impl Injector {
@@ -54,7 +69,16 @@ impl Injector {
     pub fn new(hold: Duration) -> Arc<Injector> {
         Arc::new(Injector {
             armed: Mutex::new(None),
-            hold,
+            on_hit: OnHit::Hold(hold),
+        })
+    }
+
+    /// A switch that stops this process ([`stop_process`]) when the armed
+    /// point is crossed.
+    pub fn stopping() -> Arc<Injector> {
+        Arc::new(Injector {
+            armed: Mutex::new(None),
+            on_hit: OnHit::StopProcess,
         })
     }
 
@@ -72,6 +96,9 @@ impl Injector {
     }
 
     /// Reports a crossing of `point`; true when it was the armed one.
+    /// A stopping switch stops the process here — for
+    /// [`Point::OvsdbSent`] a moment later, from another thread, so the
+    /// stop races the transaction as a kill does in-process.
     fn crossed(&self, point: Point) -> bool {
         let arming = {
             let mut g = self.armed.lock().unwrap_or_else(|e| e.into_inner());
@@ -80,23 +107,36 @@ impl Injector {
                 _ => None,
             }
         };
-        match arming {
-            Some(a) => a
-                .hit
-                .send(Hit {
-                    point,
-                    at: Instant::now(),
-                })
-                .is_ok(),
-            None => false,
+        let Some(a) = arming else {
+            return false;
+        };
+        // The receiver may be gone (a process arms without listening).
+        let _ = a.hit.send(Hit {
+            point,
+            at: Instant::now(),
+        });
+        if let OnHit::StopProcess = self.on_hit {
+            if point == Point::OvsdbSent {
+                std::thread::spawn(move || {
+                    // A thread of its own, not the executor's.
+                    #[allow(clippy::disallowed_methods)]
+                    std::thread::sleep(Duration::from_millis(1));
+                    stop_process(point.name());
+                });
+            } else {
+                stop_process(point.name());
+            }
         }
+        true
     }
 
     /// Reports a crossing and, when it was the armed point, holds the
     /// caller there.
     async fn hold_at(&self, point: Point) {
-        if self.crossed(point) {
-            tokio::time::sleep(self.hold).await;
+        if self.crossed(point)
+            && let OnHit::Hold(hold) = self.on_hit
+        {
+            tokio::time::sleep(hold).await;
         }
     }
 
@@ -123,6 +163,20 @@ impl Injector {
             receipts: a.receipts,
         }
     }
+}
+
+/// The line a stopped process writes to its stderr before it stops, with
+/// the point's name after it.
+pub const STOPPED: &str = "chaos: stopped at ";
+
+/// Stops this whole process (SIGSTOP) at `point`, after saying so on
+/// stderr: every thread halts where it is, and the test that waits for the
+/// stop SIGKILLs the process — a crash exactly there.
+pub fn stop_process(point: &str) {
+    eprintln!("{STOPPED}{point}");
+    // No one to report a failure to: the test sees that the process never
+    // stopped.
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
 }
 
 #[derive(Debug)]

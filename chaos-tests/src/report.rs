@@ -7,20 +7,30 @@ use std::time::Duration;
 use crate::plan::Fault;
 
 /// The invariants, by number (docs/chaos.md).
-pub const INVARIANTS: [(&str, &str); 6] = [
+pub const INVARIANTS: [(&str, &str); 7] = [
     ("1", "OVSDB on one complete generation"),
     ("2", "guards in every dump while enabled"),
     ("3", "identity kept, no half-written file"),
     ("4", "ready again within the bound"),
-    ("5", "foreign XFRM state untouched"),
+    (
+        "5",
+        "foreign XFRM state untouched, own state gone after a release",
+    ),
+    ("6", "no evidence of a release while the node holds state"),
     ("7", "no key material served or logged"),
 ];
 
 /// What one fault did.
 #[derive(Debug, Clone)]
 pub struct Row {
-    /// The fault.
-    pub fault: Fault,
+    /// Its place in the run.
+    pub index: usize,
+    /// Where it landed (a point's name, or several in order).
+    pub point: String,
+    /// What was killed.
+    pub victim: String,
+    /// The seed that drew it.
+    pub seed: u64,
     /// The node (agent) it ran on.
     pub node: usize,
     /// From the hit to the agent ready again; `None`: not within the
@@ -29,6 +39,26 @@ pub struct Row {
     /// Violations, each prefixed with its invariant's number (0: the fault
     /// was not injected as planned).
     pub violations: Vec<String>,
+}
+
+impl Row {
+    /// The row of an actor-kill `fault` of the matrix.
+    pub fn of(
+        fault: Fault,
+        node: usize,
+        recovery: Option<Duration>,
+        violations: Vec<String>,
+    ) -> Row {
+        Row {
+            index: fault.index,
+            point: fault.point.name().into(),
+            victim: fault.victim.name().into(),
+            seed: fault.seed,
+            node,
+            recovery,
+            violations,
+        }
+    }
 }
 
 /// The `q`-quantile (0..=1) of `xs` by nearest rank; `None` when empty.
@@ -65,13 +95,7 @@ pub fn table(seed: u64, rows: &[Row]) -> String {
         let _ = writeln!(
             out,
             "{:>4} {:>4} {:<22} {:<14} {:>10}  {:<7} {:#x}",
-            r.fault.index,
-            r.node,
-            r.fault.point.name(),
-            r.fault.victim.name(),
-            rec,
-            verdict,
-            r.fault.seed
+            r.index, r.node, r.point, r.victim, rec, verdict, r.seed
         );
         for v in &r.violations {
             let _ = writeln!(out, "       violated {v}");
@@ -143,18 +167,8 @@ mod tests {
             seed: 9,
         };
         let rows = [
-            Row {
-                fault: f(0),
-                node: 0,
-                recovery: Some(Duration::from_millis(1500)),
-                violations: vec![],
-            },
-            Row {
-                fault: f(1),
-                node: 1,
-                recovery: None,
-                violations: vec!["4: not ready within 40 s".into()],
-            },
+            Row::of(f(0), 0, Some(Duration::from_millis(1500)), vec![]),
+            Row::of(f(1), 1, None, vec!["4: not ready within 40 s".into()]),
         ];
         let t = table(1, &rows);
         assert!(t.contains("CSR created"), "{t}");

@@ -288,12 +288,12 @@ impl Node {
             Ok(Ok(hit)) => hit,
             _ => {
                 self.injector.disarm();
-                return Row {
+                return Row::of(
                     fault,
-                    node: self.index,
-                    recovery: None,
-                    violations: vec![format!("0: the point was not reached within {REACH:?}")],
-                };
+                    self.index,
+                    None,
+                    vec![format!("0: the point was not reached within {REACH:?}")],
+                );
             }
         };
         match fault.victim {
@@ -394,12 +394,7 @@ impl Node {
         if let Some(what) = check::key_material(&text) {
             violations.push(format!("7: the logs carry {what}"));
         }
-        Row {
-            fault,
-            node: self.index,
-            recovery,
-            violations,
-        }
+        Row::of(fault, self.index, recovery, violations)
     }
 
     /// OVSDB's identity keys and `state.json` as of one moment: the agent
@@ -530,7 +525,7 @@ async fn actors_killed_at_every_activation_point_keep_every_invariant() {
         rows.extend(r);
         started.push(node);
     }
-    rows.sort_by_key(|r| r.fault.index);
+    rows.sort_by_key(|r| r.index);
     let report = table(seed, &rows);
     println!("{report}");
     println!(

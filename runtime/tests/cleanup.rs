@@ -28,19 +28,17 @@ mod agent_node;
 mod ike_node;
 mod support;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
 use agent_node::{
-    AgentNode, add_unrelated_keys, assert_only_unrelated_left, ovs_map, prerequisites, run_cleanup,
-    start_node, xfrm_dump,
+    add_unrelated_keys, assert_only_unrelated_left, kill_tree, ovs_map, prerequisites, run_cleanup,
+    start_node, write_record, xfrm_dump,
 };
 use apiserver::{ADMIN_TOKEN, ApiServer};
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::PostParams;
 use kube_ovn_ipsec_api::coordination::{
     Challenge, CoordinationPhase, CoordinationRecord, ReleaseReceipt,
 };
@@ -83,49 +81,6 @@ fn install_foreign(node: &IpsecNode) {
     );
 }
 
-/// PIDs of `root` and all its descendants.
-fn process_tree(root: u32) -> Vec<i32> {
-    let mut out = vec![i32::try_from(root).unwrap()];
-    let mut i = 0;
-    while i < out.len() {
-        let parent = out[i];
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|p| p.parse::<i32>().ok());
-            if ppid == Some(parent) && !out.contains(&pid) {
-                out.push(pid);
-            }
-        }
-        i += 1;
-    }
-    out
-}
-
-/// SIGKILLs the agent and everything it started (starter, charon, the
-/// monitor): what a node crash or an OOM kill of the container does.
-fn kill_tree(n: &mut AgentNode) {
-    let pids = process_tree(n.agent.id());
-    for pid in &pids {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(*pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
-    let _ = n.agent.wait();
-    wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
-        pids.iter()
-            .all(|p| kube_ovn_ipsec_runtime::pidfile::proc_comm(*p).is_none())
-            .then_some(())
-    })
-    .expect("the agent's processes did not die");
-}
-
 /// The Release record that asks `fx` to release.
 fn release_record(fx: &cc::NodeFx, ds_uid: &str) -> CoordinationRecord {
     let mut r = CoordinationRecord::initial();
@@ -140,33 +95,6 @@ fn release_record(fx: &cc::NodeFx, ds_uid: &str) -> CoordinationRecord {
     r.targets
         .insert(fx.name.clone(), Uid::new(fx.uid.clone()).unwrap());
     r
-}
-
-async fn write_record(admin: &kube::Client, r: &CoordinationRecord) {
-    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), cc::NS);
-    let cm = ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some(k8s::COORDINATION_CONFIGMAP.into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            k8s::COORDINATION_CONFIGMAP_KEY.to_owned(),
-            r.encode().unwrap(),
-        )])),
-        ..Default::default()
-    };
-    match api.get_opt(k8s::COORDINATION_CONFIGMAP).await.unwrap() {
-        None => {
-            api.create(&PostParams::default(), &cm).await.unwrap();
-        }
-        Some(old) => {
-            let mut cm = cm;
-            cm.metadata.resource_version = old.metadata.resource_version;
-            api.replace(k8s::COORDINATION_CONFIGMAP, &PostParams::default(), &cm)
-                .await
-                .unwrap();
-        }
-    }
 }
 
 /// Runs `kube-ovn-ipsec cleanup` as `fx`'s cleanup Pod on `node`.

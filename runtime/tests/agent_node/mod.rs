@@ -280,7 +280,7 @@ fn spawn_agent(
     set_flags(&mut agent, &runtime);
     set_flags(&mut agent, extra);
     agent
-        .command(Path::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec")))
+        .command(crate::support::cluster::agent_binary())
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::null())
         .stderr(
@@ -472,6 +472,28 @@ pub fn run_cleanup(
     hash: &str,
     wait_secs: u64,
 ) -> std::process::Output {
+    let t = Instant::now();
+    let out = cleanup_command(node, fx, key_dir, kubeconfig, hash, wait_secs)
+        .output()
+        .unwrap();
+    println!(
+        "{}: cleanup exited {:?} after {:?}",
+        node.chassis(),
+        out.status.code(),
+        t.elapsed()
+    );
+    out
+}
+
+/// The command [`run_cleanup`] runs (logging at info to stderr).
+pub fn cleanup_command(
+    node: &IpsecNode,
+    fx: &cc::NodeFx,
+    key_dir: &Path,
+    kubeconfig: &Path,
+    hash: &str,
+    wait_secs: u64,
+) -> std::process::Command {
     let sock = format!("unix:{}", node.run_path("openvswitch/db.sock").display());
     let container = chart::Rendered::of(cc::Shape::Cleanup)
         .and_then(|r| r.container(chart::CONTAINER_CLEANUP))
@@ -487,19 +509,9 @@ pub fn run_cleanup(
         .set("xfrm-netns", Some(node.netns().name()))
         .set("wait", Some(&wait_secs.to_string()))
         .set("poll-ms", Some("200"));
-    let t = Instant::now();
-    let out = cleanup
-        .command(Path::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec")))
-        .env("RUST_LOG", "info")
-        .output()
-        .unwrap();
-    println!(
-        "{}: cleanup exited {:?} after {:?}",
-        node.chassis(),
-        out.status.code(),
-        t.elapsed()
-    );
-    out
+    let mut cmd = cleanup.command(crate::support::cluster::agent_binary());
+    cmd.env("RUST_LOG", "info");
+    cmd
 }
 
 /// `ip xfrm policy list` and `ip xfrm state list` of `node`, verbatim.
@@ -549,4 +561,90 @@ pub fn assert_only_unrelated_left(node: &IpsecNode) {
         other.get("unrelated").map(String::as_str),
         Some("keep-me-too")
     );
+}
+
+/// PIDs of `root` and all its descendants.
+pub fn process_tree(root: u32) -> Vec<i32> {
+    let mut out = vec![i32::try_from(root).unwrap()];
+    let mut i = 0;
+    while i < out.len() {
+        let parent = out[i];
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            if ppid == Some(parent) && !out.contains(&pid) {
+                out.push(pid);
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// SIGKILLs the agent and everything it started (starter, charon, the
+/// monitor): what a node crash or an OOM kill of the container does.
+pub fn kill_tree(n: &mut AgentNode) {
+    let pids = process_tree(n.agent.id());
+    for pid in &pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = n.agent.wait();
+    wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
+        pids.iter()
+            .all(|p| kube_ovn_ipsec_runtime::pidfile::proc_comm(*p).is_none())
+            .then_some(())
+    })
+    .expect("the agent's processes did not die");
+}
+
+/// Writes the coordination record `r` (creating or replacing it), as the
+/// controller would.
+pub async fn write_record(
+    admin: &kube::Client,
+    r: &kube_ovn_ipsec_api::coordination::CoordinationRecord,
+) {
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(admin.clone(), cc::NS);
+    let cm = k8s_openapi::api::core::v1::ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(kube_ovn_ipsec_api::names::k8s::COORDINATION_CONFIGMAP.into()),
+            ..Default::default()
+        },
+        data: Some(std::collections::BTreeMap::from([(
+            kube_ovn_ipsec_api::names::k8s::COORDINATION_CONFIGMAP_KEY.to_owned(),
+            r.encode().unwrap(),
+        )])),
+        ..Default::default()
+    };
+    match api
+        .get_opt(kube_ovn_ipsec_api::names::k8s::COORDINATION_CONFIGMAP)
+        .await
+        .unwrap()
+    {
+        None => {
+            api.create(&kube::api::PostParams::default(), &cm)
+                .await
+                .unwrap();
+        }
+        Some(old) => {
+            let mut cm = cm;
+            cm.metadata.resource_version = old.metadata.resource_version;
+            api.replace(
+                kube_ovn_ipsec_api::names::k8s::COORDINATION_CONFIGMAP,
+                &kube::api::PostParams::default(),
+                &cm,
+            )
+            .await
+            .unwrap();
+        }
+    }
 }

@@ -183,18 +183,28 @@ pub struct AgentProcess<'a> {
     pub log: &'a Path,
     /// Every other flag.
     pub extra: &'a [&'a str],
+    /// Environment variables beyond the test's own.
+    pub env: &'a [(&'a str, &'a str)],
+}
+
+/// The agent binary these tests run: the runtime crate's own, or — where
+/// the chaos suite includes these fixtures — the same command line with
+/// its fault points (`kube-ovn-ipsec-chaos`, which without `CHAOS_STOP_AT`
+/// is the agent binary).
+pub fn agent_binary() -> &'static Path {
+    // `option_env!`: each crate that includes this module builds only one
+    // of the two.
+    let bin = option_env!("CARGO_BIN_EXE_kube-ovn-ipsec-chaos")
+        .or(option_env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
+        .expect("the agent binary is built only for the runtime and chaos crates' tests");
+    Path::new(bin)
 }
 
 /// Starts `kube-ovn-ipsec run` as described by `a`: with
 /// `--coordination off` (armed at start, as these single-node tests need)
 /// unless `extra` names `--coordination` itself.
 pub fn spawn_agent_process(a: &AgentProcess<'_>) -> Child {
-    // `option_env!`: the chaos suite includes this module without the
-    // binary (it runs the agent in-process).
-    let Some(bin) = option_env!("CARGO_BIN_EXE_kube-ovn-ipsec") else {
-        panic!("the kube-ovn-ipsec binary is built only for the runtime crate's tests");
-    };
-    let mut cmd = Command::new(bin);
+    let mut cmd = Command::new(agent_binary());
     cmd.args(["run", "--node-name", &a.pod.node]);
     if !a.extra.contains(&"--coordination") {
         cmd.args(["--coordination", "off"]);
@@ -213,6 +223,7 @@ pub fn spawn_agent_process(a: &AgentProcess<'_>) -> Child {
         cmd.arg("--ctl-socket").arg(a.key_dir.with_extension("ctl"));
     }
     cmd.args(a.extra)
+        .envs(a.env.iter().copied())
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(
@@ -542,6 +553,18 @@ impl Cluster {
         lifetime_secs: u32,
         extra: &[&str],
     ) -> Child {
+        self.spawn_agent_env(key_dir, status_port, lifetime_secs, extra, &[])
+    }
+
+    /// [`Cluster::spawn_agent`] with environment variables `env` added.
+    pub fn spawn_agent_env(
+        &self,
+        key_dir: &Path,
+        status_port: u16,
+        lifetime_secs: u32,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Child {
         let mut args: Vec<String> = Vec::new();
         for (flag, value) in self.standin_flags() {
             if !extra.contains(&flag.as_str()) {
@@ -551,7 +574,17 @@ impl Cluster {
         }
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.spawn_agent_with(key_dir, status_port, lifetime_secs, &args)
+        spawn_agent_process(&AgentProcess {
+            pod: &self.pod,
+            ovsdb: &self.ovs.address(),
+            kubeconfig: &self.kubeconfig,
+            key_dir,
+            status_port,
+            lifetime_secs,
+            log: &self.agent_log(),
+            extra: &args,
+            env,
+        })
     }
 
     /// The runtime flags `spawn_agent` passes: stand-in programs, private
@@ -605,6 +638,7 @@ impl Cluster {
             lifetime_secs,
             log: &self.agent_log(),
             extra,
+            env: &[],
         })
     }
 
