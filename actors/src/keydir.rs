@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::ports::KeyStore;
 
 mod atomic;
-pub use atomic::{AtomicWriteError, write_atomic};
+pub use atomic::{AtomicWriteError, temporary_files, write_atomic};
 
 /// The state file's format version this build reads and writes.
 pub const STATE_VERSION: u32 = 1;
@@ -252,6 +252,20 @@ impl OwnerLock {
             .and_then(|()| lock.sync_data())
         {
             tracing::warn!(path = %lock_path.display(), error = %e, "could not record the owner's PID");
+        }
+        // Only the owner writes here and the lock is ours: a temporary file
+        // of an atomic write is what a crash between its creation and its
+        // rename left (possibly part of a private key). Nothing reads it;
+        // it goes.
+        for tmp in temporary_files(&dir) {
+            match fs::remove_file(&tmp) {
+                Ok(()) => {
+                    tracing::warn!(path = %tmp.display(), "removed an interrupted write's temporary file");
+                }
+                Err(e) => {
+                    tracing::warn!(path = %tmp.display(), error = %e, "could not remove an interrupted write's temporary file");
+                }
+            }
         }
         Ok(OwnerLock { dir, _lock: lock })
     }

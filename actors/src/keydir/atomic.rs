@@ -63,6 +63,26 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), AtomicWri
     result
 }
 
+/// The temporary files of [`write_atomic`] (`.<name>.tmp-<pid>`) in `dir`
+/// and in its subdirectories (one level: the key directory's generation
+/// folders). Outside a write in progress each is a crash's leftover.
+pub fn temporary_files(dir: &Path) -> std::collections::BTreeSet<PathBuf> {
+    let mut dirs = vec![dir.to_path_buf()];
+    if let Ok(entries) = fs::read_dir(dir) {
+        dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    }
+    dirs.iter()
+        .filter_map(|d| fs::read_dir(d).ok())
+        .flat_map(|entries| entries.flatten())
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with('.') && name.contains(".tmp-")
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -277,3 +277,36 @@ fn a_world_readable_private_key_is_tightened_on_read() {
     assert_eq!(tighten_secret(&key).unwrap(), Some(0o640));
     assert_eq!(tighten_secret(&tmp.path().join("missing")).unwrap(), None);
 }
+
+#[test]
+fn the_owner_removes_what_an_interrupted_write_left_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("keys");
+    let gen_dir = dir.join("gen-000001");
+    fs::create_dir_all(&gen_dir).unwrap();
+    // What a SIGKILL between a temporary file's creation and its rename
+    // leaves, beside files that must stay.
+    let leftovers = [
+        dir.join(".state.json.tmp-4242"),
+        gen_dir.join(".key.pem.tmp-4242"),
+    ];
+    for p in &leftovers {
+        fs::write(p, b"partial").unwrap();
+    }
+    let kept = [
+        dir.join("state.json"),
+        gen_dir.join("key.pem"),
+        dir.join(".hidden"),
+    ];
+    for p in &kept {
+        fs::write(p, b"whole").unwrap();
+    }
+    assert_eq!(temporary_files(&dir), leftovers.iter().cloned().collect());
+    let _kd = KeyDir::open(&dir).unwrap();
+    for p in &leftovers {
+        assert!(!p.exists(), "{} left", p.display());
+    }
+    for p in &kept {
+        assert_eq!(fs::read(p).unwrap(), b"whole", "{}", p.display());
+    }
+}
