@@ -14,21 +14,10 @@ use kube_ovn_ipsec_api::pki::CertificateChain;
 pub use actors::keydir::published_generation as one_generation;
 
 /// The atomic writes' temporary files (`.<name>.tmp-<pid>`) in the key
-/// directory and its generation folders. One seen once may be a write in
-/// progress (the agent keeps renewing); one seen again a second later was
-/// left behind (invariant 3).
-pub fn temporary_files(key_dir: &Path) -> BTreeSet<std::path::PathBuf> {
-    let mut dirs = vec![key_dir.to_path_buf()];
-    if let Ok(entries) = std::fs::read_dir(key_dir) {
-        dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
-    }
-    dirs.iter()
-        .filter_map(|d| std::fs::read_dir(d).ok())
-        .flat_map(|entries| entries.flatten())
-        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
-        .map(|e| e.path())
-        .collect()
-}
+/// directory and its generation folders: `actors::keydir::temporary_files`.
+/// One seen once may be a write in progress (the agent keeps renewing);
+/// one seen again a second later was left behind (invariant 3).
+pub use actors::keydir::temporary_files;
 
 /// Every file of the key directory and its generation folders parses as
 /// what it is named (invariant 3): a key as a key, a certificate or CA as

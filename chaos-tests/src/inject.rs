@@ -3,8 +3,9 @@
 //! reached and hold the caller there while the test kills the victim.
 //!
 //! The same decorators serve a whole process: a switch made with
-//! [`Injector::stopping`] stops the process (SIGSTOP) at the armed point
-//! instead of holding one caller, and the test SIGKILLs it there
+//! [`Injector::stopping`] is armed through a file ([`StopFile`]) the test
+//! writes, and stops the process (SIGSTOP) at the point the file names
+//! instead of holding one caller; the test SIGKILLs a victim there
 //! (`src/bin/kube-ovn-ipsec-chaos.rs`).
 //!
 //! A kill of the calling actor itself lands while the decorator holds it:
@@ -51,7 +52,8 @@ enum OnHit {
     /// Hold the caller this long (an in-process agent: the test kills an
     /// actor meanwhile).
     Hold(Duration),
-    /// Stop the whole process (the test SIGKILLs it).
+    /// Stop the whole process at the point the file names (the test kills
+    /// a victim, then SIGKILLs or continues the process).
     StopProcess,
 }
 
@@ -61,6 +63,8 @@ enum OnHit {
 pub struct Injector {
     armed: Mutex<Option<Arming>>,
     on_hit: OnHit,
+    /// Where a stopping switch is armed.
+    file: Option<StopFile>,
 }
 
 impl Injector {
@@ -70,15 +74,17 @@ impl Injector {
         Arc::new(Injector {
             armed: Mutex::new(None),
             on_hit: OnHit::Hold(hold),
+            file: None,
         })
     }
 
-    /// A switch that stops this process ([`stop_process`]) when the armed
-    /// point is crossed.
-    pub fn stopping() -> Arc<Injector> {
+    /// A switch that stops this process ([`stop_process`]) when a point is
+    /// crossed that `file` names at that moment.
+    pub fn stopping(file: StopFile) -> Arc<Injector> {
         Arc::new(Injector {
             armed: Mutex::new(None),
             on_hit: OnHit::StopProcess,
+            file: Some(file),
         })
     }
 
@@ -100,22 +106,10 @@ impl Injector {
     /// [`Point::OvsdbSent`] a moment later, from another thread, so the
     /// stop races the transaction as a kill does in-process.
     fn crossed(&self, point: Point) -> bool {
-        let arming = {
-            let mut g = self.armed.lock().unwrap_or_else(|e| e.into_inner());
-            match g.as_ref() {
-                Some(a) if a.point == point => g.take(),
-                _ => None,
+        if let Some(file) = &self.file {
+            if !file.take(point.name()) {
+                return false;
             }
-        };
-        let Some(a) = arming else {
-            return false;
-        };
-        // The receiver may be gone (a process arms without listening).
-        let _ = a.hit.send(Hit {
-            point,
-            at: Instant::now(),
-        });
-        if let OnHit::StopProcess = self.on_hit {
             if point == Point::OvsdbSent {
                 std::thread::spawn(move || {
                     // A thread of its own, not the executor's.
@@ -126,8 +120,25 @@ impl Injector {
             } else {
                 stop_process(point.name());
             }
+            return true;
         }
-        true
+        let arming = {
+            let mut g = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+            match g.as_ref() {
+                Some(a) if a.point == point => g.take(),
+                _ => None,
+            }
+        };
+        match arming {
+            Some(a) => a
+                .hit
+                .send(Hit {
+                    point,
+                    at: Instant::now(),
+                })
+                .is_ok(),
+            None => false,
+        }
     }
 
     /// Reports a crossing and, when it was the armed point, holds the
@@ -168,6 +179,27 @@ impl Injector {
 /// The line a stopped process writes to its stderr before it stops, with
 /// the point's name after it.
 pub const STOPPED: &str = "chaos: stopped at ";
+
+/// The file that arms a process's stop (`CHAOS_STOP_FILE`): the test
+/// writes a point's name into it; the process, crossing that point, removes
+/// the file and stops. Absent or naming another point: nothing happens, so
+/// the test arms the next fault only once it is ready for it.
+#[derive(Debug, Clone)]
+pub struct StopFile(pub std::path::PathBuf);
+
+impl StopFile {
+    /// Arms `point` (a name of [`Point`] or of the cleanup's points).
+    pub fn arm(&self, point: &str) -> std::io::Result<()> {
+        std::fs::write(&self.0, point)
+    }
+
+    /// Whether the file names `point`; if so it is removed (one stop per
+    /// arming).
+    pub fn take(&self, point: &str) -> bool {
+        let named = std::fs::read_to_string(&self.0).is_ok_and(|s| s.trim() == point);
+        named && std::fs::remove_file(&self.0).is_ok()
+    }
+}
 
 /// Stops this whole process (SIGSTOP) at `point`, after saying so on
 /// stderr: every thread halts where it is, and the test that waits for the
@@ -331,5 +363,16 @@ mod tests {
         let _rx = i.arm(Point::GuardArmed);
         i.disarm();
         assert!(!i.crossed(Point::GuardArmed));
+    }
+
+    #[test]
+    fn a_stop_file_fires_once_and_only_for_the_point_it_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = StopFile(dir.path().join("stop-at"));
+        assert!(!f.take("verified"), "fired with no file");
+        f.arm("verified").unwrap();
+        assert!(!f.take("CSR created"), "fired for another point");
+        assert!(f.take("verified"));
+        assert!(!f.take("verified"), "fired twice for one arming");
     }
 }

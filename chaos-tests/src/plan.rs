@@ -108,15 +108,59 @@ impl Victim {
     }
 }
 
+/// What a whole agent process's fault kills at the point, the agent
+/// stopped there (`kube-ovn-ipsec-chaos`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProcessVictim {
+    /// The agent and everything it started, SIGKILLed at once (a node
+    /// crash, an OOM kill of the container); a new agent is started.
+    Agent,
+    /// The IKE daemon (charon), SIGKILLed; the agent is continued.
+    IkeDaemon,
+    /// ovs-monitor-ipsec, SIGKILLed; the agent is continued.
+    Monitor,
+}
+
+impl ProcessVictim {
+    /// Every process victim.
+    pub const ALL: [ProcessVictim; 3] = [
+        ProcessVictim::Agent,
+        ProcessVictim::IkeDaemon,
+        ProcessVictim::Monitor,
+    ];
+}
+
+/// A victim's name in the report.
+pub trait Named: Copy + Eq {
+    /// The name.
+    fn name(self) -> &'static str;
+}
+
+impl Named for Victim {
+    fn name(self) -> &'static str {
+        Victim::name(self)
+    }
+}
+
+impl Named for ProcessVictim {
+    fn name(self) -> &'static str {
+        match self {
+            ProcessVictim::Agent => "agent (SIGKILL)",
+            ProcessVictim::IkeDaemon => "charon",
+            ProcessVictim::Monitor => "ovs-monitor-ipsec",
+        }
+    }
+}
+
 /// One injected fault, replayable from its seed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fault {
+pub struct Fault<V = Victim> {
     /// Its place in the run.
     pub index: usize,
     /// Where it lands.
     pub point: Point,
     /// What it kills.
-    pub victim: Victim,
+    pub victim: V,
     /// The seed that drew it (the run's seed and the index).
     pub seed: u64,
 }
@@ -126,11 +170,11 @@ pub struct Fault {
 /// twice in a row, so that one actor's backoff schedule (1, 2, 4 … 30 s,
 /// reset after 60 s healthy) does not pace the whole run; the schedule
 /// itself is still exercised by the rounds.
-pub fn matrix(seed: u64, rounds: usize, victims: &[Victim]) -> Vec<Fault> {
+pub fn matrix<V: Named>(seed: u64, rounds: usize, victims: &[V]) -> Vec<Fault<V>> {
     let mut rng = SplitMix64(seed);
-    let mut out: Vec<Fault> = Vec::new();
+    let mut out: Vec<Fault<V>> = Vec::new();
     for _ in 0..rounds {
-        let mut round: Vec<(Point, Victim)> = Point::ALL
+        let mut round: Vec<(Point, V)> = Point::ALL
             .iter()
             .flat_map(|p| victims.iter().map(move |v| (*p, *v)))
             .collect();
@@ -146,7 +190,7 @@ pub fn matrix(seed: u64, rounds: usize, victims: &[Victim]) -> Vec<Fault> {
         let mut prev = out.last().map(|f| f.victim);
         let mut ordered = Vec::with_capacity(round.len());
         while !round.is_empty() {
-            let left = |v: Victim| round.iter().filter(|(_, w)| *w == v).count();
+            let left = |v: V| round.iter().filter(|(_, w)| *w == v).count();
             let pick = (0..round.len())
                 .filter(|&i| Some(round[i].1) != prev)
                 .max_by_key(|&i| (left(round[i].1), std::cmp::Reverse(i)))

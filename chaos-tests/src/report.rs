@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::plan::Fault;
+use crate::plan::{Fault, Named};
 
 /// The invariants, by number (docs/chaos.md).
 pub const INVARIANTS: [(&str, &str); 7] = [
@@ -42,9 +42,9 @@ pub struct Row {
 }
 
 impl Row {
-    /// The row of an actor-kill `fault` of the matrix.
-    pub fn of(
-        fault: Fault,
+    /// The row of a `fault` of the matrix.
+    pub fn of<V: Named>(
+        fault: Fault<V>,
         node: usize,
         recovery: Option<Duration>,
         violations: Vec<String>,

@@ -17,6 +17,7 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
+mod common;
 #[path = "../../runtime/tests/support/mod.rs"]
 mod support;
 
@@ -26,18 +27,18 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actors::keydir::{KeyDirState, STATE_FILE};
-use actors::ports::OvsdbIdentityKeys;
 use actors::supervisor::{self, SupervisorMsg};
-use chaos::check;
 use chaos::inject::Injector;
 use chaos::plan::{Fault, Victim, matrix};
 use chaos::report::{Row, table};
+use common::{
+    FOREIGN, GuardSampler, after_fault, env_u64, generation, install_foreign, policies, read_state,
+    status,
+};
 use kube_ovn_ipsec_runtime::agent::{AgentError, RunArgs, Seams, run::run_with};
 use ractor::ActorRef;
-use support::cluster::{Cluster, NODE, http_get};
+use support::cluster::{Cluster, NODE};
 use tokio::sync::{oneshot, watch};
-use xfrm::Xfrm;
 
 /// The signer's certificate lifetime: a renewal (and so a pass through
 /// every activation point) every 4–6 s.
@@ -46,13 +47,6 @@ const LIFETIME: Duration = Duration::from_secs(10);
 const REACH: Duration = Duration::from_secs(30);
 /// Invariant 4's bound: the backoff's 30 s plus the processes' start.
 const RECOVERY_BOUND: Duration = Duration::from_secs(45);
-/// The high half of the marks of the foreign policies each node's
-/// namespace holds: state this project did not create, which must survive
-/// every fault.
-const FOREIGN_MARK_HIGH: u32 = 0x4b4f;
-/// How a foreign policy's line starts in a dump.
-const FOREIGN: &str = "foreign ";
-
 /// What the agents log, for invariant 7.
 #[derive(Clone, Default)]
 struct Logs(Arc<Mutex<Vec<u8>>>);
@@ -82,86 +76,11 @@ struct Node {
     baseline: BTreeSet<String>,
 }
 
-fn policies(ns: &str) -> BTreeSet<String> {
-    let ns = ns.to_owned();
-    let mut h = xfrm::XfrmHandle::in_netns(&ns).unwrap();
-    h.dump_policies()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            let mut p = p.clone();
-            // The kernel's index is not the policy's identity.
-            p.index = 0;
-            let foreign = p.mark.is_some_and(|m| m.value >> 16 == FOREIGN_MARK_HIGH);
-            format!("{}{p:?}", if foreign { FOREIGN } else { "" })
-        })
-        .collect()
-}
-
-fn foreign(policies: &BTreeSet<String>) -> String {
-    policies
-        .iter()
-        .filter(|p| p.starts_with(FOREIGN))
-        .cloned()
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-async fn status(port: u16) -> Option<(bool, serde_json::Value)> {
-    let ready = http_get(port, "/readyz").await.map(|(c, _)| c) == Some(200);
-    let (code, body) = http_get(port, "/status").await?;
-    (code == 200 || code == 503)
-        .then(|| serde_json::from_str(&body).ok())
-        .flatten()
-        .map(|s| (ready, s))
-}
-
-fn read_state(key_dir: &std::path::Path) -> KeyDirState {
-    std::fs::read(key_dir.join(STATE_FILE))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
-}
-
-fn ovsdb_keys(cluster: &Cluster) -> OvsdbIdentityKeys {
-    let oc = cluster.other_config();
-    OvsdbIdentityKeys {
-        private_key: oc.get("private_key").cloned(),
-        certificate: oc.get("certificate").cloned(),
-        ca_cert: oc.get("ca_cert").cloned(),
-    }
-}
-
 impl Node {
     async fn start(index: usize) -> Node {
         let cluster = Cluster::start(LIFETIME).await;
         let ns = cluster.netns.name().to_string();
-        for (i, net) in ["198.51.100.0/24", "203.0.113.0/24"].iter().enumerate() {
-            let out = std::process::Command::new("ip")
-                .args([
-                    "-n",
-                    &ns,
-                    "xfrm",
-                    "policy",
-                    "add",
-                    "src",
-                    net,
-                    "dst",
-                    "192.0.2.0/24",
-                ])
-                .args(["dir", "out", "priority", &(1000 + i).to_string()])
-                .args([
-                    "mark",
-                    &format!("0x4b4f000{i}"),
-                    "mask",
-                    "0xffff0000",
-                    "action",
-                    "allow",
-                ])
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "foreign policy: {out:?}");
-        }
+        install_foreign(&ns);
         let key_dir = cluster.dir.path().join("keys");
         let port = Cluster::free_port();
         let mut argv: Vec<String> = [
@@ -279,10 +198,7 @@ impl Node {
     async fn inject(&mut self, fault: Fault, logs: &Logs, log_from: &mut usize) -> Row {
         let mut violations = Vec::new();
         let before = read_state(&self.key_dir).active.map(|a| a.generation);
-        let gen_before = status(self.port)
-            .await
-            .map(|(_, s)| s["generation"].as_u64().unwrap_or(0))
-            .unwrap_or(0);
+        let gen_before = generation(self.port).await;
         let hit = self.injector.arm(fault.point);
         let hit = match tokio::time::timeout(REACH, hit).await {
             Ok(Ok(hit)) => hit,
@@ -317,25 +233,7 @@ impl Node {
         }
         // Sample the guards while the agent recovers (invariant 2).
         let ns = self.cluster.netns.name().to_string();
-        let baseline = self.baseline.clone();
-        let (stop_tx, mut stop) = oneshot::channel::<()>();
-        let sampler = tokio::task::spawn_blocking(move || {
-            let mut missing = None;
-            let mut samples = 0;
-            loop {
-                let now = policies(&ns);
-                samples += 1;
-                if missing.is_none()
-                    && let Some(gone) = baseline.difference(&now).next()
-                {
-                    missing = Some(gone.clone());
-                }
-                if stop.try_recv().is_ok() || samples > 2000 {
-                    return (samples, missing);
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
+        let sampler = GuardSampler::start(&ns, self.baseline.clone());
         let min = if fault.point.activating() {
             gen_before + 1
         } else {
@@ -348,87 +246,32 @@ impl Node {
                 None
             }
         };
-        let _ = stop_tx.send(());
-        let (samples, missing) = sampler.await.unwrap();
-        if let Some(p) = missing {
-            violations.push(format!(
-                "2: a guard was missing from one of {samples} dumps: {p}"
-            ));
-        }
-        let (keys, state) = self.snapshot();
-        if let Err(e) = check::one_generation(&self.key_dir, &keys, &state) {
-            violations.push(format!("1: {e}"));
-        }
-        if let Err(e) = check::identity_kept(before, &state) {
-            violations.push(format!("3: {e}"));
-        }
-        if let Err(e) = check::no_half_written(&self.key_dir) {
-            violations.push(format!("3: {e}"));
-        }
-        let seen = check::temporary_files(&self.key_dir);
-        if !seen.is_empty() {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let left: Vec<_> = check::temporary_files(&self.key_dir)
-                .intersection(&seen)
-                .map(|p| p.display().to_string())
-                .collect();
-            if !left.is_empty() {
-                violations.push(format!("3: temporary files left behind: {left:?}"));
-            }
-        }
-        let now = policies(self.cluster.netns.name());
-        if let Err(e) = check::foreign_unchanged(&foreign(&self.baseline), &foreign(&now)) {
-            violations.push(format!("5: {e}"));
-        }
-        if let Some((_, s)) = status(self.port).await
-            && let Some(what) = check::key_material(&s.to_string())
-        {
-            violations.push(format!("7: /status carries {what}"));
-        }
+        violations.extend(sampler.finish().await);
         let text = {
             let l = logs.0.lock().unwrap();
             let t = String::from_utf8_lossy(&l[*log_from..]).into_owned();
             *log_from = l.len();
             t
         };
-        if let Some(what) = check::key_material(&text) {
-            violations.push(format!("7: the logs carry {what}"));
-        }
+        violations.extend(
+            after_fault(
+                &self.cluster,
+                &ns,
+                &self.key_dir,
+                self.port,
+                before,
+                &self.baseline,
+                &text,
+            )
+            .await,
+        );
         Row::of(fault, self.index, recovery, violations)
-    }
-
-    /// OVSDB's identity keys and `state.json` as of one moment: the agent
-    /// keeps renewing (every 4–6 s), so the state is read between two
-    /// equal reads of OVSDB. The key directory records a generation as
-    /// issued-pending before OVSDB is switched to it and as active after,
-    /// so a state read while OVSDB stood still must name OVSDB's.
-    fn snapshot(&self) -> (OvsdbIdentityKeys, KeyDirState) {
-        let mut keys = ovsdb_keys(&self.cluster);
-        for _ in 0..20 {
-            let state = read_state(&self.key_dir);
-            let again = ovsdb_keys(&self.cluster);
-            if again == keys {
-                return (keys, state);
-            }
-            keys = again;
-        }
-        panic!("OVSDB's identity keys never stood still across a read of state.json");
     }
 
     async fn stop(self) {
         let _ = self.shutdown.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(20), self.task).await;
     }
-}
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| {
-            v.strip_prefix("0x")
-                .map_or_else(|| v.parse().ok(), |h| u64::from_str_radix(h, 16).ok())
-        })
-        .unwrap_or(default)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]

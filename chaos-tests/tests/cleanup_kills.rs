@@ -9,7 +9,7 @@
 //! the whole agent tree (charon's policies stay: the crash orphans a
 //! release must remove), writes the `Release` record that asks this node,
 //! and runs `kube-ovn-ipsec cleanup` — the chaos build, which stops itself
-//! at the round's point — and SIGKILLs it there. Then, at the kill:
+//! at the round's point (`chaos::inject::StopFile`) — and SIGKILLs it there. Then, at the kill:
 //! while OVSDB still publishes the lease both guards are armed (2); the
 //! foreign policies are untouched (5); a release receipt on the Node means
 //! nothing of the node's state is left (6); no half-written file (3), no
@@ -31,6 +31,7 @@
 
 #[path = "../../runtime/tests/agent_node/mod.rs"]
 mod agent_node;
+mod common;
 #[path = "../../runtime/tests/ike_node/mod.rs"]
 mod ike_node;
 #[path = "../../runtime/tests/support/mod.rs"]
@@ -46,8 +47,9 @@ use agent_node::{
 };
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use chaos::check;
-use chaos::inject::STOPPED;
+use chaos::inject::{STOPPED, StopFile};
 use chaos::report::{Row, table};
+use common::until_stopped;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube_ovn_ipsec_api::coordination::{
@@ -141,12 +143,6 @@ fn release_record(fx: &cc::NodeFx, ds_uid: &str, i: usize) -> CoordinationRecord
     r.targets
         .insert(fx.name.clone(), Uid::new(fx.uid.clone()).unwrap());
     r
-}
-
-/// The process state letter of `pid` (`/proc/<pid>/stat`), if it lives.
-fn proc_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
 /// Both guards of `mark` are in the dump.
@@ -353,21 +349,16 @@ async fn cleanup_killed_at_every_release_step_repeats_cleanly_and_leaves_nothing
         for (k, point) in round.kills.iter().enumerate() {
             // The cleanup, stopped at the point, SIGKILLed there.
             let log = f.dir.path().join(format!("cleanup-{i}-{k}.log"));
+            let stop = StopFile(f.dir.path().join("stop-at"));
+            stop.arm(point.name()).unwrap();
             let mut child =
                 cleanup_command(&n.node, &f.fx, &n.key_dir, &f.kubeconfig, CLEANUP_HASH, 30)
-                    .env("CHAOS_STOP_AT", point.name())
+                    .env("CHAOS_STOP_FILE", &stop.0)
                     .stdout(std::process::Stdio::null())
                     .stderr(std::fs::File::create(&log).unwrap())
                     .spawn()
                     .unwrap();
-            let hit = wait_for(REACH, Duration::from_millis(20), || {
-                match proc_state(child.id()) {
-                    Some('T') => Some(true),
-                    // Exited, or a zombie: it never stopped.
-                    None | Some('Z') => Some(false),
-                    _ => None,
-                }
-            });
+            let hit = until_stopped(child.id(), REACH).await;
             let _ = child.kill();
             let status = child.wait().unwrap();
             let text = std::fs::read_to_string(&log).unwrap_or_default();

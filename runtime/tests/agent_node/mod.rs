@@ -590,14 +590,19 @@ pub fn process_tree(root: u32) -> Vec<i32> {
 /// SIGKILLs the agent and everything it started (starter, charon, the
 /// monitor): what a node crash or an OOM kill of the container does.
 pub fn kill_tree(n: &mut AgentNode) {
-    let pids = process_tree(n.agent.id());
+    kill_tree_of(&mut n.agent);
+}
+
+/// SIGKILLs `agent` and all its descendants and waits until they are gone.
+pub fn kill_tree_of(agent: &mut Child) {
+    let pids = process_tree(agent.id());
     for pid in &pids {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(*pid),
             nix::sys::signal::Signal::SIGKILL,
         );
     }
-    let _ = n.agent.wait();
+    let _ = agent.wait();
     wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
         pids.iter()
             .all(|p| kube_ovn_ipsec_runtime::pidfile::proc_comm(*p).is_none())

@@ -1,0 +1,254 @@
+//! What the chaos tests that run agents on the one-node cluster share:
+//! the foreign policies, the reads of a node (XFRM, `/status`, OVSDB,
+//! `state.json`), the guard sampler of invariant 2 and the checks after a
+//! fault (invariants 1, 3, 5 and 7).
+//!
+//! Needs the test crate to declare `mod support;` (the runtime tests'
+//! fixtures).
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+// Against real daemons in real time: deadlines and sleeps are wall-clock.
+#![allow(clippy::disallowed_methods)]
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use actors::keydir::{KeyDirState, STATE_FILE};
+use actors::ports::OvsdbIdentityKeys;
+use chaos::check;
+use tokio::sync::oneshot;
+use xfrm::Xfrm;
+
+use crate::support::cluster::{Cluster, http_get};
+
+/// The high half of the marks of the foreign policies each node's
+/// namespace holds: state this project did not create, which must survive
+/// every fault.
+pub const FOREIGN_MARK_HIGH: u32 = 0x4b4f;
+/// How a foreign policy's line starts in [`policies`].
+pub const FOREIGN: &str = "foreign ";
+
+/// Installs the two foreign policies (marks `0x4b4f000x`) in `ns`.
+pub fn install_foreign(ns: &str) {
+    for (i, net) in ["198.51.100.0/24", "203.0.113.0/24"].iter().enumerate() {
+        let out = std::process::Command::new("ip")
+            .args(["-n", ns, "xfrm", "policy", "add", "src", net])
+            .args(["dst", "192.0.2.0/24", "dir", "out"])
+            .args(["priority", &(1000 + i).to_string()])
+            .args(["mark", &format!("0x4b4f000{i}"), "mask", "0xffff0000"])
+            .args(["action", "allow"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "foreign policy: {out:?}");
+    }
+}
+
+/// The policies in `ns` that carry a mark — the guards, the foreign ones
+/// (flagged) and any of charon's under the lease — one line each. The
+/// IKE daemon's own socket policies carry none: they come and go with it.
+pub fn policies(ns: &str) -> BTreeSet<String> {
+    let mut h = xfrm::XfrmHandle::in_netns(ns).unwrap();
+    h.dump_policies()
+        .unwrap()
+        .iter()
+        .filter(|p| p.mark.is_some())
+        .map(|p| {
+            let mut p = p.clone();
+            // The kernel's index is not the policy's identity.
+            p.index = 0;
+            let foreign = p.mark.is_some_and(|m| m.value >> 16 == FOREIGN_MARK_HIGH);
+            format!("{}{p:?}", if foreign { FOREIGN } else { "" })
+        })
+        .collect()
+}
+
+/// The foreign lines of `policies`.
+pub fn foreign(policies: &BTreeSet<String>) -> String {
+    policies
+        .iter()
+        .filter(|p| p.starts_with(FOREIGN))
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `/readyz` (200 or not) and `/status`, once the agent answers.
+pub async fn status(port: u16) -> Option<(bool, serde_json::Value)> {
+    let ready = http_get(port, "/readyz").await.map(|(c, _)| c) == Some(200);
+    let (code, body) = http_get(port, "/status").await?;
+    (code == 200 || code == 503)
+        .then(|| serde_json::from_str(&body).ok())
+        .flatten()
+        .map(|s| (ready, s))
+}
+
+/// The generation `/status` reports (0 when it does not answer).
+pub async fn generation(port: u16) -> u64 {
+    status(port)
+        .await
+        .map(|(_, s)| s["generation"].as_u64().unwrap_or(0))
+        .unwrap_or(0)
+}
+
+/// `state.json` (default when absent or unreadable).
+pub fn read_state(key_dir: &Path) -> KeyDirState {
+    std::fs::read(key_dir.join(STATE_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// The identity keys in OVSDB's `other_config`.
+pub fn ovsdb_keys(cluster: &Cluster) -> OvsdbIdentityKeys {
+    let oc = cluster.other_config();
+    OvsdbIdentityKeys {
+        private_key: oc.get("private_key").cloned(),
+        certificate: oc.get("certificate").cloned(),
+        ca_cert: oc.get("ca_cert").cloned(),
+    }
+}
+
+/// OVSDB's identity keys and `state.json` as of one moment: the agent
+/// keeps renewing, so the state is read between two equal reads of OVSDB.
+/// The key directory records a generation as issued-pending before OVSDB
+/// is switched to it and as active after, so a state read while OVSDB
+/// stood still must name OVSDB's.
+pub fn snapshot(cluster: &Cluster, key_dir: &Path) -> (OvsdbIdentityKeys, KeyDirState) {
+    let mut keys = ovsdb_keys(cluster);
+    for _ in 0..20 {
+        let state = read_state(key_dir);
+        let again = ovsdb_keys(cluster);
+        if again == keys {
+            return (keys, state);
+        }
+        keys = again;
+    }
+    panic!("OVSDB's identity keys never stood still across a read of state.json");
+}
+
+/// Samples the policies of `ns` every 100 ms until stopped: invariant 2's
+/// evidence while an agent recovers.
+pub struct GuardSampler {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<(usize, Option<String>)>,
+}
+
+impl GuardSampler {
+    /// Starts sampling; every line of `baseline` must be in every dump.
+    pub fn start(ns: &str, baseline: BTreeSet<String>) -> GuardSampler {
+        let ns = ns.to_owned();
+        let (stop, mut rx) = oneshot::channel::<()>();
+        let task = tokio::task::spawn_blocking(move || {
+            let mut missing = None;
+            let mut samples = 0;
+            loop {
+                let now = policies(&ns);
+                samples += 1;
+                if missing.is_none()
+                    && let Some(gone) = baseline.difference(&now).next()
+                {
+                    missing = Some(gone.clone());
+                }
+                if rx.try_recv().is_ok() || samples > 2000 {
+                    return (samples, missing);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        GuardSampler { stop, task }
+    }
+
+    /// Stops sampling; a violation of invariant 2 if a line was missing.
+    pub async fn finish(self) -> Option<String> {
+        let _ = self.stop.send(());
+        let (samples, missing) = self.task.await.unwrap();
+        missing.map(|p| format!("2: a guard was missing from one of {samples} dumps: {p}"))
+    }
+}
+
+/// Invariants 1, 3, 5 and 7 once the agent is back: OVSDB on one complete
+/// generation that `state.json` names; the generation active before the
+/// fault (`before`) kept or succeeded; no half-written file, no temporary
+/// file left; the foreign policies of `baseline` unchanged; no key
+/// material in `/status` or in `logs`.
+pub async fn after_fault(
+    cluster: &Cluster,
+    ns: &str,
+    key_dir: &Path,
+    port: u16,
+    before: Option<u64>,
+    baseline: &BTreeSet<String>,
+    logs: &str,
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    let (keys, state) = snapshot(cluster, key_dir);
+    if let Err(e) = check::one_generation(key_dir, &keys, &state) {
+        violations.push(format!("1: {e}"));
+    }
+    if let Err(e) = check::identity_kept(before, &state) {
+        violations.push(format!("3: {e}"));
+    }
+    if let Err(e) = check::no_half_written(key_dir) {
+        violations.push(format!("3: {e}"));
+    }
+    let seen = check::temporary_files(key_dir);
+    if !seen.is_empty() {
+        // The agent keeps renewing: one seen may be a write in progress.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let left: Vec<_> = check::temporary_files(key_dir)
+            .intersection(&seen)
+            .map(|p| p.display().to_string())
+            .collect();
+        if !left.is_empty() {
+            violations.push(format!("3: temporary files left behind: {left:?}"));
+        }
+    }
+    let now = policies(ns);
+    if let Err(e) = check::foreign_unchanged(&foreign(baseline), &foreign(&now)) {
+        violations.push(format!("5: {e}"));
+    }
+    if let Some((_, s)) = status(port).await
+        && let Some(what) = check::key_material(&s.to_string())
+    {
+        violations.push(format!("7: /status carries {what}"));
+    }
+    if let Some(what) = check::key_material(logs) {
+        violations.push(format!("7: the logs carry {what}"));
+    }
+    violations
+}
+
+/// The process state letter of `pid` (`/proc/<pid>/stat`), if it lives.
+pub fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Waits (polling, without blocking the runtime: the embedded API server
+/// runs on it) until `pid` is stopped (true), or has exited or become a
+/// zombie without stopping (false); `None` if neither within `bound`.
+pub async fn until_stopped(pid: u32, bound: Duration) -> Option<bool> {
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        match proc_state(pid) {
+            Some('T') => return Some(true),
+            None | Some('Z') => return Some(false),
+            _ => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An environment variable as a number (decimal, or hex with `0x`).
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| {
+            v.strip_prefix("0x")
+                .map_or_else(|| v.parse().ok(), |h| u64::from_str_radix(h, 16).ok())
+        })
+        .unwrap_or(default)
+}
