@@ -201,6 +201,22 @@ impl ApiError {
         Self::new(500, "InternalError", message)
     }
 
+    /// InternalError with another code of the 500 class (an injected fault).
+    pub fn internal_code(code: u16, message: impl Into<String>) -> Self {
+        Self::new(code, "InternalError", message)
+    }
+
+    /// 429 TooManyRequests, answered with `Retry-After: 1` (API priority
+    /// and fairness rejecting a request).
+    pub fn too_many_requests(message: impl Into<String>) -> Self {
+        Self::new(429, "TooManyRequests", message)
+    }
+
+    /// 503 ServiceUnavailable.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, "ServiceUnavailable", message)
+    }
+
     /// 504 Timeout: a list asked for a resourceVersion the server has not reached.
     pub fn too_large_resource_version(rv: u64, current: u64) -> Self {
         Self::new(
@@ -243,6 +259,10 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if self.code == 429 {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         resp
     }
 }

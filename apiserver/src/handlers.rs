@@ -57,6 +57,8 @@ pub struct Shared {
     pub future_watch: FutureWatch,
     /// Wall time, for token issuance and expiry.
     pub clock: Arc<dyn Clock>,
+    /// Faults a test drives in.
+    pub faults: Arc<crate::faults::Faults>,
 }
 
 /// The [`Shared`] state requests are served with, replaced whole when the
@@ -246,6 +248,9 @@ async fn serve(shared: &Shared, req: Request) -> Result<Response, ApiError> {
     authorize(shared, &id, &attrs)?;
     let ns = rp.namespace.clone().unwrap_or_default();
     let name = rp.name.clone().unwrap_or_default();
+    if let Some(fault) = shared.faults.take(verb, def.plural, &name) {
+        return Err(fault);
+    }
     match verb {
         "get" => {
             let obj = shared
@@ -642,6 +647,7 @@ fn watch(
             }
             Body::from_stream(
                 watch::stream(spec, shared.store.clone(), sub, shared.shutdown.clone())
+                    .take_until(shared.faults.watch_dropped())
                     .map(Ok::<_, Infallible>),
             )
         }

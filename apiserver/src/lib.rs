@@ -23,7 +23,8 @@
 //!   controller's and kubelet's part in a rollout;
 //! - `routes`: the pure path grammar (what a path names, query parameters);
 //! - `handlers`: the verbs; `protobuf`: the protobuf bodies kubectl sends;
-//!   `tls`: CA and serving certificate; `error`: `Status` errors.
+//!   `tls`: CA and serving certificate; `error`: `Status` errors;
+//! - [`faults`]: errors and dropped watches a test drives in.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), apiserver::Error> {
@@ -52,6 +53,7 @@ mod auth;
 pub mod chart;
 mod discovery;
 mod error;
+pub mod faults;
 mod handlers;
 pub mod kube_ovn;
 mod objects;
@@ -138,6 +140,7 @@ impl ApiServer {
             bookmark_interval: Duration::from_secs(5),
             future_watch: FutureWatch::default(),
             clock: Arc::new(SystemClock),
+            faults: Arc::default(),
         }
     }
 }
@@ -152,6 +155,7 @@ pub struct ApiServerBuilder {
     bookmark_interval: Duration,
     future_watch: FutureWatch,
     clock: Arc<dyn Clock>,
+    faults: Arc<faults::Faults>,
 }
 
 /// What a restart keeps besides the listener, the PKI and the tokens.
@@ -162,6 +166,7 @@ struct Settings {
     bookmark_interval: Duration,
     future_watch: FutureWatch,
     clock: Arc<dyn Clock>,
+    faults: Arc<faults::Faults>,
 }
 
 impl ApiServerBuilder {
@@ -210,6 +215,13 @@ impl ApiServerBuilder {
         self
     }
 
+    /// The fault switch a test drives ([`faults::Faults`]; default: one that
+    /// never fires).
+    pub fn faults(mut self, faults: Arc<faults::Faults>) -> Self {
+        self.faults = faults;
+        self
+    }
+
     /// Binds, seeds the initial namespaces and serves until [`ApiServerHandle::shutdown`].
     pub async fn start(self) -> Result<ApiServerHandle, Error> {
         // kube-rs and this server both use aws-lc-rs; installing it as the process
@@ -229,6 +241,7 @@ impl ApiServerBuilder {
             bookmark_interval: self.bookmark_interval,
             future_watch: self.future_watch,
             clock: self.clock,
+            faults: self.faults,
         };
         let running = launch(
             listener,
@@ -283,6 +296,7 @@ fn launch(
         bookmark_interval: settings.bookmark_interval,
         future_watch: settings.future_watch,
         clock: settings.clock.clone(),
+        faults: settings.faults.clone(),
     });
     let current = Arc::new(Current::new(shared));
     let router = handlers::router(current.clone());
@@ -492,6 +506,7 @@ impl ApiServerHandle {
             bookmark_interval: old.bookmark_interval,
             future_watch: old.future_watch,
             clock: old.clock.clone(),
+            faults: old.faults.clone(),
         });
         // New requests (the re-watches among them) reach the new store
         // before the old watches are told to end.
