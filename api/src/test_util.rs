@@ -716,3 +716,33 @@ impl SplitMix64 {
         lo + (hi - lo).mul_f64(self.unit())
     }
 }
+
+/// The system clock moved by an offset a test adjusts ([`JumpClock::jump`]):
+/// a node suspended and resumed, or stepped by NTP, as every reader of the
+/// clock sees it.
+#[derive(Debug, Default)]
+pub struct JumpClock {
+    offset_secs: std::sync::atomic::AtomicI64,
+}
+
+impl JumpClock {
+    /// Moves the clock by `secs` (forward when positive).
+    pub fn jump(&self, secs: i64) {
+        self.offset_secs
+            .fetch_add(secs, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The total offset from the system clock, in seconds.
+    pub fn offset(&self) -> i64 {
+        self.offset_secs.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl crate::clock::Clock for JumpClock {
+    fn now(&self) -> SystemTime {
+        let now = crate::clock::SystemClock.now();
+        let off = self.offset();
+        let d = Duration::from_secs(off.unsigned_abs());
+        if off >= 0 { now + d } else { now - d }
+    }
+}

@@ -24,21 +24,19 @@ mod support;
 use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actors::supervisor::{self, SupervisorMsg};
+use actors::supervisor;
 use chaos::inject::Injector;
 use chaos::plan::{Fault, Victim, matrix};
 use chaos::report::{Row, table};
 use common::{
-    FOREIGN, GuardSampler, after_fault, env_u64, generation, install_foreign, policies, read_state,
-    status,
+    FOREIGN, GuardSampler, InProcessAgent, Logs, after_fault, env_u64, generation, install_foreign,
+    policies, read_state, status,
 };
-use kube_ovn_ipsec_runtime::agent::{AgentError, RunArgs, Seams, run::run_with};
-use ractor::ActorRef;
-use support::cluster::{Cluster, NODE};
-use tokio::sync::{oneshot, watch};
+use kube_ovn_ipsec_runtime::agent::Seams;
+use support::cluster::Cluster;
 
 /// The signer's certificate lifetime: a renewal (and so a pass through
 /// every activation point) every 4–6 s.
@@ -47,20 +45,6 @@ const LIFETIME: Duration = Duration::from_secs(10);
 const REACH: Duration = Duration::from_secs(30);
 /// Invariant 4's bound: the backoff's 30 s plus the processes' start.
 const RECOVERY_BOUND: Duration = Duration::from_secs(45);
-/// What the agents log, for invariant 7.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// One agent under faults.
 struct Node {
     index: usize,
@@ -68,9 +52,7 @@ struct Node {
     key_dir: PathBuf,
     port: u16,
     injector: Arc<Injector>,
-    supervisor: ActorRef<SupervisorMsg>,
-    shutdown: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), AgentError>>,
+    agent: InProcessAgent,
     /// Guards and foreign policies at the first ready: what every later
     /// dump must hold.
     baseline: BTreeSet<String>,
@@ -83,70 +65,25 @@ impl Node {
         install_foreign(&ns);
         let key_dir = cluster.dir.path().join("keys");
         let port = Cluster::free_port();
-        let mut argv: Vec<String> = [
-            "run",
-            "--node-name",
-            NODE,
-            "--coordination",
-            "off",
-            "--pod-name",
-            &cluster.pod.name,
-            "--pod-namespace",
-            "kube-system",
-            "--pod-uid",
-            &cluster.pod.uid,
-            "--ovsdb",
-            &cluster.ovs.address(),
-            "--certificate-lifetime",
-            "600",
-            "--key-algorithm",
-            "ecdsa-p256",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        argv.extend([
-            "--key-dir".into(),
-            key_dir.display().to_string(),
-            "--status-addr".into(),
-            format!("127.0.0.1:{port}"),
-            "--kubeconfig".into(),
-            cluster.kubeconfig.display().to_string(),
-            "--ctl-socket".into(),
-            key_dir.with_extension("ctl").display().to_string(),
-        ]);
-        for (flag, value) in cluster.standin_flags() {
-            argv.push(flag);
-            argv.push(value);
-        }
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            run: RunArgs,
-        }
-        let args = <Cli as clap::Parser>::try_parse_from(&argv).unwrap().run;
         let injector = Injector::new(Duration::from_millis(300));
-        let (started_tx, started) = oneshot::channel();
         let inj = injector.clone();
-        let seams = Seams {
-            wrap: Some(Box::new(move |a| inj.wrap(a))),
-            started: Some(started_tx),
-        };
-        let (shutdown, rx) = watch::channel(false);
-        let task = tokio::spawn(run_with(args, rx, seams));
-        let supervisor = tokio::time::timeout(Duration::from_secs(60), started)
-            .await
-            .expect("the agent's tree did not start within 60 s")
-            .unwrap();
+        let agent = InProcessAgent::start(
+            &cluster,
+            &key_dir,
+            port,
+            Seams {
+                wrap: Some(Box::new(move |a| inj.wrap(a))),
+                ..Seams::default()
+            },
+        )
+        .await;
         let mut node = Node {
             index,
             cluster,
             key_dir,
             port,
             injector,
-            supervisor,
-            shutdown,
-            task,
+            agent,
             baseline: BTreeSet::new(),
         };
         node.wait_ready(Duration::from_secs(60), 1).await.unwrap();
@@ -167,7 +104,7 @@ impl Node {
         loop {
             if let Some((ready, s)) = status(self.port).await {
                 let g = s["generation"].as_u64().unwrap_or(0);
-                let report = supervisor::report(&self.supervisor)
+                let report = supervisor::report(&self.agent.supervisor)
                     .await
                     .unwrap_or_default();
                 let dead: Vec<_> = report
@@ -213,7 +150,8 @@ impl Node {
             }
         };
         match fault.victim {
-            Victim::Actor(name) => match supervisor::child_cell(&self.supervisor, name).await {
+            Victim::Actor(name) => match supervisor::child_cell(&self.agent.supervisor, name).await
+            {
                 Ok(Some(cell)) => cell.kill(),
                 other => {
                     violations.push(format!("0: {name} was not running at the hit: {other:?}"))
@@ -247,12 +185,7 @@ impl Node {
             }
         };
         violations.extend(sampler.finish().await);
-        let text = {
-            let l = logs.0.lock().unwrap();
-            let t = String::from_utf8_lossy(&l[*log_from..]).into_owned();
-            *log_from = l.len();
-            t
-        };
+        let text = logs.since(log_from);
         violations.extend(
             after_fault(
                 &self.cluster,
@@ -269,8 +202,7 @@ impl Node {
     }
 
     async fn stop(self) {
-        let _ = self.shutdown.send(true);
-        let _ = tokio::time::timeout(Duration::from_secs(20), self.task).await;
+        self.agent.stop().await;
     }
 }
 
@@ -278,12 +210,7 @@ impl Node {
 #[ignore = "minutes long: scripts/test.sh and scripts/chaos.sh run it on its own"]
 async fn actors_killed_at_every_activation_point_keep_every_invariant() {
     let logs = Logs::default();
-    let writer = logs.clone();
-    let _ = tracing_subscriber::fmt()
-        .json()
-        .with_env_filter("info")
-        .with_writer(move || writer.clone())
-        .try_init();
+    logs.install();
     let seed = env_u64(
         "CHAOS_SEED",
         std::time::SystemTime::now()

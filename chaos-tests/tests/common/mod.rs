@@ -19,7 +19,7 @@ use chaos::check;
 use tokio::sync::oneshot;
 use xfrm::Xfrm;
 
-use crate::support::cluster::{Cluster, http_get};
+use crate::support::cluster::{Cluster, NODE, http_get};
 
 /// The high half of the marks of the foreign policies each node's
 /// namespace holds: state this project did not create, which must survive
@@ -239,6 +239,127 @@ pub async fn until_stopped(pid: u32, bound: Duration) -> Option<bool> {
             return None;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What the in-process agents log (the test's tracing writer), for
+/// invariant 7.
+#[derive(Clone, Default)]
+pub struct Logs(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Sends the test binary's tracing (JSON, info) here.
+    pub fn install(&self) {
+        let writer = self.clone();
+        let _ = tracing_subscriber::fmt()
+            .json()
+            .with_env_filter("info")
+            .with_writer(move || writer.clone())
+            .try_init();
+    }
+
+    /// What was logged since `from` (which moves to the end).
+    pub fn since(&self, from: &mut usize) -> String {
+        let l = self.0.lock().unwrap();
+        let t = String::from_utf8_lossy(&l[(*from).min(l.len())..]).into_owned();
+        *from = l.len();
+        t
+    }
+}
+
+/// An agent run in-process (`runtime::agent::run::run_with`, the start-up
+/// of `kube-ovn-ipsec run` from the same flags) on `cluster` with the
+/// stand-in runtime, its seams the test's.
+pub struct InProcessAgent {
+    /// The node supervisor (to kill a child by name).
+    pub supervisor: ractor::ActorRef<actors::supervisor::SupervisorMsg>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), kube_ovn_ipsec_runtime::agent::AgentError>>,
+}
+
+impl InProcessAgent {
+    /// Starts the agent with `key_dir`, its status server on `port`, and
+    /// `seams` (whose `started` is the test's own); returns once its tree
+    /// started.
+    pub async fn start(
+        cluster: &Cluster,
+        key_dir: &Path,
+        port: u16,
+        mut seams: kube_ovn_ipsec_runtime::agent::Seams,
+    ) -> InProcessAgent {
+        let mut argv: Vec<String> = [
+            "run",
+            "--node-name",
+            NODE,
+            "--coordination",
+            "off",
+            "--pod-name",
+            &cluster.pod.name,
+            "--pod-namespace",
+            "kube-system",
+            "--pod-uid",
+            &cluster.pod.uid,
+            "--ovsdb",
+            &cluster.ovs.address(),
+            "--certificate-lifetime",
+            "600",
+            "--key-algorithm",
+            "ecdsa-p256",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        argv.extend([
+            "--key-dir".into(),
+            key_dir.display().to_string(),
+            "--status-addr".into(),
+            format!("127.0.0.1:{port}"),
+            "--kubeconfig".into(),
+            cluster.kubeconfig.display().to_string(),
+            "--ctl-socket".into(),
+            key_dir.with_extension("ctl").display().to_string(),
+        ]);
+        for (flag, value) in cluster.standin_flags() {
+            argv.push(flag);
+            argv.push(value);
+        }
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: kube_ovn_ipsec_runtime::agent::RunArgs,
+        }
+        let args = <Cli as clap::Parser>::try_parse_from(&argv).unwrap().run;
+        let (started_tx, started) = oneshot::channel();
+        seams.started = Some(started_tx);
+        let (shutdown, rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(kube_ovn_ipsec_runtime::agent::run::run_with(
+            args, rx, seams,
+        ));
+        let supervisor = tokio::time::timeout(Duration::from_secs(60), started)
+            .await
+            .expect("the agent's tree did not start within 60 s")
+            .unwrap();
+        InProcessAgent {
+            supervisor,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Stops the agent (as SIGTERM does) and waits for it.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(20), self.task).await;
     }
 }
 

@@ -225,6 +225,9 @@ pub struct Seams {
     pub wrap: Option<Box<dyn FnOnce(Adapters) -> Adapters + Send>>,
     /// Receives the node supervisor once the tree has started.
     pub started: Option<tokio::sync::oneshot::Sender<ActorRef<SupervisorMsg>>>,
+    /// The wall clock every actor reads (default: the system's), so a test
+    /// can jump it.
+    pub clock: Option<Arc<dyn Clock>>,
 }
 
 impl std::fmt::Debug for Seams {
@@ -232,6 +235,7 @@ impl std::fmt::Debug for Seams {
         f.debug_struct("Seams")
             .field("wrap", &self.wrap.is_some())
             .field("started", &self.started.is_some())
+            .field("clock", &self.clock.is_some())
             .finish()
     }
 }
@@ -294,7 +298,10 @@ pub async fn run_with(
     })?;
     tracing::info!(node = %args.node.node_name, node_uid = %node_uid.as_str(), chassis = %chassis.as_str(), key_dir = %args.node.key_dir.display(), "starting agent");
 
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let clock: Arc<dyn Clock> = match &seams.clock {
+        Some(c) => c.clone(),
+        None => Arc::new(SystemClock),
+    };
     let board = StatusBoard::new(clock.clone());
     board.set_node(node_uid.clone(), chassis.clone());
     let mut registry = Registry::default();

@@ -26,6 +26,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use apiserver::faults::Faults;
 use apiserver::{ADMIN_TOKEN, ApiServer, ApiServerHandle};
 use futures::StreamExt;
 use k8s_openapi::ByteString;
@@ -37,7 +40,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube_ovn_ipsec_api::clock::{Clock, SystemClock, unix_seconds};
 use kube_ovn_ipsec_api::names::k8s as names;
-use kube_ovn_ipsec_api::test_util::TestCa;
+use kube_ovn_ipsec_api::test_util::{JumpClock, TestCa};
 use kube_ovn_ipsec_api::time::Timestamp;
 use testbed::ovs::OvsdbServer;
 use tokio::task::JoinHandle;
@@ -267,6 +270,12 @@ pub struct Cluster {
     pub netns: testbed::netns::Netns,
     /// Directory of the stand-in programs.
     pub standins: PathBuf,
+    /// Errors and dropped watches the API server answers with, on demand.
+    pub faults: Arc<Faults>,
+    /// The cluster's wall clock: the API server's (token expiry) and, but
+    /// with the real controller, the signer's (issuance). Jumping it moves
+    /// the cluster's time, as a suspended and resumed machine sees it.
+    pub clock: Arc<JumpClock>,
     signer: JoinHandle<()>,
 }
 
@@ -362,14 +371,19 @@ impl Drop for Cluster {
 
 /// Signs `csr` with the test CA for its requested lifetime, at most `cap`,
 /// valid from now (no backdate: renewal tests time the 40–60 % point).
-fn sign(ca: &TestCa, csr: &CertificateSigningRequest, cap: Duration) -> Option<Vec<u8>> {
+fn sign(
+    ca: &TestCa,
+    csr: &CertificateSigningRequest,
+    cap: Duration,
+    clock: &dyn Clock,
+) -> Option<Vec<u8>> {
     let pem = String::from_utf8(csr.spec.request.0.clone()).ok()?;
     // A signer may issue a shorter lifetime than requested (the API server
     // refuses requests under 600 s, so this is how a test sees a renewal
     // within seconds).
     let lifetime =
         Duration::from_secs(csr.spec.expiration_seconds.unwrap_or(3600).max(1) as u64).min(cap);
-    let now = unix_seconds(SystemClock.now());
+    let now = unix_seconds(clock.now());
     let not_before = Timestamp::from_unix(now).ok()?;
     let not_after = Timestamp::from_unix(now + i64::try_from(lifetime.as_secs()).ok()?).ok()?;
     Some(
@@ -381,7 +395,12 @@ fn sign(ca: &TestCa, csr: &CertificateSigningRequest, cap: Duration) -> Option<V
 }
 
 /// Approves and signs every pending CSR of our signer, once.
-async fn signer_loop(api: Api<CertificateSigningRequest>, ca: TestCa, cap: Duration) {
+async fn signer_loop(
+    api: Api<CertificateSigningRequest>,
+    ca: TestCa,
+    cap: Duration,
+    clock: Arc<JumpClock>,
+) {
     let stream = watcher::watcher(
         api.clone(),
         watcher::Config::default().fields(&format!("spec.signerName={}", names::SIGNER_NAME)),
@@ -398,7 +417,7 @@ async fn signer_loop(api: Api<CertificateSigningRequest>, ca: TestCa, cap: Durat
         if done {
             continue;
         }
-        let Some(cert) = sign(&ca, &csr, cap) else {
+        let Some(cert) = sign(&ca, &csr, cap, clock.as_ref()) else {
             continue;
         };
         let approved = CertificateSigningRequestStatus {
@@ -437,7 +456,15 @@ impl Cluster {
     /// cluster's own clients are `system:masters` either way).
     pub async fn start_with(issue_lifetime: Duration, rbac: bool) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let api = ApiServer::builder().rbac(rbac).start().await.unwrap();
+        let faults = Arc::new(Faults::default());
+        let clock = Arc::new(JumpClock::default());
+        let api = ApiServer::builder()
+            .rbac(rbac)
+            .faults(faults.clone())
+            .clock(clock.clone())
+            .start()
+            .await
+            .unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         api.write_kubeconfig(&kubeconfig, ADMIN_TOKEN).unwrap();
         let client = api.client(ADMIN_TOKEN).await.unwrap();
@@ -469,13 +496,28 @@ impl Cluster {
             .unwrap();
 
         let ovs = node_ovsdb(dir.path(), CHASSIS);
-        let signer = tokio::spawn(signer_loop(Api::all(client), ca, issue_lifetime));
+        let signer = tokio::spawn(signer_loop(
+            Api::all(client),
+            ca,
+            issue_lifetime,
+            clock.clone(),
+        ));
         let pod = AgentPod {
             node: NODE.into(),
             name: "kube-ovn-cni-abcde".into(),
             uid: "0b0e6a3c-1111-4222-8333-444455556666".into(),
         };
-        Self::assemble(dir, api, ovs, kubeconfig, node_uid, pod, ca_pem, signer)
+        Self::assemble(
+            dir,
+            api,
+            ovs,
+            kubeconfig,
+            node_uid,
+            pod,
+            ca_pem,
+            signer,
+            (faults, clock),
+        )
     }
 
     /// The cluster with the real controller as the signer: the controller
@@ -488,7 +530,17 @@ impl Cluster {
     pub async fn start_with_controller() -> Cluster {
         use crate::support::controller_cluster as cc;
         let dir = tempfile::tempdir().unwrap();
-        let api = ApiServer::builder().rbac(true).start().await.unwrap();
+        let faults = Arc::new(Faults::default());
+        // The controller signs on the system clock: this one moves the API
+        // server's tokens only.
+        let clock = Arc::new(JumpClock::default());
+        let api = ApiServer::builder()
+            .rbac(true)
+            .faults(faults.clone())
+            .clock(clock.clone())
+            .start()
+            .await
+            .unwrap();
         let admin = api.client(ADMIN_TOKEN).await.unwrap();
         let (nodes, _) = cc::populate(&api, &admin, 1).await;
         let node = nodes.into_iter().next().unwrap();
@@ -503,7 +555,17 @@ impl Cluster {
             name: node.pod_name.clone(),
             uid: node.pod_uid.clone(),
         };
-        Self::assemble(dir, api, ovs, kubeconfig, node.uid, pod, ca_pem, signer)
+        Self::assemble(
+            dir,
+            api,
+            ovs,
+            kubeconfig,
+            node.uid,
+            pod,
+            ca_pem,
+            signer,
+            (faults, clock),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -516,6 +578,7 @@ impl Cluster {
         pod: AgentPod,
         ca_pem: String,
         signer: JoinHandle<()>,
+        (faults, clock): (Arc<Faults>, Arc<JumpClock>),
     ) -> Cluster {
         let standins = dir.path().join("standins");
         write_standins(&standins, &ca_pem);
@@ -530,6 +593,8 @@ impl Cluster {
             ca_pem,
             netns,
             standins,
+            faults,
+            clock,
             signer,
         }
     }
