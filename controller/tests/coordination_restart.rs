@@ -44,9 +44,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::coordination::*;
 use common::*;
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::Api;
 use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -235,15 +233,6 @@ fn writes(replicas: &[Replica]) -> (Vec<String>, usize) {
         nb_sets += r.logged("setting NB_Global.ipsec").len();
     }
     (to, nb_sets)
-}
-
-/// The Lease's spec (none before the first round).
-async fn lease(admin: &Client) -> Option<k8s_openapi::api::coordination::v1::LeaseSpec> {
-    Api::<Lease>::namespaced(admin.clone(), NS)
-        .get_opt("ovn-ipsec-controller")
-        .await
-        .unwrap()
-        .and_then(|l| l.spec)
 }
 
 /// When the Lease was last renewed (every election round of its holder

@@ -37,13 +37,13 @@ use std::time::{Duration, Instant};
 
 use agent_node::{
     AGENT_FLAGS, AgentNode, Env, add_unrelated_keys, assert_only_unrelated_left,
-    both_ways_establish, connect, env, no_auth_failures, reconnect, run_cleanup, start_node,
-    xfrm_dump,
+    both_ways_establish, connect, env, no_auth_failures, reconnect, restart_controller,
+    roll_to_cleanup, roll_to_ipsec, start_node, xfrm_dump,
 };
 use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
 use kube_ovn_ipsec_api::names::k8s;
 use support::controller_cluster as cc;
-use support::controller_cluster::coordination::{flags_wanting, nb_sb, record, status};
+use support::controller_cluster::coordination::{nb_sb, record, status};
 use testbed::ipsec::{IpsecNode, Tunnel};
 
 use CoordinationPhase::{Cleanup, Disabled, Disabling, Enabled, Release};
@@ -52,19 +52,6 @@ use CoordinationPhase::{Cleanup, Disabled, Disabling, Enabled, Release};
 const CLEANUP_HASH: &str = "4c1ea9b70";
 /// The template hash after the chart is reverted to IPsec on.
 const REENABLED_HASH: &str = "8e4ab1c52";
-
-/// Restarts the in-process controller wanting `enable`.
-async fn restart_controller(e: &mut Env, enable: bool) {
-    e.controller.abort();
-    let (nb, sb) = (e.central.nb.address(), e.central.sb.address());
-    let (controller, _) = support::cluster::start_controller(
-        &e.api,
-        &e.admin,
-        &flags_wanting(enable, &nb, &sb, "controller-0"),
-    )
-    .await;
-    e.controller = controller;
-}
 
 /// Polls the record until `pred` holds; the phases seen on the way are
 /// appended to `seen`.
@@ -182,37 +169,7 @@ async fn three_agents_disable_to_nothing_of_ours_and_enable_again() {
     // The chart: the cleanup shape, rolled one node at a time.
     cc::set_template(&e.admin, &e.ds_uid, cc::Shape::Cleanup, CLEANUP_HASH).await;
     for (i, n) in nodes.iter_mut().enumerate() {
-        n.stop_agent();
-        let fx = &mut e.fxs[i];
-        cc::replace_pod(
-            &e.api,
-            &e.admin,
-            &e.ds_uid,
-            fx,
-            i,
-            cc::Shape::Cleanup,
-            CLEANUP_HASH,
-        )
-        .await;
-        let kubeconfig = e.dir.path().join(&fx.name).join("kubeconfig");
-        e.api.write_kubeconfig(&kubeconfig, &fx.token).unwrap();
-        cc::set_cleanup_init_of(&e.admin, &fx.pod_name, None).await;
-        let mut runs = 0;
-        loop {
-            runs += 1;
-            let out = run_cleanup(&n.node, fx, &n.key_dir, &kubeconfig, CLEANUP_HASH, 60);
-            let code = out.status.code().unwrap_or(1);
-            cc::set_cleanup_init_of(&e.admin, &fx.pod_name, Some(code)).await;
-            if code == 0 {
-                break;
-            }
-            assert!(
-                runs < 3,
-                "{}: cleanup kept failing:\n{}",
-                n.node.chassis(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        roll_to_cleanup(&mut e, n, i, CLEANUP_HASH).await.unwrap();
         // Nothing is withdrawn before Release, which needs NB and SB off.
         let r = record(&e.admin).await.unwrap();
         assert!(
@@ -273,25 +230,8 @@ async fn three_agents_disable_to_nothing_of_ours_and_enable_again() {
     seen.clear();
     restart_controller(&mut e, true).await;
     cc::set_template(&e.admin, &e.ds_uid, cc::Shape::Ipsec, REENABLED_HASH).await;
-    let flags = [
-        "--coordination",
-        "cluster",
-        "--pod-template-hash",
-        REENABLED_HASH,
-    ];
     for (i, n) in nodes.iter_mut().enumerate() {
-        let fx = &mut e.fxs[i];
-        cc::replace_pod(
-            &e.api,
-            &e.admin,
-            &e.ds_uid,
-            fx,
-            i,
-            cc::Shape::Ipsec,
-            REENABLED_HASH,
-        )
-        .await;
-        n.respawn(fx, &e.api, e.dir.path(), e.script, &flags);
+        roll_to_ipsec(&mut e, n, i, REENABLED_HASH).await;
     }
     let enabled = until(
         &e,

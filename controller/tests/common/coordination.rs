@@ -91,6 +91,15 @@ pub async fn record(admin: &Client) -> Option<CoordinationRecord> {
     CoordinationRecord::decode(cm.data?.get("state")?.as_bytes()).ok()
 }
 
+/// The controller's leader-election Lease, if it exists.
+pub async fn lease(admin: &Client) -> Option<k8s_openapi::api::coordination::v1::LeaseSpec> {
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(admin.clone(), NS)
+        .get_opt(controller::coordination::leader::LEASE_NAME)
+        .await
+        .unwrap()
+        .and_then(|l| l.spec)
+}
+
 /// The cohort's status as the leader last wrote it (`null` before).
 pub async fn status(admin: &Client) -> serde_json::Value {
     let cm = Api::<ConfigMap>::namespaced(admin.clone(), NS)
@@ -105,12 +114,14 @@ pub async fn status(admin: &Client) -> serde_json::Value {
 /// Synchronous reads of `NB_Global.ipsec` and `SB_Global.ipsec` (SB reads
 /// false until ovn-northd has created its row).
 pub async fn nb_sb(central: &OvnCentral) -> (bool, bool) {
-    let nb = ovsdb::Client::connect_str(&central.nb.address())
-        .await
-        .unwrap();
-    let sb = ovsdb::Client::connect_str(&central.sb.address())
-        .await
-        .unwrap();
+    nb_sb_at(&central.nb.address(), &central.sb.address()).await
+}
+
+/// [`nb_sb`] of the databases at `nb` and `sb` (a task that cannot hold
+/// the [`OvnCentral`]).
+pub async fn nb_sb_at(nb: &str, sb: &str) -> (bool, bool) {
+    let nb = ovsdb::Client::connect_str(nb).await.unwrap();
+    let sb = ovsdb::Client::connect_str(sb).await.unwrap();
     let v = (
         nb.read_nb_ipsec().await.unwrap(),
         sb.read_sb_ipsec().await.unwrap_or(false),

@@ -45,6 +45,9 @@ pub struct AgentNode {
     pub key_dir: PathBuf,
     pub port: u16,
     pub log: PathBuf,
+    /// Environment the agent process gets beyond the chart's (kept for a
+    /// respawn).
+    pub env: Vec<(String, String)>,
 }
 
 impl Drop for AgentNode {
@@ -172,6 +175,20 @@ pub fn start_node(
     script: &Path,
     extra: &[&str],
 ) -> AgentNode {
+    start_node_with(node, fx, api, dir, script, extra, Vec::new())
+}
+
+/// [`start_node`], with `env` added to the agent's environment (the chaos
+/// suite's stop file).
+pub fn start_node_with(
+    node: IpsecNode,
+    fx: &cc::NodeFx,
+    api: &apiserver::ApiServerHandle,
+    dir: &Path,
+    script: &Path,
+    extra: &[&str],
+    env: Vec<(String, String)>,
+) -> AgentNode {
     let launcher = Launcher::nsenter(node.netns().holder_pid());
     let ovsdb = start_ovsdb(&node, &launcher);
     node.vsctl(&["init"]).unwrap();
@@ -186,7 +203,9 @@ pub fn start_node(
     let key_dir = dir.join(&fx.name).join("keys");
     let port = crate::support::cluster::Cluster::free_port();
     let log = dir.join(&fx.name).join("agent.log");
-    let agent = spawn_agent(&node, fx, api, dir, script, extra, &key_dir, port, &log);
+    let agent = spawn_agent(
+        &node, fx, api, dir, script, extra, &key_dir, port, &log, &env,
+    );
     AgentNode {
         agent,
         _ovsdb: ovsdb,
@@ -194,6 +213,7 @@ pub fn start_node(
         key_dir,
         port,
         log,
+        env,
     }
 }
 
@@ -227,6 +247,7 @@ impl AgentNode {
             &self.key_dir,
             self.port,
             &self.log,
+            &self.env,
         );
     }
 }
@@ -247,6 +268,7 @@ fn spawn_agent(
     key_dir: &Path,
     port: u16,
     log: &Path,
+    env: &[(String, String)],
 ) -> Child {
     let own = dir.join(&fx.name);
     std::fs::create_dir_all(&own).unwrap();
@@ -282,6 +304,7 @@ fn spawn_agent(
     agent
         .command(crate::support::cluster::agent_binary())
         .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(std::process::Stdio::null())
         .stderr(
             std::fs::OpenOptions::new()
@@ -460,6 +483,76 @@ pub async fn env(nodes: usize) -> Env {
     }
 }
 
+/// Restarts the in-process controller as the same replica wanting
+/// `enable` (the operator changed `--enable-ipsec`, or the replica crashed:
+/// an aborted task makes no last write).
+pub async fn restart_controller(e: &mut Env, enable: bool) {
+    e.controller.abort();
+    let (nb, sb) = (e.central.nb.address(), e.central.sb.address());
+    let (controller, _) = crate::support::cluster::start_controller(
+        &e.api,
+        &e.admin,
+        &crate::support::controller_cluster::coordination::flags_wanting(
+            enable,
+            &nb,
+            &sb,
+            "controller-0",
+        ),
+    )
+    .await;
+    e.controller = controller;
+}
+
+/// Node `i` rolled to the cleanup shape of template `hash`, as the
+/// DaemonSet controller and the kubelet do it (the template itself is the
+/// caller's, `cc::set_template`): the agent stopped (SIGTERM), the Pod
+/// replaced, its `ipsec-cleanup` init container run until it exits 0, each
+/// exit reported in the Pod's status. Returns the runs it took; fails,
+/// with the last run's log, after three.
+pub async fn roll_to_cleanup(
+    e: &mut Env,
+    n: &mut AgentNode,
+    i: usize,
+    hash: &str,
+) -> Result<usize, String> {
+    n.stop_agent();
+    let fx = &mut e.fxs[i];
+    cc::replace_pod(&e.api, &e.admin, &e.ds_uid, fx, i, cc::Shape::Cleanup, hash).await;
+    let kubeconfig = e.dir.path().join(&fx.name).join("kubeconfig");
+    e.api.write_kubeconfig(&kubeconfig, &fx.token).unwrap();
+    cc::set_cleanup_init_of(&e.admin, &fx.pod_name, None).await;
+    for runs in 1..=3 {
+        // Blocks for as long as the cleanup waits: off the runtime's
+        // workers, which the in-process controller needs meanwhile.
+        let out = tokio::task::block_in_place(|| {
+            run_cleanup(&n.node, fx, &n.key_dir, &kubeconfig, hash, 60)
+        });
+        let code = out.status.code().unwrap_or(1);
+        cc::set_cleanup_init_of(&e.admin, &fx.pod_name, Some(code)).await;
+        if code == 0 {
+            return Ok(runs);
+        }
+        if runs == 3 {
+            return Err(format!(
+                "{}: cleanup kept failing:\n{}",
+                n.node.chassis(),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+/// Node `i` rolled back to the IPsec shape of template `hash`: a new Pod,
+/// and the agent started again as it on the same key directory (the
+/// template itself is the caller's, `cc::set_template`).
+pub async fn roll_to_ipsec(e: &mut Env, n: &mut AgentNode, i: usize, hash: &str) {
+    let fx = &mut e.fxs[i];
+    cc::replace_pod(&e.api, &e.admin, &e.ds_uid, fx, i, cc::Shape::Ipsec, hash).await;
+    let flags = ["--coordination", "cluster", "--pod-template-hash", hash];
+    n.respawn(fx, &e.api, e.dir.path(), e.script, &flags);
+}
+
 /// Runs the chart's `ipsec-cleanup` init container on `node` as `fx`'s
 /// (cleanup) Pod of template `hash`, with its kubeconfig `kubeconfig`,
 /// waiting at most
@@ -543,24 +636,43 @@ pub fn add_unrelated_keys(node: &IpsecNode) {
 /// After a disable: no lease key in `external_ids`, no identity path in
 /// `other_config`, the chassis and [`add_unrelated_keys`]' keys kept.
 pub fn assert_only_unrelated_left(node: &IpsecNode) {
+    if let Err(e) = only_unrelated_left(node) {
+        panic!("{}: {e}", node.chassis());
+    }
+}
+
+/// [`assert_only_unrelated_left`]'s check: what differs, if anything.
+pub fn only_unrelated_left(node: &IpsecNode) -> Result<(), String> {
     let who = node.chassis();
     let ext = ovs_map(node, "external_ids");
-    for k in ovs::PROTECTION_KEYS {
-        assert!(!ext.contains_key(k), "{who}: {k} left: {ext:?}");
-    }
-    assert_eq!(ext.get("unrelated").map(String::as_str), Some("keep-me"));
-    assert_eq!(
-        ext.get(ovs::EXTERNAL_ID_SYSTEM_ID).map(String::as_str),
-        Some(who)
-    );
     let other = ovs_map(node, "other_config");
-    for k in ovs::IDENTITY_KEYS {
-        assert!(!other.contains_key(k), "{who}: {k} left: {other:?}");
-    }
-    assert_eq!(
-        other.get("unrelated").map(String::as_str),
-        Some("keep-me-too")
+    let mut wrong = Vec::new();
+    wrong.extend(
+        ovs::PROTECTION_KEYS
+            .iter()
+            .filter(|k| ext.contains_key(**k))
+            .map(|k| format!("{k} left in external_ids")),
     );
+    wrong.extend(
+        ovs::IDENTITY_KEYS
+            .iter()
+            .filter(|k| other.contains_key(**k))
+            .map(|k| format!("{k} left in other_config")),
+    );
+    if ext.get("unrelated").map(String::as_str) != Some("keep-me") {
+        wrong.push("external_ids:unrelated lost".into());
+    }
+    if ext.get(ovs::EXTERNAL_ID_SYSTEM_ID).map(String::as_str) != Some(who) {
+        wrong.push("external_ids:system-id lost".into());
+    }
+    if other.get("unrelated").map(String::as_str) != Some("keep-me-too") {
+        wrong.push("other_config:unrelated lost".into());
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{}: {ext:?} {other:?}", wrong.join(", ")))
+    }
 }
 
 /// PIDs of `root` and all its descendants.
