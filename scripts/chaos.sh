@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The chaos suite (docs/chaos.md): the agent's actors killed at every point
-# of an activation, and the cleanup process SIGKILLed at every step of a
-# release (and at every pair of steps); the invariants checked after each
-# fault, a table per run. The options size the actor kills.
+# of an activation; the agent process, charon and ovs-monitor-ipsec SIGKILLed
+# at every point; the cleanup process SIGKILLed at every step of a release
+# (and at every pair of steps); agents and the controller's leader crashed at
+# each barrier of enable and disable; API errors, clock jumps and a full key
+# directory. The invariants checked after each fault, a table per suite.
+# The options size the actor kills (--rounds and --seed the process kills too).
 #
 #   scripts/chaos.sh                 four agents, one round of the matrix each (256 faults)
 #   scripts/chaos.sh --ci            the CI form: eight agents, one round each (512 faults)

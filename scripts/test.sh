@@ -68,9 +68,11 @@ bash scripts/kernel-tests.sh
 
 # The chaos suite (docs/chaos.md): actors of eight agents killed at each point
 # of an activation, one round of the matrix each (512 faults), a fresh seed each
-# run (the table prints it; scripts/chaos.sh --seed replays it); and the cleanup
-# process SIGKILLed at each step of a release and each pair of steps. One test
-# at a time.
+# run (the table prints it; scripts/chaos.sh --seed replays it); the agent,
+# charon and the monitor SIGKILLed at each point (24); the cleanup process
+# SIGKILLed at each step of a release and each pair of steps (31); environment
+# faults (12); agents and the controller's leader crashed at each barrier of
+# enable and disable (6). One test at a time.
 section "the chaos suite"
 CHAOS_ROUNDS=1 CHAOS_NODES=8 RUST_BACKTRACE=0 \
   cargo test --locked -q -p chaos-tests --tests -- --ignored --nocapture --test-threads=1

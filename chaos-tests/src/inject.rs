@@ -20,12 +20,16 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use actors::Result;
+use actors::coordinator::ReceiptPort;
+use actors::coordinator::plan::RecordView;
 use actors::ports::{
     Acknowledgement, CsrApi, CsrOutcome, CsrRef, CsrSubmission, GuardReadback, LeaseSummary,
     MonitorPort, OvsdbIdentity, OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess,
     SaSummary,
 };
 use async_trait::async_trait;
+use kube_ovn_ipsec_api::coordination::{CoordinationPhase, Receipt};
+use kube_ovn_ipsec_api::pki::Certificate;
 use kube_ovn_ipsec_runtime::agent::Adapters;
 use tokio::sync::oneshot;
 
@@ -171,9 +175,33 @@ impl Injector {
                 inner: a.monitor,
                 at: self.clone(),
             }),
-            receipts: a.receipts,
+            receipts: a.receipts.map(|inner| -> Arc<dyn ReceiptPort> {
+                Arc::new(FaultyReceipts {
+                    inner,
+                    at: self.clone(),
+                })
+            }),
         }
     }
+
+    /// Whether a stopping switch's file names the receipt point of
+    /// `phase`; if so the process stops there.
+    fn crossed_receipt(&self, phase: CoordinationPhase) {
+        if let Some(file) = &self.file {
+            let point = receipt_point(phase);
+            if file.take(&point) {
+                stop_process(&point);
+            }
+        }
+    }
+}
+
+/// The point just after this node's receipt answering `phase` (`Prepare`,
+/// `Arm`) with a status that satisfies the barrier is on its Node:
+/// "Prepare receipt published". Only a stopping switch stops there (the
+/// coordinated agents run as processes).
+pub fn receipt_point(phase: CoordinationPhase) -> String {
+    format!("{phase:?} receipt published")
 }
 
 /// The line a stopped process writes to its stderr before it stops, with
@@ -344,6 +372,34 @@ impl RunningMonitor for FaultyMonitor {
             self.at.hold_at(Point::MonitorReadBack).await;
         }
         r
+    }
+}
+
+#[derive(Debug)]
+struct FaultyReceipts {
+    inner: Arc<dyn ReceiptPort>,
+    at: Arc<Injector>,
+}
+
+#[async_trait]
+impl ReceiptPort for FaultyReceipts {
+    async fn publish(
+        &self,
+        receipt: &Receipt,
+        key: &std::path::Path,
+        certificate: &Certificate,
+    ) -> Result<()> {
+        let r = self.inner.publish(receipt, key, certificate).await;
+        // A receipt is republished as the node progresses; the point is
+        // the one the barrier counts.
+        if r.is_ok() && receipt.status.satisfies(receipt.phase) {
+            self.at.crossed_receipt(receipt.phase);
+        }
+        r
+    }
+
+    async fn current_record(&self) -> Result<RecordView> {
+        self.inner.current_record().await
     }
 }
 

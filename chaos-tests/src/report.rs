@@ -16,7 +16,10 @@ pub const INVARIANTS: [(&str, &str); 7] = [
         "5",
         "foreign XFRM state untouched, own state gone after a release",
     ),
-    ("6", "no evidence of a release while the node holds state"),
+    (
+        "6",
+        "no Enabled with a target unarmed, no release with state held",
+    ),
     ("7", "no key material served or logged"),
 ];
 

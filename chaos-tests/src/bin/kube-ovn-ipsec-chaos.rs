@@ -3,8 +3,9 @@
 //! the process stops itself (SIGSTOP) at a point that file names when it
 //! is crossed ([`chaos::inject::StopFile`]), so the test that started it
 //! can kill a victim exactly there (docs/chaos.md). The names are those of
-//! `chaos::plan::Point` (an activation, `run`) and of
-//! `kube_ovn_ipsec_runtime::cleanup::Point` (a release, `cleanup`).
+//! `chaos::plan::Point` (an activation, `run`), of
+//! `chaos::inject::receipt_point` (a coordinated agent's receipt, `run`)
+//! and of `kube_ovn_ipsec_runtime::cleanup::Point` (a release, `cleanup`).
 //! Without `CHAOS_STOP_FILE` it is the agent binary.
 
 use std::sync::Arc;
