@@ -8,7 +8,7 @@
 # The options size the actor kills (--rounds and --seed the process kills too).
 #
 #   scripts/chaos.sh                 four agents, one round of the matrix each (256 faults)
-#   scripts/chaos.sh --ci            the CI form: eight agents, one round each (512 faults)
+#   scripts/chaos.sh --ci            the CI form: sixteen agents, two to a matrix (512 faults)
 #   scripts/chaos.sh --long          eight agents, four rounds each (2048 faults)
 #   scripts/chaos.sh --seed 0x1234   replay a run (the table prints its seed)
 #   scripts/chaos.sh --rounds N --nodes M
@@ -19,10 +19,11 @@ cd "$(dirname "$0")/.."
 
 rounds=1
 nodes=4
+shares=1
 seed=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --ci) rounds=1; nodes=8; shift ;;
+    --ci) rounds=1; nodes=16; shares=2; shift ;;
     --long) rounds=4; nodes=8; shift ;;
     --rounds) rounds="$2"; shift 2 ;;
     --nodes) nodes="$2"; shift 2 ;;
@@ -35,7 +36,7 @@ bash scripts/install-deps.sh
 source scripts/lib/toolchain.sh
 require_toolchain
 
-export CHAOS_ROUNDS="$rounds" CHAOS_NODES="$nodes"
+export CHAOS_ROUNDS="$rounds" CHAOS_NODES="$nodes" CHAOS_SHARES="$shares"
 if [ -n "$seed" ]; then
   export CHAOS_SEED="$seed"
 fi

@@ -7,8 +7,9 @@
 //! stand-in processes here (this host's kernel has no ESP).
 //!
 //! `CHAOS_SEED` replays a run; `CHAOS_NODES` (default 4) sets the agents
-//! that take faults in parallel, each its own matrix, and `CHAOS_ROUNDS`
-//! (default 1) its rounds: 64 faults per agent and round.
+//! that take faults in parallel, `CHAOS_SHARES` (default 1) how many of
+//! them split one matrix, and `CHAOS_ROUNDS` (default 1) the matrix's
+//! rounds: 64 faults per round and matrix.
 //! `scripts/chaos.sh --long` runs the long form. Ignored by the workspace
 //! run: scripts/test.sh runs it in a section of its own, so its table is
 //! in the log.
@@ -220,8 +221,13 @@ async fn actors_killed_at_every_activation_point_keep_every_invariant() {
     );
     let rounds = env_u64("CHAOS_ROUNDS", 1) as usize;
     let nodes = env_u64("CHAOS_NODES", 4).max(1) as usize;
+    // `CHAOS_SHARES` agents split one matrix between them, each a
+    // contiguous part (so no victim twice in a row on one agent): more
+    // agents, fewer faults each, the same total in less time.
+    let shares = (env_u64("CHAOS_SHARES", 1).max(1) as usize).min(nodes);
     println!(
-        "chaos: seed {seed:#x} (CHAOS_SEED={seed:#x} replays), {rounds} round(s), {nodes} agents"
+        "chaos: seed {seed:#x} (CHAOS_SEED={seed:#x} replays), {rounds} round(s), {nodes} agents, \
+         {shares} to a matrix"
     );
     // `CHAOS_VICTIMS` (comma-separated names) narrows the victims.
     let victims: Vec<Victim> = match std::env::var("CHAOS_VICTIMS") {
@@ -232,17 +238,20 @@ async fn actors_killed_at_every_activation_point_keep_every_invariant() {
         Err(_) => Victim::ALL.to_vec(),
     };
     assert!(!victims.is_empty(), "CHAOS_VICTIMS names no victim");
-    // Each agent its own matrix (drawn from the run's seed and its index):
-    // every (point, victim) pair once per round, never one victim twice in
-    // a row on one agent.
+    // Each group of `shares` agents its own matrix (drawn from the run's
+    // seed and the group's index): every (point, victim) pair once per
+    // round, never one victim twice in a row on one agent.
     let per_node: Vec<Vec<Fault>> = (0..nodes)
         .map(|n| {
-            let node_seed = seed.wrapping_add((n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            let mut m = matrix(node_seed, rounds, &victims);
-            for f in &mut m {
+            let group = (n / shares) as u64;
+            let group_seed = seed.wrapping_add(group.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let m = matrix(group_seed, rounds, &victims);
+            let part = m.len().div_ceil(shares);
+            let mut mine: Vec<Fault> = m.chunks(part).nth(n % shares).unwrap_or(&[]).to_vec();
+            for f in &mut mine {
                 f.index = f.index * nodes + n;
             }
-            m
+            mine
         })
         .collect();
     let t0 = Instant::now();
