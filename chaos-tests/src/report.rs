@@ -64,6 +64,41 @@ impl Row {
     }
 }
 
+impl Row {
+    /// The line a suite prints as each fault is done (the table comes at
+    /// the end): index, node, point, victim, verdict, recovery.
+    pub fn progress(&self) -> String {
+        format!(
+            "chaos: #{} node {} {} × {}: {} {}",
+            self.index,
+            self.node,
+            self.point,
+            self.victim,
+            if self.violations.is_empty() {
+                "pass"
+            } else {
+                "FAIL"
+            },
+            self.recovery
+                .map(|d| format!("{:.2} s", d.as_secs_f64()))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// Prints the run's table and how long it took (`rows.len()` `unit`s in
+/// `elapsed`), flushed before the caller tears its world down; returns
+/// the table and how many rows failed, for the caller's assertion.
+pub fn print_run(seed: u64, rows: &[Row], unit: &str, elapsed: Duration) -> (String, usize) {
+    use std::io::Write as _;
+    let report = table(seed, rows);
+    println!("{report}");
+    println!("{} {unit} in {:.1} s", rows.len(), elapsed.as_secs_f64());
+    let _ = std::io::stdout().flush();
+    let failed = rows.iter().filter(|r| !r.violations.is_empty()).count();
+    (report, failed)
+}
+
 /// The `q`-quantile (0..=1) of `xs` by nearest rank; `None` when empty.
 pub fn quantile(xs: &[Duration], q: f64) -> Option<Duration> {
     if xs.is_empty() {
@@ -151,6 +186,22 @@ pub fn table(seed: u64, rows: &[Row]) -> String {
 mod tests {
     use super::*;
     use crate::plan::{Point, Victim};
+
+    #[test]
+    fn a_progress_line_names_the_fault_and_its_verdict() {
+        let f = Fault {
+            index: 7,
+            point: Point::Verified,
+            victim: Victim::ACTORS[0],
+            seed: 1,
+        };
+        let pass = Row::of(f, 3, Some(Duration::from_millis(2340)), vec![]);
+        let line = pass.progress();
+        assert!(line.starts_with("chaos: #7 node 3 verified × "), "{line}");
+        assert!(line.ends_with(": pass 2.34 s"), "{line}");
+        let fail = Row::of(f, 3, None, vec!["2: a guard was missing".into()]);
+        assert!(fail.progress().ends_with(": FAIL "), "{}", fail.progress());
+    }
 
     #[test]
     fn quantiles_by_nearest_rank() {

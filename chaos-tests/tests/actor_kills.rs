@@ -23,7 +23,6 @@ mod common;
 mod support;
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +30,7 @@ use std::time::{Duration, Instant};
 use actors::supervisor;
 use chaos::inject::Injector;
 use chaos::plan::{Fault, Victim, matrix};
-use chaos::report::{Row, table};
+use chaos::report::{Row, print_run};
 use common::{
     FOREIGN, GuardSampler, InProcessAgent, Logs, after_fault, env_u64, generation, install_foreign,
     policies, read_state, status,
@@ -271,23 +270,9 @@ async fn actors_killed_at_every_activation_point_keep_every_invariant() {
             tokio::spawn(async move {
                 let mut from = 0usize;
                 let mut rows = Vec::new();
-                let me = node.index;
                 for f in &faults {
                     let row = node.inject(*f, &logs, &mut from).await;
-                    eprintln!(
-                        "chaos: #{} node {me} {} × {}: {} {}",
-                        f.index,
-                        f.point.name(),
-                        f.victim.name(),
-                        if row.violations.is_empty() {
-                            "pass"
-                        } else {
-                            "FAIL"
-                        },
-                        row.recovery
-                            .map(|d| format!("{:.2} s", d.as_secs_f64()))
-                            .unwrap_or_default()
-                    );
+                    eprintln!("{}", row.progress());
                     rows.push(row);
                 }
                 (rows, node)
@@ -305,22 +290,14 @@ async fn actors_killed_at_every_activation_point_keep_every_invariant() {
         started.push(node);
     }
     rows.sort_by_key(|r| r.index);
-    let report = table(seed, &rows);
-    println!("{report}");
-    println!(
-        "{} faults in {:.1} s",
-        rows.len(),
-        t0.elapsed().as_secs_f64()
-    );
-    let _ = std::io::stdout().flush();
+    let (report, failed) = print_run(seed, &rows, "faults", t0.elapsed());
     for node in started {
         node.stop().await;
     }
-    let failed: Vec<_> = rows.iter().filter(|r| !r.violations.is_empty()).collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {} faults violated an invariant (replay with CHAOS_SEED={seed:#x}):\n{report}",
-        failed.len(),
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {} faults violated an invariant (replay with CHAOS_SEED={seed:#x}):\n{report}",
         rows.len()
     );
 }

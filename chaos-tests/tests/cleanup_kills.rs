@@ -37,7 +37,6 @@ mod ike_node;
 #[path = "../../runtime/tests/support/mod.rs"]
 mod support;
 
-use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -48,7 +47,7 @@ use agent_node::{
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use chaos::check;
 use chaos::inject::{STOPPED, StopFile};
-use chaos::report::{Row, table};
+use chaos::report::{Row, print_run};
 use common::until_stopped;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -458,16 +457,7 @@ async fn cleanup_killed_at_every_release_step_repeats_cleanly_and_leaves_nothing
         if let Some(what) = check::key_material(&rerun) {
             violations.push(format!("7: the restarted cleanup logged {what}"));
         }
-        eprintln!(
-            "chaos: #{i} cleanup at {names}, restarted under {:?}: {}",
-            round.restarted_under,
-            if violations.is_empty() {
-                "pass"
-            } else {
-                "FAIL"
-            }
-        );
-        rows.push(Row {
+        let row = Row {
             index: i,
             point: names,
             victim: if round.restarted_under == CoordinationPhase::Disabled {
@@ -479,19 +469,13 @@ async fn cleanup_killed_at_every_release_step_repeats_cleanly_and_leaves_nothing
             node: 0,
             recovery,
             violations,
-        });
+        };
+        eprintln!("{}", row.progress());
+        rows.push(row);
     }
-    let report = table(0, &rows);
-    println!("{report}");
-    println!(
-        "{} rounds in {:.1} s",
-        rows.len(),
-        t0.elapsed().as_secs_f64()
-    );
-    let _ = std::io::stdout().flush();
+    let (report, failed) = print_run(0, &rows, "rounds", t0.elapsed());
     drop(n);
     controller.abort();
-    let failed = rows.iter().filter(|r| !r.violations.is_empty()).count();
     assert_eq!(
         failed,
         0,

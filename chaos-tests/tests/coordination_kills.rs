@@ -62,7 +62,7 @@ use agent_node::{
 };
 use chaos::check;
 use chaos::inject::{StopFile, receipt_point};
-use chaos::report::{Row, table};
+use chaos::report::{Row, print_run};
 use common::{FOREIGN, GuardSampler, foreign, install_foreign, policies, proc_state};
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
@@ -776,19 +776,13 @@ async fn enable_and_disable_survive_agent_and_leader_kills_at_each_barrier() {
             violations: end,
         });
     }
-    println!("{}", table(0, &rows));
-    println!("chaos: coordination run {:?}", t0.elapsed());
-    let failed: Vec<usize> = rows
-        .iter()
-        .filter(|r| !r.violations.is_empty())
-        .map(|r| r.index)
-        .collect();
-    if !failed.is_empty() && std::env::var_os("CHAOS_TRACE").is_some() {
+    let (report, failed) = print_run(0, &rows, "faults", t0.elapsed());
+    if failed > 0 && std::env::var_os("CHAOS_TRACE").is_some() {
         for n in &run.nodes {
             eprintln!("chaos: {} log:\n{}", n.node.chassis(), n.logs());
         }
     }
-    assert!(failed.is_empty(), "invariants violated at steps {failed:?}");
+    assert_eq!(failed, 0, "invariants violated:\n{report}");
 }
 
 #[test]

@@ -36,7 +36,6 @@ mod ike_node;
 mod support;
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -44,10 +43,10 @@ use std::time::{Duration, Instant};
 use agent_node::{kill_tree_of, prerequisites};
 use chaos::inject::{STOPPED, StopFile};
 use chaos::plan::{Fault, Named, ProcessVictim, matrix};
-use chaos::report::{Row, table};
+use chaos::report::{Row, print_run};
 use common::{
     FOREIGN, GuardSampler, after_fault, env_u64, generation, install_foreign, policies, read_state,
-    status, until_stopped,
+    until_stopped, wait_ready,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -131,7 +130,7 @@ impl Node {
             baseline: BTreeSet::new(),
             log_from: 0,
         };
-        if let Err(e) = n.wait_ready(Duration::from_secs(90), 1).await {
+        if let Err(e) = wait_ready(n.port, Duration::from_secs(90), 1).await {
             panic!(
                 "node {index}: {e}\n{}\n{}",
                 n.cluster.agent_logs(),
@@ -145,29 +144,6 @@ impl Node {
             n.baseline
         );
         n
-    }
-
-    /// Ready (readyz 200) on generation `min` or later; the generation, or
-    /// why not within `bound`.
-    async fn wait_ready(&self, bound: Duration, min: u64) -> Result<u64, String> {
-        let deadline = Instant::now() + bound;
-        let mut last = String::from("/status never answered");
-        loop {
-            if let Some((ready, s)) = status(self.port).await {
-                let g = s["generation"].as_u64().unwrap_or(0);
-                if ready && g >= min {
-                    return Ok(g);
-                }
-                last = format!(
-                    "ready {ready}, generation {g} (want {min}), phase {}",
-                    s["phase"]
-                );
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("not ready within {bound:?}: {last}"));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
     }
 
     /// One fault: arm the point, wait for the agent to stop there, kill
@@ -235,7 +211,7 @@ impl Node {
         } else {
             gen_before
         };
-        let recovery = match self.wait_ready(RECOVERY_BOUND, min).await {
+        let recovery = match wait_ready(self.port, RECOVERY_BOUND, min).await {
             Ok(_) => Some(hit.elapsed()),
             Err(e) => {
                 violations.push(format!("4: {e}"));
@@ -313,21 +289,7 @@ async fn agent_charon_and_monitor_killed_at_every_activation_point_keep_every_in
                 let mut rows = Vec::new();
                 for f in mine {
                     let row = node.inject(f).await;
-                    eprintln!(
-                        "chaos: #{} node {} {} × {}: {} {}",
-                        f.index,
-                        node.index,
-                        f.point.name(),
-                        f.victim.name(),
-                        if row.violations.is_empty() {
-                            "pass"
-                        } else {
-                            "FAIL"
-                        },
-                        row.recovery
-                            .map(|d| format!("{:.2} s", d.as_secs_f64()))
-                            .unwrap_or_default()
-                    );
+                    eprintln!("{}", row.progress());
                     rows.push(row);
                 }
                 (rows, node)
@@ -342,16 +304,8 @@ async fn agent_charon_and_monitor_killed_at_every_activation_point_keep_every_in
         done.push(node);
     }
     rows.sort_by_key(|r| r.index);
-    let report = table(seed, &rows);
-    println!("{report}");
-    println!(
-        "{} faults in {:.1} s",
-        rows.len(),
-        t0.elapsed().as_secs_f64()
-    );
-    let _ = std::io::stdout().flush();
+    let (report, failed) = print_run(seed, &rows, "faults", t0.elapsed());
     drop(done);
-    let failed = rows.iter().filter(|r| !r.violations.is_empty()).count();
     assert_eq!(
         failed,
         0,

@@ -90,6 +90,30 @@ pub async fn generation(port: u16) -> u64 {
         .unwrap_or(0)
 }
 
+/// Waits until `/readyz` is 200 with generation `min` or later active (the
+/// agent on `port`); the generation, or what `/status` last said when
+/// `bound` ran out.
+pub async fn wait_ready(port: u16, bound: Duration, min: u64) -> Result<u64, String> {
+    let deadline = tokio::time::Instant::now() + bound;
+    let mut last = String::from("/status never answered");
+    loop {
+        if let Some((ready, s)) = status(port).await {
+            let g = s["generation"].as_u64().unwrap_or(0);
+            if ready && g >= min {
+                return Ok(g);
+            }
+            last = format!(
+                "ready {ready}, generation {g} (want {min}), phase {}, reason {}",
+                s["phase"], s["reason"]
+            );
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("not ready within {bound:?}: {last}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `state.json` (default when absent or unreadable).
 pub fn read_state(key_dir: &Path) -> KeyDirState {
     std::fs::read(key_dir.join(STATE_FILE))

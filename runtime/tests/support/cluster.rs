@@ -456,15 +456,7 @@ impl Cluster {
     /// cluster's own clients are `system:masters` either way).
     pub async fn start_with(issue_lifetime: Duration, rbac: bool) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let faults = Arc::new(Faults::default());
-        let clock = Arc::new(JumpClock::default());
-        let api = ApiServer::builder()
-            .rbac(rbac)
-            .faults(faults.clone())
-            .clock(clock.clone())
-            .start()
-            .await
-            .unwrap();
+        let (api, faults, clock) = Self::api_server(rbac).await;
         let kubeconfig = dir.path().join("kubeconfig");
         api.write_kubeconfig(&kubeconfig, ADMIN_TOKEN).unwrap();
         let client = api.client(ADMIN_TOKEN).await.unwrap();
@@ -530,17 +522,9 @@ impl Cluster {
     pub async fn start_with_controller() -> Cluster {
         use crate::support::controller_cluster as cc;
         let dir = tempfile::tempdir().unwrap();
-        let faults = Arc::new(Faults::default());
-        // The controller signs on the system clock: this one moves the API
-        // server's tokens only.
-        let clock = Arc::new(JumpClock::default());
-        let api = ApiServer::builder()
-            .rbac(true)
-            .faults(faults.clone())
-            .clock(clock.clone())
-            .start()
-            .await
-            .unwrap();
+        // The controller signs on the system clock: this clock moves the
+        // API server's tokens only.
+        let (api, faults, clock) = Self::api_server(true).await;
         let admin = api.client(ADMIN_TOKEN).await.unwrap();
         let (nodes, _) = cc::populate(&api, &admin, 1).await;
         let node = nodes.into_iter().next().unwrap();
@@ -566,6 +550,21 @@ impl Cluster {
             signer,
             (faults, clock),
         )
+    }
+
+    /// The embedded API server, RBAC on or off, with its fault switch and
+    /// its clock in the test's hands.
+    async fn api_server(rbac: bool) -> (ApiServerHandle, Arc<Faults>, Arc<JumpClock>) {
+        let faults = Arc::new(Faults::default());
+        let clock = Arc::new(JumpClock::default());
+        let api = ApiServer::builder()
+            .rbac(rbac)
+            .faults(faults.clone())
+            .clock(clock.clone())
+            .start()
+            .await
+            .unwrap();
+        (api, faults, clock)
     }
 
     #[allow(clippy::too_many_arguments)]
