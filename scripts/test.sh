@@ -72,7 +72,7 @@ bash scripts/kernel-tests.sh
 # run (the table prints it; scripts/chaos.sh --seed replays it); the agent,
 # charon and the monitor SIGKILLed at each point (24); the cleanup process
 # SIGKILLed at each step of a release and each pair of steps (31); environment
-# faults (12); agents and the controller's leader crashed at each barrier of
+# faults (13); agents and the controller's leader crashed at each barrier of
 # enable and disable (6). One test at a time.
 section "the chaos suite"
 CHAOS_ROUNDS=1 CHAOS_NODES=16 CHAOS_SHARES=2 RUST_BACKTRACE=0 \

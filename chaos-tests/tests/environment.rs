@@ -4,12 +4,13 @@
 //! dropping its watches mid-activation; the cluster's clock jumping past
 //! the renewal point and past the certificate's expiry (a machine
 //! suspended and resumed: the agent, the API server and the signer read
-//! one clock); the key directory's filesystem full. After each, the
-//! invariants of the actor kills (docs/chaos.md): guards in every dump
-//! (2), one complete generation in OVSDB (1), the identity kept and no
-//! half-written file (3), ready on a new generation within the bound once
-//! the fault clears (4), foreign policies untouched (5), no key material
-//! (7); and a full key directory is reported by name while it lasts.
+//! one clock); the key directory's filesystem full, and the directory
+//! read-only. After each, the invariants of the actor kills
+//! (docs/chaos.md): guards in every dump (2), one complete generation in
+//! OVSDB (1), the identity kept and no half-written file (3), ready on a
+//! new generation within the bound once the fault clears (4), foreign
+//! policies untouched (5), no key material (7); and a full or read-only
+//! key directory is reported by name while it lasts.
 //!
 //! Ignored by the workspace run: scripts/test.sh runs it in the chaos
 //! section.
@@ -31,10 +32,10 @@ use std::time::{Duration, Instant};
 use apiserver::faults::Rule;
 use chaos::inject::Injector;
 use chaos::plan::Point;
-use chaos::report::{Row, table};
+use chaos::report::{Row, print_run};
 use common::{
     FOREIGN, GuardSampler, InProcessAgent, Logs, after_fault, generation, install_foreign,
-    policies, read_state, status,
+    policies, read_state, status, wait_ready,
 };
 use kube_ovn_ipsec_runtime::agent::Seams;
 use support::cluster::Cluster;
@@ -69,6 +70,13 @@ enum Fault {
     Clock(i64),
     /// The key directory's filesystem is full until the agent reports it.
     KeyDirFull,
+    /// The key directory is read-only until the agent reports it: a bind
+    /// mount of the directory over itself, remounted read-only. (The
+    /// filesystem itself cannot be remounted so: the agent holds its lock
+    /// file open for writing, and the kernel refuses a read-only remount
+    /// of a mount with writers. The lock stays open on the mount below;
+    /// every write through the path fails with EROFS.)
+    KeyDirReadOnly,
 }
 
 impl Fault {
@@ -87,6 +95,7 @@ impl Fault {
             Fault::DropWatches => "watches dropped mid-activation".into(),
             Fault::Clock(s) => format!("clock +{s} s"),
             Fault::KeyDirFull => "key directory full (ENOSPC)".into(),
+            Fault::KeyDirReadOnly => "key directory read-only (EROFS)".into(),
         }
     }
 }
@@ -124,7 +133,17 @@ fn faults() -> Vec<Fault> {
         // Past the expiry: the node slept through it.
         Fault::Clock(lifetime + 5),
         Fault::KeyDirFull,
+        Fault::KeyDirReadOnly,
     ]
+}
+
+/// Runs `program` with `args`; a failure fails the test, naming it.
+fn run(program: &str, args: &[&std::ffi::OsStr]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{program} {args:?}: {out:?}");
 }
 
 /// A tmpfs of [`KEY_FS_SIZE`] at `at`, unmounted on drop.
@@ -209,31 +228,12 @@ impl Node {
             agent,
             baseline: BTreeSet::new(),
         };
-        n.wait_ready(Duration::from_secs(60), 1).await.unwrap();
+        wait_ready(n.port, Duration::from_secs(60), 1)
+            .await
+            .unwrap();
         n.baseline = policies(n.cluster.netns.name());
         assert!(n.baseline.iter().any(|p| !p.starts_with(FOREIGN)));
         n
-    }
-
-    async fn wait_ready(&self, bound: Duration, min: u64) -> Result<u64, String> {
-        let deadline = Instant::now() + bound;
-        let mut last = String::from("/status never answered");
-        loop {
-            if let Some((ready, s)) = status(self.port).await {
-                let g = s["generation"].as_u64().unwrap_or(0);
-                if ready && g >= min {
-                    return Ok(g);
-                }
-                last = format!(
-                    "ready {ready}, generation {g} (want {min}), phase {}, reason {}",
-                    s["phase"], s["reason"]
-                );
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("not ready within {bound:?}: {last}"));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
     }
 
     /// When `/status` says ready on a certificate that has expired by the
@@ -293,22 +293,7 @@ impl Node {
             Fault::Clock(secs) => self.cluster.clock.jump(*secs),
             Fault::KeyDirFull => {
                 self.keyfs.fill();
-                let deadline = Instant::now() + REACH;
-                let mut reported = false;
-                while Instant::now() < deadline {
-                    if let Some((_, s)) = status(self.port).await
-                        && s["reason"] == "KeyDirFull"
-                    {
-                        reported = true;
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                if !reported {
-                    violations.push(format!(
-                        "0: the full key directory was not reported (reason KeyDirFull) within {REACH:?}"
-                    ));
-                }
+                self.until_reason("KeyDirFull", violations).await;
                 // While it lasts nothing valid may be lost.
                 let state = read_state(&self.key_dir);
                 if state.active.is_none() {
@@ -316,7 +301,35 @@ impl Node {
                 }
                 self.keyfs.free();
             }
+            Fault::KeyDirReadOnly => {
+                let dir = self.key_dir.as_os_str();
+                run("mount", &["--bind".as_ref(), dir, dir]);
+                run("mount", &["-o".as_ref(), "remount,bind,ro".as_ref(), dir]);
+                self.until_reason("KeyDirReadOnly", violations).await;
+                if read_state(&self.key_dir).active.is_none() {
+                    violations
+                        .push("3: no active identity while the directory is read-only".into());
+                }
+                run("umount", &[dir]);
+            }
         }
+    }
+
+    /// Waits for `/status` to give `reason`; a violation if it never does
+    /// within [`REACH`].
+    async fn until_reason(&self, reason: &str, violations: &mut Vec<String>) {
+        let deadline = Instant::now() + REACH;
+        while Instant::now() < deadline {
+            if let Some((_, s)) = status(self.port).await
+                && s["reason"] == reason
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        violations.push(format!(
+            "0: the fault was not reported (reason {reason}) within {REACH:?}"
+        ));
     }
 }
 
@@ -340,7 +353,7 @@ async fn api_faults_clock_jumps_and_a_full_disk_keep_every_invariant() {
         let sampler = GuardSampler::start(&ns, node.baseline.clone());
         let at = Instant::now();
         node.apply(&fault, &mut violations).await;
-        let recovery = match node.wait_ready(RECOVERY_BOUND, gen_before + 1).await {
+        let recovery = match wait_ready(node.port, RECOVERY_BOUND, gen_before + 1).await {
             Ok(_) => Some(at.elapsed()),
             Err(e) => {
                 violations.push(format!("4: {e}"));
@@ -367,16 +380,7 @@ async fn api_faults_clock_jumps_and_a_full_disk_keep_every_invariant() {
             )
             .await,
         );
-        eprintln!(
-            "chaos: #{i} {}: {}",
-            fault.name(),
-            if violations.is_empty() {
-                "pass"
-            } else {
-                "FAIL"
-            }
-        );
-        rows.push(Row {
+        let row = Row {
             index: i,
             point: fault.name(),
             victim: "environment".into(),
@@ -384,18 +388,12 @@ async fn api_faults_clock_jumps_and_a_full_disk_keep_every_invariant() {
             node: 0,
             recovery,
             violations,
-        });
+        };
+        eprintln!("{}", row.progress());
+        rows.push(row);
     }
-    let report = table(0, &rows);
-    println!("{report}");
-    println!(
-        "{} faults in {:.1} s",
-        rows.len(),
-        t0.elapsed().as_secs_f64()
-    );
-    let _ = std::io::stdout().flush();
+    let (report, failed) = print_run(0, &rows, "faults", t0.elapsed());
     node.agent.stop().await;
-    let failed = rows.iter().filter(|r| !r.violations.is_empty()).count();
     assert_eq!(
         failed,
         0,
