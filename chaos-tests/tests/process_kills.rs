@@ -68,6 +68,23 @@ fn live_pid(pidfile: &Path) -> Option<i32> {
     Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
 }
 
+/// Waits until `pidfile` names a live process other than `old` (the one
+/// killed); why not, by `deadline`.
+async fn restarted(pidfile: &Path, old: i32, deadline: Instant) -> Result<(), String> {
+    loop {
+        if live_pid(pidfile).is_some_and(|p| p != old) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{} still names no new process after the kill of {old}",
+                pidfile.display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// One node: the cluster, its namespaces and the agent process.
 struct Node {
     index: usize,
@@ -177,6 +194,7 @@ impl Node {
         let hit = Instant::now();
         let ns = self.node.netns().name().to_string();
         let sampler = GuardSampler::start(&ns, self.baseline.clone());
+        let mut killed: Option<(PathBuf, i32)> = None;
         match fault.victim {
             ProcessVictim::Agent => {
                 kill_tree_of(&mut self.agent);
@@ -196,6 +214,7 @@ impl Node {
                 match live_pid(&pidfile) {
                     Some(p) => {
                         let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+                        killed = Some((pidfile.clone(), p));
                     }
                     None => violations.push(format!(
                         "0: {} was not running at the stop ({})",
@@ -211,12 +230,25 @@ impl Node {
         } else {
             gen_before
         };
-        let recovery = match wait_ready(self.port, RECOVERY_BOUND, min).await {
-            Ok(_) => Some(hit.elapsed()),
+        // A killed process must be running again, started anew: until the
+        // agent notices the loss, its readiness is still the one from
+        // before the kill (and the next fault would find no victim).
+        let restarted = match &killed {
+            Some((pidfile, old)) => restarted(pidfile, *old, hit + RECOVERY_BOUND).await,
+            None => Ok(()),
+        };
+        let recovery = match restarted {
             Err(e) => {
                 violations.push(format!("4: {e}"));
                 None
             }
+            Ok(()) => match wait_ready(self.port, RECOVERY_BOUND, min).await {
+                Ok(_) => Some(hit.elapsed()),
+                Err(e) => {
+                    violations.push(format!("4: {e}"));
+                    None
+                }
+            },
         };
         violations.extend(sampler.finish().await);
         let log = std::fs::read(self.cluster.agent_log()).unwrap_or_default();
