@@ -28,12 +28,14 @@ for line in sys.stdin:
         print(m["executable"])
 '
 }
+# --workspace, not -p: a single package resolves its own features and would
+# rebuild dozens of crates that `cargo test --workspace` already built.
 args=()
 for t in "${TESTS[@]}"; do args+=(--test "$t"); done
-bins=$(executables -p kube-ovn-ipsec-runtime "${args[@]}")
+bins=$(executables --workspace "${args[@]}")
 args=()
 for b in "${BENCHES[@]}"; do args+=(--bench "$b"); done
-benches=$(executables -p kube-ovn-ipsec-benches "${args[@]}")
+benches=$(executables --workspace "${args[@]}")
 [ -n "$bins" ] && [ -n "$benches" ] || { echo "kernel-tests: no test binaries built" >&2; exit 1; }
 cargo build --locked -q -p testbed --bin koi-kernel-run
 

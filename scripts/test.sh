@@ -83,6 +83,8 @@ CHAOS_ROUNDS=1 CHAOS_NODES=16 CHAOS_SHARES=2 RUST_BACKTRACE=0 \
 # `down` leaving nothing behind. Alone: it measures windows and losses that
 # a parallel build would distort.
 section "the lab end to end"
-RUST_BACKTRACE=0 cargo test --locked -q -p kube-ovn-ipsec-lab --test lab_e2e -- --ignored --nocapture
+# --workspace, not -p: the lab alone would resolve its own features and
+# rebuild crates the workspace test build already has.
+RUST_BACKTRACE=0 cargo test --locked -q --workspace --test lab_e2e -- --ignored --nocapture
 
 section "all tests passed"
