@@ -166,10 +166,16 @@ impl Probe {
         }
     }
 
-    /// Armed as the barrier means it: the lease published in OVSDB and
-    /// both guards of that lease in the kernel; why not, if not.
-    fn armed(&self) -> Result<(), String> {
+    /// One look at the node, OVSDB read once: whether it is armed
+    /// ([`Probe::armed`]) and what of ours it holds ([`Probe::holds`]).
+    fn read(&self) -> (Result<(), String>, Vec<String>) {
         let ext = self.external_ids();
+        (self.armed(&ext), self.holds(&ext))
+    }
+
+    /// Armed as the barrier means it: the lease published in OVSDB (`ext`)
+    /// and both guards of that lease in the kernel; why not, if not.
+    fn armed(&self, ext: &BTreeMap<String, String>) -> Result<(), String> {
         if !ext.contains_key(ovs::EXTERNAL_ID_PROTECTION_LEASE) {
             return Err("no lease published".into());
         }
@@ -188,10 +194,9 @@ impl Probe {
         }
     }
 
-    /// What of ours the node holds: lease keys in OVSDB, marked policies
-    /// that are not the foreign ones.
-    fn holds(&self) -> Vec<String> {
-        let ext = self.external_ids();
+    /// What of ours the node holds: lease keys in OVSDB (`ext`), marked
+    /// policies that are not the foreign ones.
+    fn holds(&self, ext: &BTreeMap<String, String>) -> Vec<String> {
         let mut held: Vec<String> = ovs::PROTECTION_KEYS
             .iter()
             .filter(|k| ext.contains_key(**k))
@@ -230,33 +235,40 @@ impl RecordSampler {
         let (stop, mut rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let mut violations: BTreeSet<String> = BTreeSet::new();
-            let mut last: Option<(CoordinationPhase, u64)> = None;
+            let mut last: Option<(CoordinationPhase, u64, u64)> = None;
             let mut samples: BTreeMap<String, usize> = BTreeMap::new();
             loop {
                 let r = record(&admin).await;
                 let (nb_on, _) = nb_sb_at(&nb, &sb).await;
                 let p = probes.clone();
                 let states = tokio::task::spawn_blocking(move || {
-                    p.iter().map(|p| (p.armed(), p.holds())).collect::<Vec<_>>()
+                    p.iter().map(Probe::read).collect::<Vec<_>>()
                 })
                 .await
                 .unwrap();
                 if let Some(r) = &r {
-                    if let Some((phase, epoch)) = last {
+                    if let Some((phase, epoch, generation)) = last {
                         if r.epoch < epoch {
                             violations.insert(format!(
                                 "6: the epoch went back from {epoch} to {}",
                                 r.epoch
                             ));
                         }
-                        if r.phase != phase && !forward(phase, r.phase) {
+                        if r.generation < generation {
+                            violations.insert(format!(
+                                "6: the generation went back from {generation} to {}",
+                                r.generation
+                            ));
+                        }
+                        let next_transition = r.generation > generation;
+                        if r.phase != phase && !forward(phase, r.phase, next_transition) {
                             violations.insert(format!(
                                 "6: the record went from {phase:?} to {:?}",
                                 r.phase
                             ));
                         }
                     }
-                    last = Some((r.phase, r.epoch));
+                    last = Some((r.phase, r.epoch, r.generation));
                 }
                 let phase = r.as_ref().map(|r| r.phase);
                 *samples
@@ -308,11 +320,19 @@ impl RecordSampler {
     }
 }
 
-/// Whether the record may go from `a` to `b`: forward in the cycle, phases
-/// possibly unseen between; `Disabled → Prepare` starts the next cycle.
-fn forward(a: CoordinationPhase, b: CoordinationPhase) -> bool {
+/// Whether the record may go from `a` to `b`: forward within a transition,
+/// phases possibly unseen between (a sample can fall either side of a
+/// short phase); a new generation (`next_transition`: an enable or a
+/// disable begins) moves to the other transition's phases, whatever the
+/// last one seen of the old.
+fn forward(a: CoordinationPhase, b: CoordinationPhase, next_transition: bool) -> bool {
     let at = |p| CYCLE.iter().position(|q| *q == p).unwrap();
-    at(b) > at(a) || (a == Disabled && b == Prepare)
+    let enabling = |p| at(p) <= at(Enabled);
+    if next_transition {
+        enabling(a) != enabling(b)
+    } else {
+        at(b) > at(a)
+    }
 }
 
 /// Crashes the leader as soon as the record reads `phase`: aborts
@@ -414,21 +434,19 @@ impl Run {
         let name = self.e.fxs[i].name.clone();
         let probe = Probe::of(&self.nodes[i], &name);
         let ns = probe.ns.clone();
-        tokio::task::block_in_place(|| {
-            if p == Prepare && !probe.holds().is_empty() {
-                violations.push(format!(
-                    "6: {name} published its Prepare receipt holding {:?}",
-                    probe.holds()
-                ));
-            }
-            if p == Arm
-                && let Err(why) = probe.armed()
-            {
-                violations.push(format!(
-                    "6: {name} published its Arm receipt unarmed: {why}"
-                ));
-            }
-        });
+        let (armed, held) = tokio::task::block_in_place(|| probe.read());
+        if p == Prepare && !held.is_empty() {
+            violations.push(format!(
+                "6: {name} published its Prepare receipt holding {held:?}"
+            ));
+        }
+        if p == Arm
+            && let Err(why) = armed
+        {
+            violations.push(format!(
+                "6: {name} published its Arm receipt unarmed: {why}"
+            ));
+        }
         if p == Arm {
             *sampler = Some(GuardSampler::start(&ns, policies(&ns)));
         }
@@ -787,13 +805,18 @@ async fn enable_and_disable_survive_agent_and_leader_kills_at_each_barrier() {
 
 #[test]
 fn the_record_moves_forward_through_a_cycle_and_into_the_next() {
-    assert!(forward(Prepare, Arm));
-    assert!(forward(Prepare, Enabled));
-    assert!(forward(Enabled, Disabling));
-    assert!(forward(Disabling, Release));
-    assert!(forward(Disabled, Prepare));
-    assert!(!forward(Arm, Prepare));
-    assert!(!forward(Release, Cleanup));
-    assert!(!forward(Enabled, Prepare));
-    assert!(!forward(Disabled, Enabled));
+    assert!(forward(Prepare, Arm, false));
+    assert!(forward(Prepare, Enabled, false));
+    assert!(forward(Enabled, Disabling, false));
+    assert!(forward(Enabled, Disabling, true));
+    assert!(!forward(Enabled, Prepare, true));
+    assert!(forward(Disabling, Release, false));
+    assert!(forward(Disabled, Prepare, true));
+    // Disabled fell between two samples.
+    assert!(forward(Release, Prepare, true));
+    assert!(!forward(Arm, Prepare, false));
+    assert!(!forward(Release, Cleanup, false));
+    assert!(!forward(Enabled, Prepare, false));
+    assert!(!forward(Disabled, Prepare, false));
+    assert!(!forward(Disabled, Disabling, true));
 }
