@@ -4,15 +4,18 @@
 //!
 //! - the patch applies to Debian's script exactly (no fuzz, no offset);
 //! - detection: the Debian script is `Unpatched`, the patched copy
-//!   `Patched { version: 2 }`;
+//!   `Patched { version: 3 }`;
 //! - unpatched monitor: without the CA copy IKE fails to authenticate; with
 //!   it an IKE_SA comes up and adding one unrelated tunnel deletes it
 //!   (demonstrates the defect; fails loudly once Debian fixes it);
 //! - patched monitor, no CA copy: the IKE_SA comes up and survives ten
 //!   tunnel additions and removals (same unique id and SPIs);
-//! - the patched script spells `xfrm_acq_expires`, and charon applies it.
+//! - the patched script spells `xfrm_acq_expires`, and charon applies it;
+//! - a monitor restarted with a certificate renewed meanwhile takes a new
+//!   version and the peer can still set up CHILD_SAs (full kernel only).
 //!
-//! The kernel here has no ESP, so CHILD_SAs fail; only IKE_SAs are asserted.
+//! Without kernel ESP CHILD_SAs fail: the other tests assert on IKE_SAs
+//! only, and the restart test says NOT CHECKED.
 
 // Helpers of this test binary panic on failure just like the #[test]s do
 // (clippy's allow-unwrap-in-tests covers only the latter).
@@ -470,4 +473,106 @@ fn patched_monitor_keeps_established_ike_sa_across_refreshes() {
         show.contains(&format!("{}-out-1", p.to_b.name)),
         "tunnels/show:\n{show}"
     );
+}
+
+/// The names of `node`'s CHILD_SAs that `ipsec status` shows INSTALLED.
+fn installed_children(node: &IpsecNode) -> Vec<String> {
+    let status = node.ipsec(&["status"]).unwrap_or_default();
+    status
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim_start().split_once(':')?;
+            let (conn, _) = name.split_once('{')?;
+            rest.trim_start()
+                .starts_with("INSTALLED")
+                .then(|| conn.to_owned())
+        })
+        .collect()
+}
+
+/// (c) A renewal the monitor did not see: the agent's probe killed the
+/// monitor while OVSDB moved to a new certificate, and a new monitor,
+/// counting versions from 1 again, starts. Reusing the established names
+/// with the new certificate would make starter replace the connections in
+/// place; the established IKE_SA keeps the replaced peer configuration
+/// without its children, and the peer's next CHILD_SA in it is refused
+/// (TS_UNACCEPTABLE) for the IKE_SA's life — the pair stays dark once a
+/// CHILD_SA has to be set up again. The patched monitor takes the next
+/// version and replaces the tunnel make-before-break; afterwards the peer
+/// sets up a new CHILD_SA.
+#[test]
+fn restarted_monitor_with_a_renewed_certificate_takes_a_new_version() {
+    require_programs();
+    banner_esp();
+    if !testbed::netns::esp_available().unwrap() {
+        eprintln!(
+            "!!! NOT CHECKED: a monitor restarted with a renewed certificate needs \
+             installed CHILD_SAs (kernel ESP)"
+        );
+        return;
+    }
+    let script = patched_script();
+    let (mut p, _) = start_pair(script);
+    let (sa, _) = p.establish();
+    assert!(sa.is_some(), "no IKE_SA\n{}", p.diagnostics());
+    let to_b = p.to_b.name.clone();
+    let to_a = Tunnel::to(&p.a, 0).name;
+    let out_1 = format!("{to_b}-out-1");
+    let up = testbed::netns::wait_for(IKE_TIMEOUT, Duration::from_millis(50), || {
+        installed_children(&p.a).contains(&out_1).then_some(())
+    });
+    assert!(up.is_some(), "{out_1} not installed\n{}", p.diagnostics());
+
+    let renewed = p.ca.issue_as(p.a.chassis(), "chass-a-renewed").unwrap();
+    let t0 = Instant::now();
+    p.a.restart_monitor(script, Some(renewed.clone())).unwrap();
+    let new = [format!("{to_b}-in-2"), format!("{to_b}-out-2")];
+    let replaced =
+        testbed::netns::wait_for(Duration::from_secs(60), Duration::from_millis(100), || {
+            let children = installed_children(&p.a);
+            (new.iter().all(|c| children.contains(c))
+                && !children.iter().any(|c| c.ends_with("-1")))
+            .then_some(())
+        });
+    assert!(
+        replaced.is_some(),
+        "the restarted monitor did not replace version 1 with {new:?} (installed: {:?})\n{}\n{}",
+        installed_children(&p.a),
+        p.a.monitor_log(),
+        p.diagnostics()
+    );
+    let conf = std::fs::read_to_string(p.a.etc_path("ipsec.conf")).unwrap();
+    assert!(
+        conf.contains(&renewed.cert.display().to_string()) && !conf.contains(&out_1),
+        "{conf}"
+    );
+    eprintln!(
+        "[restart] version 2 with the renewed certificate replaced version 1 in {:?}",
+        t0.elapsed()
+    );
+
+    // B sets up a new CHILD_SA towards A inside whatever IKE_SA is current.
+    let b_out = format!("{to_a}-out-1");
+    let _ = p.b.ipsec(&["down", &format!("{b_out}{{*}}")]);
+    let gone = testbed::netns::wait_for(IKE_TIMEOUT, Duration::from_millis(50), || {
+        (!installed_children(&p.b).contains(&b_out)).then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "{b_out} still installed\n{}",
+        p.diagnostics()
+    );
+    let t0 = Instant::now();
+    let _ = p.b.ipsec(&["up", &b_out]);
+    let again =
+        testbed::netns::wait_for(Duration::from_secs(30), Duration::from_millis(50), || {
+            installed_children(&p.b).contains(&b_out).then_some(())
+        });
+    assert!(
+        again.is_some(),
+        "B could not set up {b_out} again (A refused it: {})\n{}",
+        p.b.charon_log().contains("TS_UNACCEPT"),
+        p.diagnostics()
+    );
+    eprintln!("[restart] B set up {b_out} again in {:?}", t0.elapsed());
 }

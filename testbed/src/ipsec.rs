@@ -140,8 +140,15 @@ impl CaFiles {
     /// falls back to the subject DN, which the peer's `rightid=<chassis>`
     /// does not match ("no matching peer config found").
     pub fn issue(&self, chassis: &str) -> Result<NodeCert, IpsecError> {
+        self.issue_as(chassis, chassis)
+    }
+
+    /// [`CaFiles::issue`], written to `<stem>.pem` and `<stem>.key`: a
+    /// renewed identity gets files of its own, as a new key-directory
+    /// generation does.
+    pub fn issue_as(&self, chassis: &str, stem: &str) -> Result<NodeCert, IpsecError> {
         let leaf = self.ca.issue(chassis, TestKeyAlg::Rsa2048);
-        let base = self.dir.path().join(chassis);
+        let base = self.dir.path().join(stem);
         let key = base.with_extension("key");
         let cert = base.with_extension("pem");
         std::fs::write(&key, leaf.key_pem()).map_err(io_err(&key))?;
@@ -535,12 +542,26 @@ impl IpsecNode {
             || pid.exists() && ctl.exists(),
         )?;
 
-        let script = opts.monitor_script.to_string_lossy();
-        let python = interpreter_of(opts.monitor_script)?;
-        let monitor = self.spawn(
+        let monitor = self.spawn_monitor(opts.monitor_script)?;
+        started.push(monitor);
+        let monitor = started
+            .pop()
+            .ok_or_else(|| IpsecError::NotStarted(self.chassis.clone()))?;
+        let starter = started
+            .pop()
+            .ok_or_else(|| IpsecError::NotStarted(self.chassis.clone()))?;
+        Ok((starter, monitor))
+    }
+
+    /// Starts ovs-monitor-ipsec (`script`) in the node the way the agent
+    /// does and waits for its control socket. On a failed wait the monitor
+    /// is killed, so nothing outlives the error.
+    fn spawn_monitor(&self, script: &Path) -> Result<Child, IpsecError> {
+        let python = interpreter_of(script)?;
+        let mut monitor = self.spawn(
             &python,
             &[
-                script.as_ref(),
+                script.to_string_lossy().as_ref(),
                 "unix:/run/openvswitch/db.sock",
                 "--ike-daemon=strongswan",
                 "--no-restart-ike-daemon",
@@ -549,21 +570,51 @@ impl IpsecNode {
             ],
             "ovs-monitor-ipsec.out",
         )?;
-        let monitor_pid = monitor.id();
-        started.push(monitor);
-        let ctl = self.run_path(&format!("openvswitch/ovs-monitor-ipsec.{monitor_pid}.ctl"));
-        self.wait_ready(
+        let ctl = self.run_path(&format!(
+            "openvswitch/ovs-monitor-ipsec.{}.ctl",
+            monitor.id()
+        ));
+        if let Err(e) = self.wait_ready(
             "ovs-monitor-ipsec control socket",
             Duration::from_secs(15),
             || ctl.exists(),
-        )?;
-        let monitor = started
-            .pop()
-            .ok_or_else(|| IpsecError::NotStarted(self.chassis.clone()))?;
-        let starter = started
-            .pop()
-            .ok_or_else(|| IpsecError::NotStarted(self.chassis.clone()))?;
-        Ok((starter, monitor))
+        ) {
+            let _ = monitor.kill();
+            let _ = monitor.wait();
+            return Err(e);
+        }
+        Ok(monitor)
+    }
+
+    /// Kills the node's ovs-monitor-ipsec (SIGKILL, as a crash would),
+    /// points OVSDB at `cert` if given (a renewal the monitor did not see
+    /// happen), and starts a new monitor from `script`. charon and its SAs
+    /// stay.
+    pub fn restart_monitor(
+        &mut self,
+        script: &Path,
+        cert: Option<NodeCert>,
+    ) -> Result<(), IpsecError> {
+        let Some(d) = self.daemons.as_mut() else {
+            return Err(IpsecError::NotStarted(self.chassis.clone()));
+        };
+        let _ = d.monitor.kill();
+        let _ = d.monitor.wait();
+        if let Some(cert) = cert {
+            self.vsctl(&[
+                "set",
+                "Open_vSwitch",
+                ".",
+                &format!("other_config:certificate={}", cert.cert.display()),
+                &format!("other_config:private_key={}", cert.key.display()),
+            ])?;
+            self.cert = Some(cert);
+        }
+        let monitor = self.spawn_monitor(script)?;
+        if let Some(d) = self.daemons.as_mut() {
+            d.monitor = monitor;
+        }
+        Ok(())
     }
 
     /// Spawns `program args` inside the node, stdout and stderr to
