@@ -7,9 +7,9 @@
 # directory. The invariants checked after each fault, a table per suite.
 # The options size the actor kills (--rounds and --seed the process kills too).
 #
-#   scripts/chaos.sh                 four agents, one round of the matrix each (256 faults)
-#   scripts/chaos.sh --ci            the CI form: sixteen agents, two to a matrix (512 faults)
-#   scripts/chaos.sh --long          eight agents, four rounds each (2048 faults)
+#   scripts/chaos.sh                 four agents, one round of the matrix each (288 faults)
+#   scripts/chaos.sh --ci            the CI form: sixteen agents, two to a matrix (576 faults)
+#   scripts/chaos.sh --long          eight agents, four rounds each (2304 faults)
 #   scripts/chaos.sh --seed 0x1234   replay a run (the table prints its seed)
 #   scripts/chaos.sh --rounds N --nodes M
 #

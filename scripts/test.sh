@@ -67,8 +67,8 @@ section "kernel-dependent tests on a full kernel"
 bash scripts/kernel-tests.sh
 
 # The chaos suite (docs/chaos.md): actors of sixteen agents killed at each point
-# of an activation, eight rounds of the matrix split two agents to a matrix (512
-# faults; more agents with fewer faults each take less wall time), a fresh seed each
+# of an activation (the node coordinator among them), eight rounds of the matrix
+# split two agents to a matrix (576 faults; more agents with fewer faults each take less wall time), a fresh seed each
 # run (the table prints it; scripts/chaos.sh --seed replays it); the agent,
 # charon and the monitor SIGKILLed at each point (24); the cleanup process
 # SIGKILLed at each step of a release and each pair of steps (31); environment

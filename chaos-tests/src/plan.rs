@@ -76,8 +76,10 @@ pub enum Victim {
 }
 
 impl Victim {
-    /// The actors of an agent without coordination, in the tree's order.
-    pub const ACTORS: [Victim; 7] = [
+    /// The actors of an agent that follows the cluster's coordination, in
+    /// the tree's order (without coordination there is no node
+    /// coordinator).
+    pub const ACTORS: [Victim; 8] = [
         Victim::Actor(actors::tree::names::OVSDB_WRITER),
         Victim::Actor(actors::tree::names::RENEWAL_TIMER),
         Victim::Actor(actors::tree::names::IDENTITY),
@@ -85,10 +87,11 @@ impl Victim {
         Victim::Actor(actors::tree::names::IKE),
         Victim::Actor(actors::tree::names::MONITOR),
         Victim::Actor(actors::tree::names::DATAPATH),
+        Victim::Actor(actors::tree::names::COORDINATOR),
     ];
 
     /// Every victim: the actors, then the processes.
-    pub const ALL: [Victim; 8] = [
+    pub const ALL: [Victim; 9] = [
         Victim::ACTORS[0],
         Victim::ACTORS[1],
         Victim::ACTORS[2],
@@ -96,6 +99,7 @@ impl Victim {
         Victim::ACTORS[4],
         Victim::ACTORS[5],
         Victim::ACTORS[6],
+        Victim::ACTORS[7],
         Victim::OvsdbServer,
     ];
 

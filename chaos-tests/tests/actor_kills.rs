@@ -3,13 +3,15 @@
 //! in-process on the real components — the embedded API server with a
 //! signer, a real ovsdb-server each, real XFRM guards in a network
 //! namespace each — with the invariants checked after every fault
-//! (docs/chaos.md). The IKE daemon and the monitor are the runtime tests'
-//! stand-in processes here (this host's kernel has no ESP).
+//! (docs/chaos.md). The agents follow the cluster's coordination (an
+//! `Enabled` record names each node a target), so the node coordinator is
+//! among the actors. The IKE daemon and the monitor are the runtime
+//! tests' stand-in processes here (this host's kernel has no ESP).
 //!
 //! `CHAOS_SEED` replays a run; `CHAOS_NODES` (default 4) sets the agents
 //! that take faults in parallel, `CHAOS_SHARES` (default 1) how many of
 //! them split one matrix, and `CHAOS_ROUNDS` (default 1) the matrix's
-//! rounds: 64 faults per round and matrix.
+//! rounds: 72 faults per round and matrix (8 points × 9 victims).
 //! `scripts/chaos.sh --long` runs the long form. Ignored by the workspace
 //! run: scripts/test.sh runs it in a section of its own, so its table is
 //! in the log.
@@ -67,7 +69,8 @@ impl Node {
         let port = Cluster::free_port();
         let injector = Injector::new(Duration::from_millis(300));
         let inj = injector.clone();
-        let agent = InProcessAgent::start(
+        // Coordinated, as in a cluster: the node coordinator is a victim.
+        let agent = InProcessAgent::start_with(
             &cluster,
             &key_dir,
             port,
@@ -75,6 +78,7 @@ impl Node {
                 wrap: Some(Box::new(move |a| inj.wrap(a))),
                 ..Seams::default()
             },
+            true,
         )
         .await;
         let mut node = Node {
@@ -188,7 +192,7 @@ impl Node {
         let text = logs.since(log_from);
         violations.extend(
             after_fault(
-                &self.cluster,
+                &|| self.cluster.other_config(),
                 &ns,
                 &self.key_dir,
                 self.port,

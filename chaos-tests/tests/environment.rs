@@ -370,7 +370,7 @@ async fn api_faults_clock_jumps_and_a_full_disk_keep_every_invariant() {
         let text = logs.since(&mut from);
         violations.extend(
             after_fault(
-                &node.cluster,
+                &|| node.cluster.other_config(),
                 &ns,
                 &node.key_dir,
                 node.port,

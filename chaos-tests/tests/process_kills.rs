@@ -262,7 +262,7 @@ impl Node {
         }
         violations.extend(
             after_fault(
-                &self.cluster,
+                &|| self.cluster.other_config(),
                 &ns,
                 &self.key_dir,
                 self.port,

@@ -499,7 +499,8 @@ fn installed_children(node: &IpsecNode) -> Vec<String> {
 /// (TS_UNACCEPTABLE) for the IKE_SA's life — the pair stays dark once a
 /// CHILD_SA has to be set up again. The patched monitor takes the next
 /// version and replaces the tunnel make-before-break; afterwards the peer
-/// sets up a new CHILD_SA.
+/// sets up a new CHILD_SA. A plain restart after that resumes version 2
+/// and replaces nothing.
 #[test]
 fn restarted_monitor_with_a_renewed_certificate_takes_a_new_version() {
     require_programs();
@@ -575,4 +576,35 @@ fn restarted_monitor_with_a_renewed_certificate_takes_a_new_version() {
         p.diagnostics()
     );
     eprintln!("[restart] B set up {b_out} again in {:?}", t0.elapsed());
+
+    // A plain restart now, the established connections at version 2: the
+    // new monitor resumes version 2 and replaces nothing.
+    let sas_before: Vec<u32> = p.a.ike_sas().unwrap().iter().map(|s| s.unique_id).collect();
+    let children_before = installed_children(&p.a);
+    let replacing = |node: &IpsecNode| node.monitor_log().matches("replacing ").count();
+    let replaced_before = replacing(&p.a);
+    p.a.restart_monitor(script, None).unwrap();
+    let loaded =
+        testbed::netns::wait_for(Duration::from_secs(30), Duration::from_millis(200), || {
+            p.a.monitor_show()
+                .ok()
+                .filter(|show| show.contains(&to_b))
+                .map(|_| ())
+        });
+    assert!(
+        loaded.is_some(),
+        "the restarted monitor never showed {to_b}"
+    );
+    // A replacement would start at that refresh; give it the poller's turns.
+    std::thread::sleep(Duration::from_secs(3));
+    let sas_after: Vec<u32> = p.a.ike_sas().unwrap().iter().map(|s| s.unique_id).collect();
+    assert_eq!(
+        (replacing(&p.a), &sas_after, installed_children(&p.a)),
+        (replaced_before, &sas_before, children_before.clone()),
+        "a plain restart replaced connections\n{}",
+        p.a.monitor_log()
+    );
+    let conf = std::fs::read_to_string(p.a.etc_path("ipsec.conf")).unwrap();
+    assert!(conf.contains(&new[1]), "{conf}");
+    eprintln!("[restart] a plain restart kept version 2: {children_before:?}");
 }

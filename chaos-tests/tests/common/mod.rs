@@ -1,4 +1,5 @@
-//! What the chaos tests that run agents on the one-node cluster share:
+//! What the chaos tests that run agents share (on the one-node cluster or
+//! on the overlay's nodes):
 //! the foreign policies, the reads of a node (XFRM, `/status`, OVSDB,
 //! `state.json`), the guard sampler of invariant 2 and the checks after a
 //! fault (invariants 1, 3, 5 and 7).
@@ -9,7 +10,7 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -47,11 +48,28 @@ pub fn install_foreign(ns: &str) {
 /// (flagged) and any of charon's under the lease — one line each. The
 /// IKE daemon's own socket policies carry none: they come and go with it.
 pub fn policies(ns: &str) -> BTreeSet<String> {
+    policies_where(ns, |_| true)
+}
+
+/// The guards and the foreign policies in `ns`, as [`policies`] prints
+/// them: what must survive a fault where the IKE daemon's own policies
+/// come and go with it (its traps, its SAs' policies, its shunts).
+pub fn guards_and_foreign(ns: &str) -> BTreeSet<String> {
+    policies_where(ns, |p| {
+        let guard = p.action == xfrm::model::ACTION_BLOCK
+            && p.priority == kube_ovn_ipsec_api::names::defaults::GUARD_PRIORITY
+            && p.templates.is_empty();
+        guard || p.mark.is_some_and(|m| m.value >> 16 == FOREIGN_MARK_HIGH)
+    })
+}
+
+/// The marked policies in `ns` that `keep` keeps, one line each.
+fn policies_where(ns: &str, keep: impl Fn(&xfrm::model::Policy) -> bool) -> BTreeSet<String> {
     let mut h = xfrm::XfrmHandle::in_netns(ns).unwrap();
     h.dump_policies()
         .unwrap()
         .iter()
-        .filter(|p| p.mark.is_some())
+        .filter(|p| p.mark.is_some() && keep(p))
         .map(|p| {
             let mut p = p.clone();
             // The kernel's index is not the policy's identity.
@@ -122,9 +140,13 @@ pub fn read_state(key_dir: &Path) -> KeyDirState {
         .unwrap_or_default()
 }
 
+/// A node's OVSDB `Open_vSwitch` `other_config`, read anew at each call
+/// (the one-node cluster's [`Cluster::other_config`], or an overlay node's).
+pub type OtherConfig<'a> = &'a (dyn Fn() -> BTreeMap<String, String> + Sync);
+
 /// The identity keys in OVSDB's `other_config`.
-pub fn ovsdb_keys(cluster: &Cluster) -> OvsdbIdentityKeys {
-    let oc = cluster.other_config();
+pub fn ovsdb_keys(other_config: OtherConfig<'_>) -> OvsdbIdentityKeys {
+    let oc = other_config();
     OvsdbIdentityKeys {
         private_key: oc.get("private_key").cloned(),
         certificate: oc.get("certificate").cloned(),
@@ -137,11 +159,11 @@ pub fn ovsdb_keys(cluster: &Cluster) -> OvsdbIdentityKeys {
 /// The key directory records a generation as issued-pending before OVSDB
 /// is switched to it and as active after, so a state read while OVSDB
 /// stood still must name OVSDB's.
-pub fn snapshot(cluster: &Cluster, key_dir: &Path) -> (OvsdbIdentityKeys, KeyDirState) {
-    let mut keys = ovsdb_keys(cluster);
+pub fn snapshot(other_config: OtherConfig<'_>, key_dir: &Path) -> (OvsdbIdentityKeys, KeyDirState) {
+    let mut keys = ovsdb_keys(other_config);
     for _ in 0..20 {
         let state = read_state(key_dir);
-        let again = ovsdb_keys(cluster);
+        let again = ovsdb_keys(other_config);
         if again == keys {
             return (keys, state);
         }
@@ -196,7 +218,7 @@ impl GuardSampler {
 /// file left; the foreign policies of `baseline` unchanged; no key
 /// material in `/status` or in `logs`.
 pub async fn after_fault(
-    cluster: &Cluster,
+    other_config: OtherConfig<'_>,
     ns: &str,
     key_dir: &Path,
     port: u16,
@@ -205,7 +227,7 @@ pub async fn after_fault(
     logs: &str,
 ) -> Vec<String> {
     let mut violations = Vec::new();
-    let (keys, state) = snapshot(cluster, key_dir);
+    let (keys, state) = snapshot(other_config, key_dir);
     if let Err(e) = check::one_generation(key_dir, &keys, &state) {
         violations.push(format!("1: {e}"));
     }
@@ -313,20 +335,38 @@ pub struct InProcessAgent {
 
 impl InProcessAgent {
     /// Starts the agent with `key_dir`, its status server on `port`, and
-    /// `seams` (whose `started` is the test's own); returns once its tree
-    /// started.
+    /// `seams` (whose `started` is the test's own), armed at start without
+    /// the cluster's coordination; returns once its tree started.
     pub async fn start(
         cluster: &Cluster,
         key_dir: &Path,
         port: u16,
-        mut seams: kube_ovn_ipsec_runtime::agent::Seams,
+        seams: kube_ovn_ipsec_runtime::agent::Seams,
     ) -> InProcessAgent {
+        Self::start_with(cluster, key_dir, port, seams, false).await
+    }
+
+    /// [`InProcessAgent::start`]; `coordinated`: the agent follows the
+    /// cluster's coordination (`--coordination cluster`, with its node
+    /// coordinator among the actors) and the cluster's record is written
+    /// first, `Enabled` with this node a target, so it arms at once as an
+    /// agent restarted in an encrypted cluster does.
+    pub async fn start_with(
+        cluster: &Cluster,
+        key_dir: &Path,
+        port: u16,
+        mut seams: kube_ovn_ipsec_runtime::agent::Seams,
+        coordinated: bool,
+    ) -> InProcessAgent {
+        if coordinated {
+            write_enabled_record(cluster).await;
+        }
         let mut argv: Vec<String> = [
             "run",
             "--node-name",
             NODE,
             "--coordination",
-            "off",
+            if coordinated { "cluster" } else { "off" },
             "--pod-name",
             &cluster.pod.name,
             "--pod-namespace",
@@ -343,6 +383,9 @@ impl InProcessAgent {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if coordinated {
+            argv.extend(["--pod-template-hash".into(), TEMPLATE_HASH.into()]);
+        }
         argv.extend([
             "--key-dir".into(),
             key_dir.display().to_string(),
@@ -385,6 +428,48 @@ impl InProcessAgent {
         let _ = self.shutdown.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(20), self.task).await;
     }
+}
+
+/// The template hash of the coordinated agents' Pod and record.
+pub const TEMPLATE_HASH: &str = "chaos0";
+
+/// Writes `cluster`'s coordination record as the controller leaves it once
+/// IPsec is on: `Enabled`, the one node a target with its UID.
+pub async fn write_enabled_record(cluster: &Cluster) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
+    use kube_ovn_ipsec_api::ident::Uid;
+    use kube_ovn_ipsec_api::names::k8s;
+    let trust = kube_ovn_ipsec_api::pki::TrustBundle::from_pem(cluster.ca_pem.as_bytes()).unwrap();
+    let record = CoordinationRecord {
+        generation: 1,
+        epoch: 3,
+        phase: CoordinationPhase::Enabled,
+        daemon_set_uid: Some(Uid::new("00000000-0000-4000-8000-00000000c4a0").unwrap()),
+        template_hash: Some(TEMPLATE_HASH.into()),
+        trust_hash: Some(trust.digest()),
+        targets: [(NODE.to_owned(), Uid::new(cluster.node_uid.clone()).unwrap())].into(),
+        ..CoordinationRecord::initial()
+    };
+    let cm = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(k8s::COORDINATION_CONFIGMAP.into()),
+            ..Default::default()
+        },
+        data: Some(
+            [(
+                k8s::COORDINATION_CONFIGMAP_KEY.to_owned(),
+                record.encode().unwrap(),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    let admin = cluster.api.client(apiserver::ADMIN_TOKEN).await.unwrap();
+    kube::Api::<ConfigMap>::namespaced(admin, "kube-system")
+        .create(&kube::api::PostParams::default(), &cm)
+        .await
+        .unwrap();
 }
 
 /// An environment variable as a number (decimal, or hex with `0x`).
