@@ -215,13 +215,7 @@ impl Node {
 async fn actors_killed_at_every_activation_point_keep_every_invariant() {
     let logs = Logs::default();
     logs.install();
-    let seed = env_u64(
-        "CHAOS_SEED",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64,
-    );
+    let seed = common::seed();
     let rounds = env_u64("CHAOS_ROUNDS", 1) as usize;
     let nodes = env_u64("CHAOS_NODES", 4).max(1) as usize;
     // `CHAOS_SHARES` agents split one matrix between them, each a

@@ -49,13 +49,16 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agent_node::{AgentNode, connect, env, kill_tree, ovs_map, start_node};
 use chaos::plan::{Named, ProcessVictim};
 use chaos::report::{Row, print_run};
-use common::{GuardSampler, after_fault, env_u64, generation, guards_and_foreign, install_foreign};
+use common::{
+    GuardSampler, after_fault, env_u64, generation, guards_and_foreign, install_foreign, live_pid,
+    restarted,
+};
 use kube_ovn_ipsec_api::test_util::SplitMix64;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -76,27 +79,6 @@ const POINT: &str = "encrypted traffic";
 
 fn pod(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 1, 0, u8::try_from(i + 1).unwrap())
-}
-
-/// The PID a pidfile names, if that process lives.
-fn live_pid(pidfile: &Path) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
-    Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
-}
-
-/// Waits until `pidfile` names a live process other than `old`.
-async fn restarted(pidfile: &Path, old: i32, bound: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + bound;
-    while Instant::now() < deadline {
-        if live_pid(pidfile).is_some_and(|p| p != old) {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err(format!(
-        "{} names no new process {bound:?} after the kill of {old}",
-        pidfile.display()
-    ))
 }
 
 /// The pidfile of `victim`'s process in `node` (charon or the monitor).
@@ -177,7 +159,7 @@ impl World {
         let node = &self.nodes[i];
         let mut recovery = None;
         let back = match &killed {
-            Some((file, old)) => restarted(file, *old, RECOVERY_BOUND).await,
+            Some((file, old)) => restarted(file, *old, hit + RECOVERY_BOUND).await,
             None => Ok(()),
         };
         let ready = match back {
@@ -271,13 +253,7 @@ async fn charon_monitor_and_agent_killed_under_encrypted_traffic_leak_no_plainte
     for p in ["ovs-vswitchd", "ovs-ofctl", "ping", "tcpdump"] {
         testbed::require_program(p).unwrap();
     }
-    let seed = env_u64(
-        "CHAOS_SEED",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64,
-    );
+    let seed = common::seed();
     let rounds = env_u64("CHAOS_ROUNDS", 1) as usize;
     println!("chaos: seed {seed:#x} (CHAOS_SEED={seed:#x} replays), {rounds} round(s)");
     let t0 = Instant::now();

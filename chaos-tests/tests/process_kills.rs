@@ -45,8 +45,8 @@ use chaos::inject::{STOPPED, StopFile};
 use chaos::plan::{Fault, Named, ProcessVictim, matrix};
 use chaos::report::{Row, print_run};
 use common::{
-    FOREIGN, GuardSampler, after_fault, env_u64, generation, install_foreign, policies, read_state,
-    until_stopped, wait_ready,
+    FOREIGN, GuardSampler, after_fault, env_u64, generation, install_foreign, live_pid, policies,
+    read_state, restarted, until_stopped, wait_ready,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -61,29 +61,6 @@ const LIFETIME: Duration = Duration::from_secs(15);
 const REACH: Duration = Duration::from_secs(40);
 /// Invariant 4's bound: the backoff's 30 s plus the processes' start.
 const RECOVERY_BOUND: Duration = Duration::from_secs(45);
-
-/// The PID a pidfile names, if that process lives.
-fn live_pid(pidfile: &Path) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
-    Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
-}
-
-/// Waits until `pidfile` names a live process other than `old` (the one
-/// killed); why not, by `deadline`.
-async fn restarted(pidfile: &Path, old: i32, deadline: Instant) -> Result<(), String> {
-    loop {
-        if live_pid(pidfile).is_some_and(|p| p != old) {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "{} still names no new process after the kill of {old}",
-                pidfile.display()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// One node: the cluster, its namespaces and the agent process.
 struct Node {
@@ -288,13 +265,7 @@ fn spawn(cluster: &Cluster, key_dir: &Path, port: u16, flags: &[String], stop: &
 #[ignore = "minutes long: scripts/test.sh and scripts/chaos.sh run it on its own"]
 async fn agent_charon_and_monitor_killed_at_every_activation_point_keep_every_invariant() {
     let script = prerequisites(&["python3"]);
-    let seed = env_u64(
-        "CHAOS_SEED",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64,
-    );
+    let seed = common::seed();
     let rounds = env_u64("CHAOS_ROUNDS", 1) as usize;
     let nodes = env_u64("CHAOS_PROCESS_NODES", 2).clamp(1, 8) as usize;
     println!(

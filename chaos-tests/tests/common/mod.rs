@@ -472,6 +472,44 @@ pub async fn write_enabled_record(cluster: &Cluster) {
         .unwrap();
 }
 
+/// The run's seed: `CHAOS_SEED` (a replay), else drawn from the clock.
+pub fn seed() -> u64 {
+    env_u64(
+        "CHAOS_SEED",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    )
+}
+
+/// The PID a pidfile names, if that process lives.
+pub fn live_pid(pidfile: &Path) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
+    Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+}
+
+/// Waits until `pidfile` names a live process other than `old` (the one
+/// killed); why not, by `deadline`.
+pub async fn restarted(
+    pidfile: &Path,
+    old: i32,
+    deadline: std::time::Instant,
+) -> Result<(), String> {
+    loop {
+        if live_pid(pidfile).is_some_and(|p| p != old) {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(format!(
+                "{} still names no new process after the kill of {old}",
+                pidfile.display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// An environment variable as a number (decimal, or hex with `0x`).
 pub fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
