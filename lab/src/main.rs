@@ -159,7 +159,14 @@ fn down() -> anyhow::Result<()> {
 
 fn status(json: bool) -> anyhow::Result<()> {
     let dir = std::path::Path::new(lab::state::RUN_DIR);
-    let running = lab::state::read_state(dir)?;
+    let recorded = lab::state::read_state(dir)?;
+    let stale = recorded.as_ref().filter(|s| !s.live()).map(|s| {
+        format!(
+            "the lab of PID {} stopped without `down`; `kube-ovn-ipsec-lab down` removes what it left",
+            s.process.pid
+        )
+    });
+    let running = recorded.filter(lab::state::LabState::live);
     let path = dir.join(lab::up::STATUS_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
@@ -171,7 +178,10 @@ fn status(json: bool) -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
-            None => anyhow::bail!("no lab is running and none has run since the last `down`"),
+            None => match stale {
+                Some(stale) => anyhow::bail!("no lab is running: {stale}"),
+                None => anyhow::bail!("no lab is running and none has run since the last `down`"),
+            },
         },
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
@@ -186,7 +196,10 @@ fn status(json: bool) -> anyhow::Result<()> {
             "a lab is running (PID {}, kernel {})\n",
             s.process.pid, s.kernel
         ),
-        None => println!("no lab is running; the last run:\n"),
+        None => match stale {
+            Some(stale) => println!("no lab is running ({stale}); its run:\n"),
+            None => println!("no lab is running; the last run:\n"),
+        },
     }
     print!("{}", summary.table());
     Ok(())

@@ -66,7 +66,7 @@ impl Process {
     }
 
     /// Whether this very process still runs.
-    fn running(self) -> bool {
+    pub fn running(self) -> bool {
         Process::of(self.pid) == Some(self)
     }
 }
@@ -102,6 +102,12 @@ impl LabState {
             )));
         }
         Ok(state)
+    }
+
+    /// Whether the recorded lab process still runs: a state whose lab is
+    /// gone is what a killed run left, for [`down`] to clear.
+    pub fn live(&self) -> bool {
+        self.process.running()
     }
 
     /// `state.json`'s text.

@@ -5,7 +5,8 @@
 //! `status` answering; then `down`, and nothing of the lab's left on the
 //! host: no namespace, process, XFRM policy or state, mount or directory.
 //! Before that, a lab killed with SIGKILL right after its start: `down`
-//! stops what it left (its guest included).
+//! stops what it left (its guest included). A stale lab found at the
+//! start (its processes gone) is cleared the same way first.
 //!
 //! Minutes long (the whole lifecycle, a certificate renewal included), so
 //! ignored by the workspace run; scripts/test.sh runs it on its own.
@@ -118,11 +119,20 @@ fn alive(pid: u32) -> bool {
 #[ignore = "the whole lifecycle (minutes, on the full kernel): scripts/test.sh runs it on its own"]
 fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
     let guest = !testbed::guest::HostFeatures::probe().complete();
+    if let Some(stale) = read_state(Path::new(RUN_DIR)).unwrap() {
+        // A run cut off with its job (a CI step killed, a machine that
+        // lost the session) leaves its state and perhaps its namespaces:
+        // `down` is how an operator clears that. A live lab is another
+        // user's, and this test must not take it down.
+        assert!(
+            !stale.live() && !stale.guest.is_some_and(lab::state::Process::running),
+            "a lab is already running here: {stale:?}"
+        );
+        eprintln!("clearing a stale lab (PID {}) with down", stale.process.pid);
+        let down = lab(&["down"]);
+        assert!(down.status.success(), "{down:?}");
+    }
     let before = host_view();
-    assert!(
-        read_state(Path::new(RUN_DIR)).unwrap().is_none(),
-        "a lab is already running here"
-    );
 
     // A lab killed right after its start: `down` stops what it left.
     let mut crashed = Command::new(LAB)
