@@ -20,8 +20,12 @@
 //!   the leader crashes (its task aborted: no clean stop, no last write) as
 //!   soon as the record reads `Prepare`, `Arm`, `Disabling` or `Release`;
 //!   the standby takes the Lease over and the transition must complete.
-//!   The same replica SIGKILLed and restarted at every boundary, with
-//!   stand-in nodes, is `controller/tests/coordination_restart.rs`.
+//! - **the controller process**: the replica runs as the real binary
+//!   (its ServiceAccount's token, RBAC on) and is SIGKILLed as soon as the
+//!   record reads `Arm` or `Cleanup`, then started again as the same Pod
+//!   (a container restart: it renews its own Lease and resumes from the
+//!   stored record). The same at every boundary, with stand-in nodes, is
+//!   `controller/tests/coordination_restart.rs`.
 //!
 //! Sampled every 100 ms throughout (invariant 6): while the record reads
 //! `Enabled`, or `NB_Global.ipsec` reads true, every target has its lease
@@ -54,11 +58,14 @@ mod ike_node;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent_node::{
-    AgentNode, Env, add_unrelated_keys, env, kill_tree_of, only_unrelated_left, restart_controller,
-    roll_to_cleanup, roll_to_ipsec, start_node_with, xfrm_dump,
+    AgentNode, Env, add_unrelated_keys, env, kill_tree_of, only_unrelated_left, roll_to_cleanup,
+    roll_to_ipsec, start_node_with, xfrm_dump,
 };
 use chaos::check;
 use chaos::inject::{StopFile, receipt_point};
@@ -100,6 +107,9 @@ enum Fault {
     /// The controller's leader crashed as soon as the record reads the
     /// phase; a standby replica takes over.
     Leader(CoordinationPhase),
+    /// The controller, a process, SIGKILLed as soon as the record reads
+    /// the phase and started again as the same replica.
+    Controller(CoordinationPhase),
     /// None: a transition the next one needs.
     None,
 }
@@ -108,7 +118,7 @@ impl Fault {
     fn point(self) -> String {
         match self {
             Fault::Agent(p) => receipt_point(p),
-            Fault::Leader(p) => format!("record reads {p:?}"),
+            Fault::Leader(p) | Fault::Controller(p) => format!("record reads {p:?}"),
             Fault::None => "—".into(),
         }
     }
@@ -117,13 +127,14 @@ impl Fault {
         match self {
             Fault::Agent(_) => "agent (SIGKILL)",
             Fault::Leader(_) => "leader (crash)",
+            Fault::Controller(_) => "controller (SIGKILL)",
             Fault::None => "none",
         }
     }
 }
 
 /// The run: (enable?, fault) for each transition, in order.
-const PLAN: [(bool, Fault); 7] = [
+const PLAN: [(bool, Fault); 9] = [
     (true, Fault::Agent(Prepare)),
     (false, Fault::Leader(Disabling)),
     (true, Fault::Agent(Arm)),
@@ -131,6 +142,8 @@ const PLAN: [(bool, Fault); 7] = [
     (true, Fault::Leader(Prepare)),
     (false, Fault::None),
     (true, Fault::Leader(Arm)),
+    (false, Fault::Controller(Cleanup)),
+    (true, Fault::Controller(Arm)),
 ];
 
 /// A node as the sampler reads it from outside: its name, its network
@@ -362,6 +375,81 @@ fn crash_leader_at(
     })
 }
 
+/// How to start the controller as its binary: replica `controller-0`
+/// with its ServiceAccount's kubeconfig, wanting `enable`, each run
+/// logging to its own file in `dir`.
+#[derive(Debug, Clone)]
+struct ControllerSpec {
+    kubeconfig: PathBuf,
+    nb: String,
+    sb: String,
+    enable: bool,
+    dir: PathBuf,
+}
+
+/// One run of the controller binary; SIGKILLed and reaped when dropped
+/// (a process left behind would hold the Lease against the next replica).
+struct ControllerProcess {
+    child: Child,
+}
+
+impl ControllerSpec {
+    /// Starts run `n`.
+    fn spawn(&self, n: usize) -> ControllerProcess {
+        let log = std::fs::File::create(self.dir.join(format!("controller-{n}.log"))).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec-chaos-controller"))
+            .args(["--namespace", cc::NS, "--metrics-addr", "127.0.0.1:0"])
+            .args(flags_wanting(
+                self.enable,
+                &self.nb,
+                &self.sb,
+                "controller-0",
+            ))
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        ControllerProcess { child }
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// SIGKILLs the controller process in `slot` as soon as the record reads
+/// `phase` and starts it again at once as the same replica (the kubelet's
+/// first restart of a crashed container is immediate); the kill's time,
+/// or `None` if the phase went by unseen within `bound`.
+fn kill_controller_at(
+    admin: kube::Client,
+    phase: CoordinationPhase,
+    spec: ControllerSpec,
+    slot: Arc<Mutex<Option<ControllerProcess>>>,
+    bound: Duration,
+) -> JoinHandle<Option<Instant>> {
+    tokio::spawn(async move {
+        let deadline = Instant::now() + bound;
+        while Instant::now() < deadline {
+            if record(&admin).await.is_some_and(|r| r.phase == phase) {
+                let mut held = slot.lock().unwrap();
+                // Dropped: SIGKILL, reaped.
+                held.take();
+                let at = Instant::now();
+                *held = Some(spec.spawn(1));
+                return Some(at);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    })
+}
+
 /// The template hash of cycle `cycle`'s `shape` Pods (the first enable's
 /// is the fixtures').
 fn hash(enable: bool, cycle: usize) -> String {
@@ -382,6 +470,8 @@ struct Run {
     baselines: Vec<BTreeSet<String>>,
     /// The template hash the nodes' Pods run.
     hash: String,
+    /// The controller process of a transition with a controller fault.
+    process: Arc<Mutex<Option<ControllerProcess>>>,
 }
 
 impl Run {
@@ -512,10 +602,10 @@ impl Run {
             if let Fault::Agent(p) = fault {
                 stop.arm(&receipt_point(p)).unwrap();
             }
-            restart_controller(&mut self.e, true).await;
         }
+        let killer = self.restart_controller(true, cycle, fault).await;
         let standby = self.standby(true, fault).await;
-        let crash = self.crash(fault, &standby);
+        let crash = self.crash(fault, &standby).or(killer);
         if cycle > 0 {
             self.hash = hash(true, cycle);
             cc::set_template(&self.e.admin, &self.e.ds_uid, cc::Shape::Ipsec, &self.hash).await;
@@ -547,6 +637,7 @@ impl Run {
         if let Some(t) = standby {
             t.abort();
         }
+        self.stop_process(cycle, true, &mut violations);
         let _ = std::fs::remove_file(&stop.0);
         println!(
             "chaos: enable {cycle} ({} at {}) after {:?}",
@@ -568,9 +659,9 @@ impl Run {
     async fn disable(&mut self, index: usize, cycle: usize, fault: Fault) -> Row {
         let t0 = Instant::now();
         let mut violations = Vec::new();
-        restart_controller(&mut self.e, false).await;
+        let killer = self.restart_controller(false, cycle, fault).await;
         let standby = self.standby(false, fault).await;
-        let crash = self.crash(fault, &standby);
+        let crash = self.crash(fault, &standby).or(killer);
         // The rollout follows NB and SB off, as the operator's runbook has it.
         while nb_sb(&self.e.central).await != (false, false) && t0.elapsed() < TRANSITION_BOUND {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -609,6 +700,7 @@ impl Run {
         if let Some(t) = standby {
             t.abort();
         }
+        self.stop_process(cycle, false, &mut violations);
         println!(
             "chaos: disable {cycle} ({} at {}) after {:?}",
             fault.victim(),
@@ -616,6 +708,78 @@ impl Run {
             t0.elapsed()
         );
         row(index, fault, 0, recovery, violations)
+    }
+
+    /// The controller for a transition wanting `enable`: for a controller
+    /// fault, the binary as replica `controller-0` (the in-process one
+    /// stopped) with its kill armed; otherwise the in-process replica
+    /// restarted with the new intent (the first enable's already wants it).
+    async fn restart_controller(
+        &mut self,
+        enable: bool,
+        cycle: usize,
+        fault: Fault,
+    ) -> Option<JoinHandle<Option<Instant>>> {
+        let Fault::Controller(p) = fault else {
+            if !enable || cycle > 0 {
+                agent_node::restart_controller(&mut self.e, enable).await;
+            }
+            return None;
+        };
+        self.e.controller.abort();
+        let spec = self.controller_spec(enable, cycle).await;
+        *self.process.lock().unwrap() = Some(spec.spawn(0));
+        Some(kill_controller_at(
+            self.e.admin.clone(),
+            p,
+            spec,
+            self.process.clone(),
+            TRANSITION_BOUND,
+        ))
+    }
+
+    /// The binary's settings for the transition (`cycle`, `enable`): its
+    /// own kubeconfig with a fresh ServiceAccount token, its log directory.
+    async fn controller_spec(&self, enable: bool, cycle: usize) -> ControllerSpec {
+        let dir = self.controller_logs(enable, cycle);
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = self.e.dir.path().join("controller.kubeconfig");
+        let token = cc::mint_token(&self.e.admin, cc::CONTROLLER_SA, None).await;
+        self.e.api.write_kubeconfig(&kubeconfig, &token).unwrap();
+        ControllerSpec {
+            kubeconfig,
+            nb: self.e.central.nb.address(),
+            sb: self.e.central.sb.address(),
+            enable,
+            dir,
+        }
+    }
+
+    /// Where the controller processes of transition (`enable`, `cycle`) log.
+    fn controller_logs(&self, enable: bool, cycle: usize) -> PathBuf {
+        let kind = if enable { "enable" } else { "disable" };
+        self.e.dir.path().join(format!("controller-{kind}-{cycle}"))
+    }
+
+    /// Stops the transition's controller process, if any, and checks its
+    /// logs for key material (invariant 7).
+    fn stop_process(&self, cycle: usize, enable: bool, violations: &mut Vec<String>) {
+        if self.process.lock().unwrap().take().is_none() {
+            return;
+        }
+        let mut logs = String::new();
+        for e in std::fs::read_dir(self.controller_logs(enable, cycle))
+            .unwrap()
+            .flatten()
+        {
+            logs += &std::fs::read_to_string(e.path()).unwrap_or_default();
+        }
+        if logs.is_empty() {
+            violations.push("0: the controller process logged nothing".into());
+        }
+        if let Some(what) = check::key_material(&logs) {
+            violations.push(format!("7: the controller's log carries {what}"));
+        }
     }
 
     /// A standby replica wanting `enable`, for a leader fault.
@@ -746,6 +910,7 @@ async fn enable_and_disable_survive_agent_and_leader_kills_at_each_barrier() {
         before,
         baselines,
         hash: cc::HASH.to_owned(),
+        process: Arc::default(),
     };
 
     let mut rows = Vec::new();

@@ -36,10 +36,12 @@
 //! - [`resync`]: watches that relist periodically and after errors.
 //! - [`metrics`], [`config`], [`names`].
 //! - [`error`]: the crate's one error type (a leaf module).
-//! - [`run`]: wires it all together; `main.rs` only parses flags and calls it.
+//! - [`run`]: wires it all together; [`cli`] is the command line around it
+//!   (`main.rs` only calls [`cli::main`]).
 
 pub mod ca;
 pub mod certmanager;
+pub mod cli;
 pub mod config;
 pub mod coordination;
 pub mod denial;
