@@ -359,20 +359,30 @@ fn crash_leader_at(
 ) -> JoinHandle<Option<Instant>> {
     tokio::spawn(async move {
         let deadline = Instant::now() + bound;
-        while Instant::now() < deadline {
-            if record(&admin).await.is_some_and(|r| r.phase == phase) {
-                let holder = lease(&admin).await.and_then(|s| s.holder_identity);
-                for (name, task) in &replicas {
-                    if holder.as_deref() == Some(name) {
-                        task.abort();
-                        return Some(Instant::now());
-                    }
+        while reads(&admin, phase, deadline).await {
+            let holder = lease(&admin).await.and_then(|s| s.holder_identity);
+            for (name, task) in &replicas {
+                if holder.as_deref() == Some(name) {
+                    task.abort();
+                    return Some(Instant::now());
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         None
     })
+}
+
+/// Polls every 50 ms until the record reads `phase` (true) or `deadline`
+/// passes (false).
+async fn reads(admin: &kube::Client, phase: CoordinationPhase, deadline: Instant) -> bool {
+    while Instant::now() < deadline {
+        if record(admin).await.is_some_and(|r| r.phase == phase) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
 }
 
 /// How to start the controller as its binary: replica `controller-0`
@@ -434,19 +444,15 @@ fn kill_controller_at(
     bound: Duration,
 ) -> JoinHandle<Option<Instant>> {
     tokio::spawn(async move {
-        let deadline = Instant::now() + bound;
-        while Instant::now() < deadline {
-            if record(&admin).await.is_some_and(|r| r.phase == phase) {
-                let mut held = slot.lock().unwrap();
-                // Dropped: SIGKILL, reaped.
-                held.take();
-                let at = Instant::now();
-                *held = Some(spec.spawn(1));
-                return Some(at);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        if !reads(&admin, phase, Instant::now() + bound).await {
+            return None;
         }
-        None
+        let mut held = slot.lock().unwrap();
+        // Dropped: SIGKILL, reaped.
+        held.take();
+        let at = Instant::now();
+        *held = Some(spec.spawn(1));
+        Some(at)
     })
 }
 
