@@ -10,21 +10,9 @@
 //! Each fault SIGKILLs one process of one node while the traffic flows
 //! encrypted: charon, ovs-monitor-ipsec, or the agent with everything it
 //! started (a new agent is then started on the same key directory, as the
-//! kubelet restarts the container). Each victim is killed twice:
-//!
-//! - in steady state, on a node drawn from the seed;
-//! - at a point of an activation: the operator rotates the CA (the CLI's
-//!   own `rotate_ca`), both agents renew onto it within their rotation
-//!   spread, and the first to reach the armed point stops itself there
-//!   (`kube-ovn-ipsec-chaos`, `CHAOS_STOP_FILE`) — the agent at `OVSDB
-//!   sent` (its write in flight), charon at `OVSDB committed` (the new
-//!   certificate stored, the monitor about to load it), the monitor at
-//!   `monitor read-back`; the agent is then continued (or restarted, when
-//!   it is the victim) and must be ready on the new generation.
-//!
-//! The victim node's underlay is captured from the kill until both pods
-//! answer each other again, and its policies are dumped every 100 ms
-//! meanwhile. Invariant 2 in full: the
+//! kubelet restarts the container). The victim node's underlay is captured
+//! from before the kill until both pods answer each other again, and its
+//! policies are dumped every 100 ms meanwhile. Invariant 2 in full: the
 //! guards are in every dump, and the capture holds **no plaintext Geneve**
 //! — every packet of the tunnel is marked, so any would be marked traffic
 //! leaking — and ESP once the traffic is back. Then the other invariants
@@ -36,13 +24,12 @@
 //! after the last fault: a renegotiation a kill set off may come after
 //! that fault's own capture.
 //!
-//! The renewals come from CA rotations because the controller signs for at
-//! least the Kubernetes floor of 10 minutes: no lifetime-driven renewal
-//! falls into a run. (The process kills on the one-node cluster take every
-//! point with short-lived certificates.)
+//! Not at the activation points: the controller signs for at least the
+//! Kubernetes floor of 10 minutes, so no renewal falls into a run; the
+//! process kills on the one-node cluster cover the points.
 //!
 //! `CHAOS_SEED` replays the order; `CHAOS_ROUNDS` (default 1) repeats the
-//! six faults. On a kernel without ESP, GENEVE and openvswitch
+//! 2 nodes × 3 victims. On a kernel without ESP, GENEVE and openvswitch
 //! this prints SKIPPED; scripts/kernel-tests.sh runs it on a full kernel,
 //! where SKIPPED fails.
 
@@ -65,19 +52,16 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, connect, env_with, kill_tree, ovs_map, start_node_with};
-use chaos::inject::{STOPPED, StopFile};
-use chaos::plan::{Named, Point, ProcessVictim};
+use agent_node::{AgentNode, connect, env, kill_tree, ovs_map, start_node};
+use chaos::plan::{Named, ProcessVictim};
 use chaos::report::{Row, print_run};
 use common::{
     GuardSampler, after_fault, env_u64, generation, guards_and_foreign, install_foreign, live_pid,
-    proc_state, restarted,
+    restarted,
 };
-use kube_ovn_ipsec_api::clock::SystemClock;
 use kube_ovn_ipsec_api::test_util::SplitMix64;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use support::controller_cluster as cc;
 use testbed::guest::HostFeatures;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::overlay::{self, Capture, Pinger, VSwitchd};
@@ -90,27 +74,8 @@ const RECOVERY_BOUND: Duration = Duration::from_secs(45);
 const TRAFFIC_BOUND: Duration = Duration::from_secs(90);
 /// How long the traffic runs, captured, after the last fault.
 const SETTLE: Duration = Duration::from_secs(10);
-/// Where a steady-state fault lands.
-const STEADY: &str = "encrypted traffic";
-/// How long an agent may take to reach an armed point after the rotation:
-/// the rotation spread, the CSR and its signing under TCG.
-const REACH: Duration = Duration::from_secs(90);
-/// The agents' rotation spread: each renews onto a rotated CA within it.
-const AGENT_FLAGS: [&str; 2] = ["--rotation-spread", "2"];
-/// Each victim's activation point.
-const AT_POINTS: [(Point, ProcessVictim); 3] = [
-    (Point::OvsdbSent, ProcessVictim::Agent),
-    (Point::OvsdbCommitted, ProcessVictim::IkeDaemon),
-    (Point::MonitorReadBack, ProcessVictim::Monitor),
-];
-
-/// Where a fault lands: a node in steady state, or whichever node first
-/// reaches the point in the renewal a CA rotation sets off.
-#[derive(Debug, Clone, Copy)]
-enum Target {
-    Steady(usize),
-    At(Point),
-}
+/// Where each fault lands.
+const POINT: &str = "encrypted traffic";
 
 fn pod(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 1, 0, u8::try_from(i + 1).unwrap())
@@ -124,10 +89,9 @@ fn pidfile(node: &IpsecNode, victim: ProcessVictim) -> PathBuf {
     }
 }
 
-/// The faults of a run, `rounds` times: each victim in steady state on a
-/// node drawn from `seed` (the victims' order drawn too), then each at its
-/// activation point.
-fn faults(seed: u64, rounds: usize) -> Vec<(Target, ProcessVictim)> {
+/// The faults of a run: each victim on each node, `rounds` times, the
+/// victims' order drawn from `seed`.
+fn faults(seed: u64, rounds: usize) -> Vec<(usize, ProcessVictim)> {
     let mut rng = SplitMix64(seed);
     let mut out = Vec::new();
     for _ in 0..rounds {
@@ -136,9 +100,8 @@ fn faults(seed: u64, rounds: usize) -> Vec<(Target, ProcessVictim)> {
             victims.swap(i, rng.below(i + 1));
         }
         for v in victims {
-            out.push((Target::Steady(rng.below(2)), v));
+            out.extend([(0, v), (1, v)]);
         }
-        out.extend(AT_POINTS.map(|(p, v)| (Target::At(p), v)));
     }
     out
 }
@@ -154,83 +117,19 @@ struct World {
     baselines: Vec<BTreeSet<String>>,
     /// How much of each agent's log the checks have read.
     log_from: Vec<usize>,
-    /// The agents' stop file.
-    stop: StopFile,
 }
 
 impl World {
-    /// The operator's CA rotation with `point` armed; which node stopped
-    /// there, or why none did.
-    async fn rotate_and_stop(&mut self, point: Point) -> Result<usize, String> {
-        self.stop.arm(point.name()).unwrap();
-        let settings = controller::ca::CaSettings {
-            namespace: cc::NS.into(),
-            algorithm: controller::signer::CaKeyAlgorithm::EcdsaP256,
-            lifetime: Duration::from_secs(3650 * 86400),
-        };
-        if let Err(e) = controller::ca::rotate_ca(&self.e.admin, &settings, &SystemClock).await {
-            let _ = std::fs::remove_file(&self.stop.0);
-            return Err(format!("0: the CA rotation failed: {e}"));
-        }
-        let deadline = Instant::now() + REACH;
-        loop {
-            if let Some(i) = self
-                .nodes
-                .iter()
-                .position(|n| proc_state(n.agent.id()) == Some('T'))
-            {
-                return Ok(i);
-            }
-            if Instant::now() >= deadline {
-                let _ = std::fs::remove_file(&self.stop.0);
-                return Err(format!(
-                    "0: no agent stopped at {:?} within {REACH:?} of the rotation",
-                    point.name()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// One fault: for a point, the rotation and the stop; then capture the
-    /// node's underlay and sample its guards, kill the victim, wait for the
-    /// process, Ready (on a new generation after a point) and the traffic,
-    /// check.
-    async fn inject(
-        &mut self,
-        index: usize,
-        target: Target,
-        victim: ProcessVictim,
-        seed: u64,
-    ) -> Row {
+    /// One fault: capture node `i`'s underlay and sample its guards, kill
+    /// the victim, wait for the process, Ready and the traffic, check.
+    async fn inject(&mut self, index: usize, i: usize, victim: ProcessVictim, seed: u64) -> Row {
         let mut violations = Vec::new();
-        let mut befores = Vec::new();
-        for n in &self.nodes {
-            let state = common::read_state(&n.key_dir).active.map(|a| a.generation);
-            befores.push((state, generation(n.port).await));
-        }
-        let (i, point) = match target {
-            Target::Steady(i) => (i, STEADY.to_owned()),
-            Target::At(p) => match self.rotate_and_stop(p).await {
-                Ok(i) => (i, p.name().to_owned()),
-                Err(e) => {
-                    return Row {
-                        index,
-                        point: p.name().into(),
-                        victim: victim.name().into(),
-                        seed,
-                        node: 0,
-                        recovery: None,
-                        violations: vec![e],
-                    };
-                }
-            },
-        };
-        let (before, gen_before) = befores[i];
-        // After a point the node must be ready on the renewal's generation.
-        let min = gen_before + u64::from(matches!(target, Target::At(_)));
         let node = &self.nodes[i];
         let ns = node.node.netns().name().to_string();
+        let before = common::read_state(&node.key_dir)
+            .active
+            .map(|a| a.generation);
+        let gen_before = generation(node.port).await;
         let file = node.node.dir().join(format!("fault-{index}.pcap"));
         let capture = Capture::start(node.node.netns(), "eth0", &file).unwrap();
         let sampler = GuardSampler::start(&ns, self.baselines[i].clone());
@@ -240,7 +139,7 @@ impl World {
             ProcessVictim::Agent => {
                 kill_tree(&mut self.nodes[i]);
                 let (fx, dir) = (&self.e.fxs[i], self.e.dir.path());
-                self.nodes[i].respawn(fx, &self.e.api, dir, self.e.script, &AGENT_FLAGS);
+                self.nodes[i].respawn(fx, &self.e.api, dir, self.e.script, &[]);
             }
             ProcessVictim::IkeDaemon | ProcessVictim::Monitor => {
                 let file = pidfile(&node.node, victim);
@@ -255,11 +154,6 @@ impl World {
                         file.display()
                     )),
                 }
-                // The agent stopped at the point goes on without it.
-                let _ = kill(
-                    Pid::from_raw(i32::try_from(node.agent.id()).unwrap()),
-                    Signal::SIGCONT,
-                );
             }
         }
         let node = &self.nodes[i];
@@ -269,7 +163,7 @@ impl World {
             None => Ok(()),
         };
         let ready = match back {
-            Ok(()) => common::wait_ready(node.port, RECOVERY_BOUND, min)
+            Ok(()) => common::wait_ready(node.port, RECOVERY_BOUND, gen_before)
                 .await
                 .map(|_| ()),
             Err(e) => Err(e),
@@ -292,15 +186,6 @@ impl World {
                          of the kill ({replies:?})"
                     ));
                 }
-            }
-        }
-        // The other node renews onto the rotated CA too, unharmed.
-        if let Target::At(_) = target {
-            let (other, (_, other_gen)) = (1 - i, befores[1 - i]);
-            if let Err(e) =
-                common::wait_ready(self.nodes[other].port, RECOVERY_BOUND, other_gen + 1).await
-            {
-                violations.push(format!("4: the other node's renewal: {e}"));
             }
         }
         // A second of the recovered traffic in the capture.
@@ -343,17 +228,9 @@ impl World {
             victim.name(),
             node.node.chassis()
         );
-        if let Target::At(p) = target
-            && !text.contains(&format!("{STOPPED}{}", p.name()))
-        {
-            violations.push(format!(
-                "0: the agent's log does not say it stopped at {:?}",
-                p.name()
-            ));
-        }
         Row {
             index,
-            point,
+            point: POINT.into(),
             victim: victim.name().into(),
             seed,
             node: i,
@@ -380,23 +257,13 @@ async fn charon_monitor_and_agent_killed_under_encrypted_traffic_leak_no_plainte
     let rounds = env_u64("CHAOS_ROUNDS", 1) as usize;
     println!("chaos: seed {seed:#x} (CHAOS_SEED={seed:#x} replays), {rounds} round(s)");
     let t0 = Instant::now();
-    // The CA re-read every second: a rotation reaches the controller at once.
-    let e = env_with(2, &["--ca-reload", "1s"]).await;
-    let stop = StopFile(e.dir.path().join("stop-at"));
-    let stop_env = vec![(
-        "CHAOS_STOP_FILE".to_string(),
-        stop.0.to_string_lossy().into_owned(),
-    )];
+    let e = env(2).await;
     let (na, nb) = IpsecNode::pair("koi-ok", &e.fxs[0].chassis, &e.fxs[1].chassis).unwrap();
     for n in [&na, &nb] {
         install_foreign(n.netns().name());
     }
-    let start = |n, i: usize| {
-        let (fx, dir) = (&e.fxs[i], e.dir.path());
-        start_node_with(n, fx, &e.api, dir, e.script, &AGENT_FLAGS, stop_env.clone())
-    };
-    let a = start(na, 0);
-    let b = start(nb, 1);
+    let a = start_node(na, &e.fxs[0], &e.api, e.dir.path(), e.script, &[]);
+    let b = start_node(nb, &e.fxs[1], &e.api, e.dir.path(), e.script, &[]);
     let mut vswitchds = Vec::new();
     for n in [&a, &b] {
         n.wait("active and ready", Duration::from_secs(120), |s| {
@@ -450,11 +317,10 @@ async fn charon_monitor_and_agent_killed_under_encrypted_traffic_leak_no_plainte
         e,
         baselines,
         log_from: vec![0, 0],
-        stop,
     };
     let mut rows = Vec::new();
-    for (index, (target, victim)) in faults(seed, rounds).into_iter().enumerate() {
-        let row = world.inject(index, target, victim, seed).await;
+    for (index, (i, victim)) in faults(seed, rounds).into_iter().enumerate() {
+        let row = world.inject(index, i, victim, seed).await;
         eprintln!("{}", row.progress());
         rows.push(row);
     }
@@ -478,6 +344,11 @@ async fn charon_monitor_and_agent_killed_under_encrypted_traffic_leak_no_plainte
     }
     println!("chaos: echoes lost over the whole run, per direction: {lost:?}");
     let (report, failed) = print_run(seed, &rows, "faults", t0.elapsed());
+    if (failed > 0 || !leaks.is_empty()) && std::env::var_os("CHAOS_TRACE").is_some() {
+        for n in &world.nodes {
+            eprintln!("chaos: {} log:\n{}", n.node.chassis(), n.logs());
+        }
+    }
     drop(world);
     assert_eq!(
         failed,
