@@ -545,10 +545,12 @@ impl Certificate {
     /// When a node whose active leaf is this one should renew onto
     /// `signing`, the CA the controller signs with now (a CA rotation):
     /// `None` when `signing` issued this leaf, or when this leaf was issued
-    /// after `signing` existed (its `NotBefore` is not earlier: both are
+    /// after `signing` existed (its `NotBefore` is later: both are
     /// backdated alike) — then the controller had not switched yet, and a
     /// second early renewal would get the same answer, so the leaf waits
-    /// for its normal renewal point. Otherwise a point in
+    /// for its normal renewal point. A leaf of the CA's own second (times
+    /// are whole seconds) may predate it and moves: at worst one extra
+    /// renewal, whose leaf is then later. Otherwise a point in
     /// `[signing.NotBefore + backdate, + spread)` from a hash of (Node UID,
     /// signing CA): stable across restarts, spread uniformly across nodes
     /// so that a rotation does not send every node's CSR at once.
@@ -558,7 +560,7 @@ impl Certificate {
         node_uid: &Uid,
         spread: Duration,
     ) -> Option<Timestamp> {
-        if self.verify_issued_by(signing).is_ok() || self.not_before >= signing.not_before {
+        if self.verify_issued_by(signing).is_ok() || self.not_before > signing.not_before {
             return None;
         }
         let backdate = i64::try_from(LEAF_BACKDATE.as_secs()).unwrap_or(0);

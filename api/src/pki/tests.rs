@@ -530,12 +530,27 @@ fn rotation_time_moves_only_leaves_older_than_the_signing_ca() {
         renewed.certificate.rotation_time(&signing, &uid, spread),
         None
     );
+    // An old-CA leaf issued in the new CA's own second may predate it (the
+    // times are whole seconds): it moves, at the cost of at most one extra
+    // renewal if the controller had not switched yet.
+    let same_second = old_ca.issue_with_validity(
+        "chassis-x",
+        TestKeyAlg::P256,
+        rotated_at,
+        rotated_at.plus_secs(90 * day),
+    );
+    assert!(
+        same_second
+            .certificate
+            .rotation_time(&signing, &uid, spread)
+            .is_some()
+    );
     // An old-CA leaf issued after the new CA existed (the controller had
     // not switched yet): waits for its normal renewal, no loop.
     let late = old_ca.issue_with_validity(
         "chassis-x",
         TestKeyAlg::P256,
-        rotated_at,
+        rotated_at.plus_secs(1),
         rotated_at.plus_secs(90 * day),
     );
     assert_eq!(late.certificate.rotation_time(&signing, &uid, spread), None);
