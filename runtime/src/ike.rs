@@ -28,8 +28,10 @@ use crate::process::{Launcher, ProcessSpec, Supervised};
 mod initiator;
 pub use self::initiator::{Initiator, is_outbound_conn, stalled_outbound};
 
-/// Timeout of one `ipsec` control command.
-pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default timeout of one control command of the IKE daemon or the
+/// monitor (`ipsec statusall`, `ovs-appctl tunnels/show`): the agent's
+/// `--command-timeout`.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How the IKE daemon is run.
 #[derive(Debug, Clone)]
@@ -40,6 +42,9 @@ pub struct IkeConfig {
     pub log_file: Option<PathBuf>,
     /// Grace period between SIGTERM and SIGKILL.
     pub stop_grace: Duration,
+    /// How long one `ipsec` control command may take; a health probe that
+    /// runs over it fails.
+    pub command_timeout: Duration,
     /// strongSwan's CA directory (`/etc/ipsec.d/cacerts`), where the agent
     /// installs the trust bundle one file per CA ([`install_trust_bundle`]).
     pub cacerts_dir: PathBuf,
@@ -51,6 +56,7 @@ impl Default for IkeConfig {
             ipsec: "ipsec".into(),
             log_file: None,
             stop_grace: Duration::from_secs(10),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
             cacerts_dir: PathBuf::from("/etc/ipsec.d/cacerts"),
         }
     }
@@ -99,7 +105,7 @@ impl IkeDaemon {
             .output(
                 self.config.ipsec.clone(),
                 args.iter().copied(),
-                COMMAND_TIMEOUT,
+                self.config.command_timeout,
             )
             .await?;
         if !status.success() {

@@ -15,9 +15,6 @@ use crate::Error;
 use crate::process::{Launcher, ProcessSpec, Supervised};
 use kube_ovn_ipsec_api::strongswan::LoadedCert;
 
-/// Timeout of one `ovs-appctl` request.
-pub const APPCTL_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// How the monitor is run.
 #[derive(Debug, Clone)]
 pub struct MonitorConfig {
@@ -39,6 +36,9 @@ pub struct MonitorConfig {
     pub appctl: OsString,
     /// Grace period between SIGTERM and SIGKILL.
     pub stop_grace: Duration,
+    /// How long one `ovs-appctl` request may take; a health probe that
+    /// runs over it fails.
+    pub command_timeout: Duration,
 }
 
 impl Default for MonitorConfig {
@@ -52,6 +52,7 @@ impl Default for MonitorConfig {
             output_file: None,
             appctl: "ovs-appctl".into(),
             stop_grace: Duration::from_secs(10),
+            command_timeout: crate::ike::DEFAULT_COMMAND_TIMEOUT,
         }
     }
 }
@@ -378,7 +379,7 @@ impl Monitor {
             .output(
                 self.config.appctl.clone(),
                 [OsString::from("-t"), ctl.into_os_string(), command.into()],
-                APPCTL_TIMEOUT,
+                self.config.command_timeout,
             )
             .await?;
         if !status.success() {

@@ -261,6 +261,17 @@ pub struct RunArgs {
     /// Seconds between health probes of the IKE daemon and the monitor.
     #[arg(long, default_value_t = 5)]
     pub probe_period: u64,
+    /// Seconds one control command of the IKE daemon or the monitor
+    /// (`ipsec statusall`, `ovs-appctl tunnels/show`, a CA reload) may
+    /// take; a health probe that runs over it counts as failed. Raise it
+    /// on nodes so loaded (or emulated) that a live daemon answers late,
+    /// rather than have the agent restart it.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub command_timeout: u64,
+    /// Failed health probes in a row (once the process has passed one)
+    /// after which the agent restarts the IKE daemon or the monitor.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub probe_failures: u32,
     /// Seconds the IKE daemon and the monitor may take to pass their first
     /// probe; it doubles after each start in a row that did not make it,
     /// up to eight times this (a slow node gets more time rather than a

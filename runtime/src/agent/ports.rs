@@ -560,7 +560,7 @@ impl RunningMon {
             .output(
                 self.adapter.ike.ipsec.clone(),
                 [OsString::from(cmd)],
-                crate::ike::COMMAND_TIMEOUT,
+                self.adapter.ike.command_timeout,
             )
             .await
             .map_err(|e| process_err("ike", e))?;

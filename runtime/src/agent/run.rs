@@ -366,10 +366,12 @@ pub async fn run_with(
     })?
     .map_err(|e| AgentError::Runtime(e.into()))?;
     let stop_grace = Duration::from_secs(args.stop_grace);
+    let command_timeout = Duration::from_secs(args.command_timeout);
     let ike = IkeConfig {
         ipsec: args.ipsec.clone(),
         log_file: args.ike_log_file.clone(),
         stop_grace,
+        command_timeout,
         cacerts_dir: args.ipsec_cacerts_dir.clone(),
     };
     let monitor = MonitorConfig {
@@ -384,6 +386,7 @@ pub async fn run_with(
         output_file: args.monitor_output_file.clone(),
         appctl: args.ovs_appctl.clone(),
         stop_grace,
+        command_timeout,
     };
     // The data path's counters and MTUs, read in the same namespace as XFRM.
     let netns = args.node.xfrm_netns.clone();
@@ -464,6 +467,7 @@ pub async fn run_with(
             start_timeout: Duration::from_secs(args.process_start_timeout).max(stop_grace),
             start_timeout_max: (Duration::from_secs(args.process_start_timeout) * 8)
                 .max(stop_grace),
+            probe_failures: args.probe_failures,
             ..ProcessConfig::default()
         },
         ack_retry: Duration::from_secs(1),
@@ -630,6 +634,30 @@ mod tests {
         assert!(matches!(err, AgentError::Unsupported(_)), "{err}");
         assert!(err.to_string().contains("libreswan"), "{err}");
         assert_eq!(err.exit_code(), 1);
+    }
+
+    #[test]
+    fn probe_deadlines_default_to_a_real_node_and_refuse_zero() {
+        let base = [
+            "run",
+            "--node-name",
+            "n",
+            "--pod-name",
+            "p",
+            "--pod-namespace",
+            "kube-system",
+            "--pod-uid",
+            "0b0e6a3c-1111-4222-8333-444455556666",
+        ];
+        let parse = |extra: &[&str]| Cli::try_parse_from(base.iter().chain(extra));
+        let cli = parse(&[]).unwrap();
+        assert_eq!((cli.run.command_timeout, cli.run.probe_failures), (10, 2));
+        let cli = parse(&["--command-timeout", "30", "--probe-failures", "4"]).unwrap();
+        assert_eq!((cli.run.command_timeout, cli.run.probe_failures), (30, 4));
+        for bad in [["--command-timeout", "0"], ["--probe-failures", "0"]] {
+            let err = parse(&bad).unwrap_err().to_string();
+            assert!(err.contains(bad[0]), "{err}");
+        }
     }
 
     #[test]
