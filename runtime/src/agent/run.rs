@@ -613,32 +613,9 @@ mod tests {
         run: RunArgs,
     }
 
-    #[tokio::test]
-    async fn libreswan_is_accepted_by_the_flag_and_refused_clearly() {
-        let cli = Cli::try_parse_from([
-            "run",
-            "--node-name",
-            "n",
-            "--pod-name",
-            "p",
-            "--pod-namespace",
-            "kube-system",
-            "--pod-uid",
-            "0b0e6a3c-1111-4222-8333-444455556666",
-            "--ike-daemon",
-            "libreswan",
-        ])
-        .unwrap();
-        let (_tx, rx) = watch::channel(false);
-        let err = run(cli.run, rx).await.unwrap_err();
-        assert!(matches!(err, AgentError::Unsupported(_)), "{err}");
-        assert!(err.to_string().contains("libreswan"), "{err}");
-        assert_eq!(err.exit_code(), 1);
-    }
-
-    #[test]
-    fn probe_deadlines_default_to_a_real_node_and_refuse_zero() {
-        let base = [
+    /// The flags every agent needs, then `extra`.
+    fn parse(extra: &[&str]) -> Result<Cli, clap::Error> {
+        const REQUIRED: [&str; 9] = [
             "run",
             "--node-name",
             "n",
@@ -649,7 +626,21 @@ mod tests {
             "--pod-uid",
             "0b0e6a3c-1111-4222-8333-444455556666",
         ];
-        let parse = |extra: &[&str]| Cli::try_parse_from(base.iter().chain(extra));
+        Cli::try_parse_from(REQUIRED.iter().chain(extra))
+    }
+
+    #[tokio::test]
+    async fn libreswan_is_accepted_by_the_flag_and_refused_clearly() {
+        let cli = parse(&["--ike-daemon", "libreswan"]).unwrap();
+        let (_tx, rx) = watch::channel(false);
+        let err = run(cli.run, rx).await.unwrap_err();
+        assert!(matches!(err, AgentError::Unsupported(_)), "{err}");
+        assert!(err.to_string().contains("libreswan"), "{err}");
+        assert_eq!(err.exit_code(), 1);
+    }
+
+    #[test]
+    fn probe_deadlines_default_to_a_real_node_and_refuse_zero() {
         let cli = parse(&[]).unwrap();
         assert_eq!((cli.run.command_timeout, cli.run.probe_failures), (10, 2));
         let cli = parse(&["--command-timeout", "30", "--probe-failures", "4"]).unwrap();
