@@ -266,11 +266,11 @@ pub struct RunArgs {
     /// take; a health probe that runs over it counts as failed. Raise it
     /// on nodes so loaded (or emulated) that a live daemon answers late,
     /// rather than have the agent restart it.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
+    #[arg(long, default_value_t = crate::ike::DEFAULT_COMMAND_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=300))]
     pub command_timeout: u64,
     /// Failed health probes in a row (once the process has passed one)
     /// after which the agent restarts the IKE daemon or the monitor.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=20))]
+    #[arg(long, default_value_t = actors::process_watch::ProcessConfig::default().probe_failures, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub probe_failures: u32,
     /// Seconds the IKE daemon and the monitor may take to pass their first
     /// probe; it doubles after each start in a row that did not make it,
