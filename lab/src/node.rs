@@ -257,6 +257,11 @@ impl SimNode {
             // restarts a healthy monitor (docs/coordination.md).
             .set("probe-period", Some("5"))
             .set("stop-grace", Some("3"))
+            // Status commands under TCG can take over the production 10 s;
+            // a probe that gives up on a live daemon restarts it and sets
+            // the node back by a whole start (docs/decisions.md).
+            .set("command-timeout", Some("30"))
+            .set("probe-failures", Some("3"))
             // Three nodes' charons (7 s each just to load their plugins
             // under TCG) and Python monitors start at once: 60 s for the
             // first answer, doubling from there, rather than 30 s.

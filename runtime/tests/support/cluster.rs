@@ -165,6 +165,14 @@ pub fn real_runtime_flags(
         "1".into(),
         "--stop-grace".into(),
         "3".into(),
+        // The kernel tests run these agents in an emulated guest, where
+        // `ipsec status` and `ovs-appctl` can answer after 10 s: the
+        // production deadline there restarts live daemons (a monitor found
+        // missing at a steady-state kill). The flags exist for such nodes.
+        "--command-timeout".into(),
+        "30".into(),
+        "--probe-failures".into(),
+        "3".into(),
     ]
 }
 
