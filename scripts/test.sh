@@ -73,7 +73,7 @@ bash scripts/kernel-tests.sh
 # charon and the monitor SIGKILLed at each point (24); the cleanup process
 # SIGKILLed at each step of a release and each pair of steps (31); environment
 # faults (13); agents and the controller's leader crashed at each barrier of
-# enable and disable, the controller process SIGKILLed in both (8). The
+# enable and disable, the controller process SIGKILLed at each phase of both (11). The
 # overlay kills run with the kernel tests above. One test at a time.
 section "the chaos suite"
 # --workspace with each suite named, not -p (the same rebuild as the lab's).

@@ -6,10 +6,10 @@
 //! patched ovs-monitor-ipsec, then `kube-ovn-ipsec cleanup` as the
 //! `ipsec-cleanup` init container of its next Pod (docs/chaos.md).
 //!
-//! One cluster goes through four enables and three disables, the test
+//! One cluster goes through six enables and five disables, the test
 //! playing the operator (`--enable-ipsec`), the DaemonSet controller and
 //! the kubelet as `runtime/tests/coordination_disable.rs` does. Each
-//! transition but one takes a fault:
+//! transition takes a fault:
 //!
 //! - **an agent**: the first to publish the receipt that satisfies the
 //!   `Prepare` (or `Arm`) barrier is stopped right there (the chaos build,
@@ -22,7 +22,8 @@
 //!   the standby takes the Lease over and the transition must complete.
 //! - **the controller process**: the replica runs as the real binary
 //!   (its ServiceAccount's token, RBAC on) and is SIGKILLed as soon as the
-//!   record reads `Arm` or `Cleanup`, then started again as the same Pod
+//!   record reads `Prepare`, `Arm`, `Disabling`, `Cleanup` or `Release`
+//!   (one transition each), then started again as the same Pod
 //!   (a container restart: it renews its own Lease and resumes from the
 //!   stored record). The same at every boundary, with stand-in nodes, is
 //!   `controller/tests/coordination_restart.rs`.
@@ -110,7 +111,7 @@ enum Fault {
     /// The controller, a process, SIGKILLed as soon as the record reads
     /// the phase and started again as the same replica.
     Controller(CoordinationPhase),
-    /// None: a transition the next one needs.
+    /// None: what a wait that handles no agent fault is given.
     None,
 }
 
@@ -134,16 +135,20 @@ impl Fault {
 }
 
 /// The run: (enable?, fault) for each transition, in order.
-const PLAN: [(bool, Fault); 9] = [
+/// The controller process is killed at each phase a transition passes
+/// through on its way to `Enabled` or `Disabled`.
+const PLAN: [(bool, Fault); 11] = [
     (true, Fault::Agent(Prepare)),
     (false, Fault::Leader(Disabling)),
     (true, Fault::Agent(Arm)),
     (false, Fault::Leader(Release)),
     (true, Fault::Leader(Prepare)),
-    (false, Fault::None),
+    (false, Fault::Controller(Disabling)),
     (true, Fault::Leader(Arm)),
     (false, Fault::Controller(Cleanup)),
     (true, Fault::Controller(Arm)),
+    (false, Fault::Controller(Release)),
+    (true, Fault::Controller(Prepare)),
 ];
 
 /// A node as the sampler reads it from outside: its name, its network
