@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/toolchain.sh
+source scripts/lib/kernel.sh
 require_toolchain
 
 # Test binaries that need the full kernel (the runtime crate's, and the chaos
@@ -20,22 +21,13 @@ BENCHES=(overlay_datapath)
 # Of these binaries, only the tests named here need the full kernel; the
 # others assert nothing the host's kernel lacks and ran in the workspace
 # run (monitor_patch's refresh tests assert on IKE_SAs; the lab and
-# coordination_overlay refresh tunnels beside installed CHILD_SAs).
+# coordination_overlay refresh tunnels beside installed CHILD_SAs;
+# agent_runtime's capability test refuses before any kernel state).
 declare -A ONLY=(
   [monitor_patch]="restarted_monitor_with_a_renewed_certificate_takes_a_new_version"
+  [agent_runtime]="real_ike_daemon_and_monitor_restart_with_guards_in_place"
 )
 
-# Prints the executables cargo builds for the given cargo test arguments.
-executables() {
-  cargo test --locked "$@" --no-run --message-format=json \
-    | python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] in (["test"], ["bench"]):
-        print(m["executable"])
-'
-}
 # --workspace, not -p: a single package resolves its own features and would
 # rebuild dozens of crates that `cargo test --workspace` already built.
 args=()
@@ -45,7 +37,7 @@ args=()
 for b in "${BENCHES[@]}"; do args+=(--bench "$b"); done
 benches=$(executables --workspace "${args[@]}")
 [ -n "$bins" ] && [ -n "$benches" ] || { echo "kernel-tests: no test binaries built" >&2; exit 1; }
-cargo build --locked -q -p testbed --bin koi-kernel-run
+kernel_run=$(kernel_runner)
 
 runner=$(mktemp --suffix=.sh /tmp/koi-kernel-tests.XXXXXX)
 log=$(mktemp --suffix=.log /tmp/koi-kernel-tests.XXXXXX)
@@ -77,7 +69,6 @@ done
 
 # The tests find their fixtures relative to the runtime crate, as under cargo.
 set +e
-kernel_run=$(realpath "${CARGO_TARGET_DIR:-target}/debug/koi-kernel-run")
 (cd runtime && RUST_BACKTRACE=0 "$kernel_run" --timeout 2100 -- sh "$runner") 2>&1 \
   | grep -av '^\[ *[0-9.]*\]' | tee "$log"
 rc=${PIPESTATUS[0]}

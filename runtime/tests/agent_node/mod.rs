@@ -461,6 +461,12 @@ impl Drop for Env {
 }
 
 pub async fn env(nodes: usize) -> Env {
+    env_with(nodes, &[]).await
+}
+
+/// [`env`], the controller started with `controller_flags` added (the
+/// overlay kills' `--ca-reload`, so a CA rotation is picked up at once).
+pub async fn env_with(nodes: usize, controller_flags: &[&str]) -> Env {
     let script = prerequisites(&["ovn-northd"]);
     let dir = tempfile::tempdir().unwrap();
     let central = OvnCentral::start(dir.path()).unwrap();
@@ -468,9 +474,10 @@ pub async fn env(nodes: usize) -> Env {
     let admin = api.client(ADMIN_TOKEN).await.unwrap();
     let (fxs, ds_uid) = cc::populate(&api, &admin, nodes).await;
     let (nb, sb) = (central.nb.address(), central.sb.address());
+    let mut controller_args = flags(&nb, &sb, "controller-0");
+    controller_args.extend_from_slice(controller_flags);
     let (controller, _) =
-        crate::support::cluster::start_controller(&api, &admin, &flags(&nb, &sb, "controller-0"))
-            .await;
+        crate::support::cluster::start_controller(&api, &admin, &controller_args).await;
     Env {
         controller,
         admin,
