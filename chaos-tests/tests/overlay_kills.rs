@@ -328,10 +328,13 @@ impl World {
         };
         let bound = renewal.map(|r| steady_bound + r);
         if let Some(b) = bound {
+            let renewal = match rotated {
+                Some(_) => format!(" + the other node's renewal {:.1?}", b - steady_bound),
+                None => String::new(),
+            };
             eprintln!(
-                "chaos: fault {index}: bound {b:.1?} ({BACKOFF_CAP:?}, start {:.1?}, other node's renewal {:.1?})",
-                self.start,
-                b - steady_bound
+                "chaos: fault {index}: bound {b:.1?} ({BACKOFF_CAP:?} + start {:.1?}{renewal})",
+                self.start
             );
         }
         match (ready, bound) {
