@@ -46,6 +46,9 @@ trap 'rm -f "$runner" "$log"' EXIT
 # the log says what each one costs on the full kernel.
 {
   echo 'rc=0; T0=$(date +%s)'
+  # The guest does not inherit this environment: a seed the caller fixed
+  # (scripts/test.sh) goes in with the command.
+  if [ -n "${CHAOS_SEED:-}" ]; then echo "export CHAOS_SEED=$CHAOS_SEED"; fi
   echo 'step() { name=$1; shift; echo "== in the kernel: $name"; t0=$(date +%s); "$@"; r=$?; [ $r -eq 0 ] || { rc=1; echo "== FAILED: $name (exit $r)"; }; echo "== $name: $(($(date +%s) - t0)) s"; return $r; }'
   for b in $bins; do
     name=$(basename "$b" | sed 's/-[0-9a-f]*$//')

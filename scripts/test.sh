@@ -64,12 +64,17 @@ RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}" cargo test --workspace --all-targets
 # SKIPPED/NOT CHECKED for what this kernel cannot do; there every check must
 # run, so any such line, or a failure, fails this step.
 section "kernel-dependent tests on a full kernel"
+# The chaos faults CI injects come from one fixed seed (the overlay kills
+# here, the chaos section below), so every run checks the same faults and a
+# failure replays as it is; scripts/chaos.sh draws fresh ones. CHAOS_SEED
+# from the caller's environment overrides it.
+export CHAOS_SEED="${CHAOS_SEED:-0x18ee71a41c0bbbf2}"
 bash scripts/kernel-tests.sh
 
 # The chaos suite (docs/chaos.md): actors of sixteen agents killed at each point
 # of an activation (the node coordinator among them), eight rounds of the matrix
-# split two agents to a matrix (576 faults; more agents with fewer faults each take less wall time), a fresh seed each
-# run (the table prints it; scripts/chaos.sh --seed replays it); the agent,
+# split two agents to a matrix (576 faults; more agents with fewer faults each take less wall time), the fixed
+# seed above (the table prints it; scripts/chaos.sh --seed replays it); the agent,
 # charon and the monitor SIGKILLed at each point (24); the cleanup process
 # SIGKILLed at each step of a release and each pair of steps (31); environment
 # faults (13); agents and the controller's leader crashed at each barrier of
