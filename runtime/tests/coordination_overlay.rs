@@ -53,7 +53,7 @@ mod support;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, prerequisites, run_cleanup, start_node, xfrm_dump};
+use agent_node::{AgentNode, Rollout, prerequisites, start_node, xfrm_dump};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
@@ -478,32 +478,18 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     const CLEANUP_HASH: &str = "4c1ea9b70";
     cc::set_template(&admin, &ds_uid, cc::Shape::Cleanup, CLEANUP_HASH).await;
     let mut fxs: Vec<cc::NodeFx> = fxs.into_iter().chain([fx]).collect();
-    for (i, a) in nodes.iter_mut().enumerate() {
-        a.stop_agent();
-        let f = &mut fxs[i];
-        cc::replace_pod(
-            &api,
-            &admin,
-            &ds_uid,
-            f,
-            i,
-            cc::Shape::Cleanup,
-            CLEANUP_HASH,
-        )
-        .await;
-        let kubeconfig = dir.path().join(&f.name).join("kubeconfig");
-        api.write_kubeconfig(&kubeconfig, &f.token).unwrap();
-        cc::set_cleanup_init_of(&admin, &f.pod_name, None).await;
-        let out = run_cleanup(&a.node, f, &a.key_dir, &kubeconfig, CLEANUP_HASH, 120);
-        let code = out.status.code().unwrap_or(1);
-        cc::set_cleanup_init_of(&admin, &f.pod_name, Some(code)).await;
-        assert_eq!(
-            code,
-            0,
-            "{}: cleanup failed:\n{}",
-            a.node.chassis(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let rollout = Rollout {
+        api: &api,
+        admin: &admin,
+        ds_uid: &ds_uid,
+        dir: dir.path(),
+    };
+    for (i, (a, f)) in nodes.iter_mut().zip(&mut fxs).enumerate() {
+        // One run: a cleanup that fails here is a failure, not a retry.
+        rollout
+            .to_cleanup(a, f, i, CLEANUP_HASH, 120, 1)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     while phase(&admin).await != Some(Disabled) {

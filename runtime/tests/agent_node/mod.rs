@@ -510,44 +510,95 @@ pub async fn restart_controller(e: &mut Env, enable: bool) {
     e.controller = controller;
 }
 
-/// Node `i` rolled to the cleanup shape of template `hash`, as the
-/// DaemonSet controller and the kubelet do it (the template itself is the
-/// caller's, `cc::set_template`): the agent stopped (SIGTERM), the Pod
-/// replaced, its `ipsec-cleanup` init container run until it exits 0, each
-/// exit reported in the Pod's status. Returns the runs it took; fails,
-/// with the last run's log, after three.
+/// What rolling a node's Pod touches besides the node: the API server,
+/// its admin client, the DaemonSet's UID and the directory under which
+/// each node's kubeconfig is written (`<dir>/<node>/kubeconfig`).
+pub struct Rollout<'a> {
+    pub api: &'a apiserver::ApiServerHandle,
+    pub admin: &'a kube::Client,
+    pub ds_uid: &'a str,
+    pub dir: &'a Path,
+}
+
+impl Rollout<'_> {
+    /// Node `i` (`n`, Pod fixture `fx`) rolled to the cleanup shape of
+    /// template `hash`, as the DaemonSet controller and the kubelet do it
+    /// (the template itself is the caller's, `cc::set_template`): the agent
+    /// stopped (SIGTERM), the Pod replaced, its `ipsec-cleanup` init
+    /// container run (each run waiting at most `wait_secs` for what the
+    /// rollout still changes) until it exits 0, each exit reported in the
+    /// Pod's status. Returns the runs it took; fails, with the last run's
+    /// log, after `attempts`.
+    pub async fn to_cleanup(
+        &self,
+        n: &mut AgentNode,
+        fx: &mut cc::NodeFx,
+        i: usize,
+        hash: &str,
+        wait_secs: u64,
+        attempts: usize,
+    ) -> Result<usize, String> {
+        n.stop_agent();
+        cc::replace_pod(
+            self.api,
+            self.admin,
+            self.ds_uid,
+            fx,
+            i,
+            cc::Shape::Cleanup,
+            hash,
+        )
+        .await;
+        let kubeconfig = self.dir.join(&fx.name).join("kubeconfig");
+        self.api.write_kubeconfig(&kubeconfig, &fx.token).unwrap();
+        cc::set_cleanup_init_of(self.admin, &fx.pod_name, None).await;
+        let mut runs = 0;
+        loop {
+            runs += 1;
+            // Blocks for as long as the cleanup waits: off the runtime's
+            // workers, which the in-process controller needs meanwhile.
+            let out = tokio::task::block_in_place(|| {
+                run_cleanup(&n.node, fx, &n.key_dir, &kubeconfig, hash, wait_secs)
+            });
+            let code = out.status.code().unwrap_or(1);
+            cc::set_cleanup_init_of(self.admin, &fx.pod_name, Some(code)).await;
+            if code == 0 {
+                return Ok(runs);
+            }
+            if runs >= attempts {
+                return Err(format!(
+                    "{}: cleanup failed {runs} time(s); the last run's log:\n{}",
+                    n.node.chassis(),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+    }
+}
+
+/// Node `i` of `e` rolled to the cleanup shape of template `hash`
+/// ([`Rollout::to_cleanup`], 60 s a run, at most three runs).
 pub async fn roll_to_cleanup(
     e: &mut Env,
     n: &mut AgentNode,
     i: usize,
     hash: &str,
 ) -> Result<usize, String> {
-    n.stop_agent();
-    let fx = &mut e.fxs[i];
-    cc::replace_pod(&e.api, &e.admin, &e.ds_uid, fx, i, cc::Shape::Cleanup, hash).await;
-    let kubeconfig = e.dir.path().join(&fx.name).join("kubeconfig");
-    e.api.write_kubeconfig(&kubeconfig, &fx.token).unwrap();
-    cc::set_cleanup_init_of(&e.admin, &fx.pod_name, None).await;
-    for runs in 1..=3 {
-        // Blocks for as long as the cleanup waits: off the runtime's
-        // workers, which the in-process controller needs meanwhile.
-        let out = tokio::task::block_in_place(|| {
-            run_cleanup(&n.node, fx, &n.key_dir, &kubeconfig, hash, 60)
-        });
-        let code = out.status.code().unwrap_or(1);
-        cc::set_cleanup_init_of(&e.admin, &fx.pod_name, Some(code)).await;
-        if code == 0 {
-            return Ok(runs);
-        }
-        if runs == 3 {
-            return Err(format!(
-                "{}: cleanup kept failing:\n{}",
-                n.node.chassis(),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-    }
-    unreachable!("the loop returns")
+    let Env {
+        api,
+        admin,
+        ds_uid,
+        dir,
+        fxs,
+        ..
+    } = e;
+    let rollout = Rollout {
+        api,
+        admin,
+        ds_uid,
+        dir: dir.path(),
+    };
+    rollout.to_cleanup(n, &mut fxs[i], i, hash, 60, 3).await
 }
 
 /// Node `i` rolled back to the IPsec shape of template `hash`: a new Pod,
