@@ -71,15 +71,19 @@ section "kernel-dependent tests on a full kernel"
 export CHAOS_SEED="${CHAOS_SEED:-0x18ee71a41c0bbbf2}"
 bash scripts/kernel-tests.sh
 
-# The chaos suite (docs/chaos.md): actors of sixteen agents killed at each point
-# of an activation (the node coordinator among them), eight rounds of the matrix
-# split two agents to a matrix (576 faults; more agents with fewer faults each take less wall time), the fixed
-# seed above (the table prints it; scripts/chaos.sh --seed replays it); the agent,
-# charon and the monitor SIGKILLed at each point (24); the cleanup process
-# SIGKILLed at each step of a release and each pair of steps (31); environment
-# faults (13); agents and the controller's leader crashed at each barrier of
-# enable and disable, the controller process SIGKILLed at each phase of both (11). The
-# overlay kills run with the kernel tests above. One test at a time.
+# The chaos suite (docs/chaos.md), from the fixed seed above (the table
+# prints it; scripts/chaos.sh --seed replays it):
+# - actors of sixteen agents killed at each point of an activation (the node
+#   coordinator among them): eight rounds of the matrix, two agents to a
+#   matrix (576 faults; more agents with fewer faults each take less wall
+#   time);
+# - the agent, charon and the monitor SIGKILLed at each point (24);
+# - the cleanup process SIGKILLed at each step of a release and each pair
+#   of steps (31);
+# - environment faults (13);
+# - agents and the controller's leader crashed at each barrier of enable and
+#   disable, the controller process SIGKILLed at each phase of both (11).
+# The overlay kills run with the kernel tests above. One test at a time.
 section "the chaos suite"
 # --workspace with each suite named, not -p (the same rebuild as the lab's).
 chaos_suites=()
