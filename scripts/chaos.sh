@@ -46,8 +46,13 @@ export CHAOS_ROUNDS="$rounds" CHAOS_NODES="$nodes" CHAOS_SHARES="$shares"
 if [ -n "$seed" ]; then
   export CHAOS_SEED="$seed"
 fi
+# The suites' ledger lines, for the run's figures at the end.
+log=$(mktemp --suffix=.log /tmp/koi-chaos.XXXXXX)
+runner=$(mktemp --suffix=.sh /tmp/koi-chaos-overlay.XXXXXX)
+trap 'rm -f "$log" "$runner"' EXIT
 # One test at a time: each measures recovery against wall-clock bounds.
-RUST_BACKTRACE=0 cargo test --locked -q -p chaos-tests --tests -- --ignored --nocapture --test-threads=1
+RUST_BACKTRACE=0 cargo test --locked -q -p chaos-tests --tests -- --ignored --nocapture --test-threads=1 \
+  2>&1 | tee "$log"
 
 if [ "$long" = 1 ]; then
   # The overlay at activation points: one round (six faults, three of them
@@ -55,14 +60,13 @@ if [ "$long" = 1 ]; then
   bin=$(executables --workspace --test overlay_kills)
   [ -n "$bin" ] || { echo "chaos.sh: the overlay kills did not build" >&2; exit 1; }
   kernel_run=$(kernel_runner)
-  runner=$(mktemp --suffix=.sh /tmp/koi-chaos-overlay.XXXXXX)
-  trap 'rm -f "$runner"' EXIT
   {
     echo "export CHAOS_OVERLAY_POINTS=1 RUST_BACKTRACE=0"
     [ -n "$seed" ] && echo "export CHAOS_SEED=$seed"
     echo "exec $bin --exact charon_monitor_and_agent_killed_under_encrypted_traffic_leak_no_plaintext --test-threads=1 --nocapture"
   } > "$runner"
   # The tests find their fixtures relative to the runtime crate, as under cargo.
-  (cd runtime && "$kernel_run" --timeout 1800 -- sh "$runner") 2>&1 | grep -av '^\[ *[0-9.]*\]'
-  exit "${PIPESTATUS[0]}"
+  (cd runtime && "$kernel_run" --timeout 1800 -- sh "$runner") 2>&1 | grep -av '^\[ *[0-9.]*\]' | tee -a "$log"
 fi
+# Every suite's faults and the recovery distribution over all of them.
+"${CARGO_TARGET_DIR:-target}/debug/kube-ovn-ipsec-chaos-ledger" "$log"

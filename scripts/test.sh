@@ -69,7 +69,12 @@ section "kernel-dependent tests on a full kernel"
 # failure replays as it is; scripts/chaos.sh draws fresh ones. CHAOS_SEED
 # from the caller's environment overrides it.
 export CHAOS_SEED="${CHAOS_SEED:-0x18ee71a41c0bbbf2}"
-bash scripts/kernel-tests.sh
+# Every chaos suite prints its ledger lines; this log collects them from
+# the guest and the host for the whole run's figures after the chaos
+# section.
+chaos_log=$(mktemp --suffix=.log /tmp/koi-chaos-ledger.XXXXXX)
+trap 'rm -f "$chaos_log"' EXIT
+bash scripts/kernel-tests.sh 2>&1 | tee "$chaos_log"
 
 # The chaos suite (docs/chaos.md), from the fixed seed above (the table
 # prints it; scripts/chaos.sh --seed replays it):
@@ -83,13 +88,20 @@ bash scripts/kernel-tests.sh
 # - environment faults (13);
 # - agents and the controller's leader crashed at each barrier of enable and
 #   disable, the controller process SIGKILLed at each phase of both (11).
-# The overlay kills run with the kernel tests above. One test at a time.
+# The overlay kills (3) run with the kernel tests above. One test at a time.
 section "the chaos suite"
 # --workspace with each suite named, not -p (the same rebuild as the lab's).
 chaos_suites=()
 for t in chaos-tests/tests/*.rs; do chaos_suites+=(--test "$(basename "$t" .rs)"); done
 CHAOS_ROUNDS=1 CHAOS_NODES=16 CHAOS_SHARES=2 RUST_BACKTRACE=0 \
-  cargo test --locked -q --workspace "${chaos_suites[@]}" -- --ignored --nocapture --test-threads=1
+  cargo test --locked -q --workspace "${chaos_suites[@]}" -- --ignored --nocapture --test-threads=1 \
+  2>&1 | tee -a "$chaos_log"
+# The whole run's faults, time in the suites and recovery distribution
+# (p50/p99/max over every fault, the overlay kills in the guest included);
+# a suite that left no ledger fails here.
+expect=()
+for t in chaos-tests/tests/*.rs; do expect+=(--expect "$(basename "$t" .rs)"); done
+"${CARGO_TARGET_DIR:-target}/debug/kube-ovn-ipsec-chaos-ledger" "${expect[@]}" "$chaos_log"
 
 # The lab's own run, end to end (README's first command, three nodes, the
 # whole lifecycle on the full kernel) with its JSON summary checked, and
