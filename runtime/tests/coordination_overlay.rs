@@ -28,15 +28,13 @@
 //!    it, never carries plaintext Geneve; its pod reaches both others over
 //!    ESP and the controller admits it, NB and SB true throughout. With it,
 //!    every pair of the three nodes has carried ESP.
-//! 6. Disable: NB and SB turned off; as the patch does, every tunnel loses
-//!    intent and marks together, and each pair's window to its first
-//!    plaintext reply is printed (the NB-flip window); then, with pod
-//!    traffic running between every pair, the DaemonSet rolls node by node
-//!    to the cleanup shape (agent stopped, `kube-ovn-ipsec cleanup` as the
-//!    new Pod's init container) without losing a packet, the cluster
-//!    reaches `Disabled`, every node's XFRM dump is byte-identical to the
-//!    one taken before its agent first ran (foreign policies and ESP states
-//!    kept), and the underlay carries plaintext Geneve and no ESP again.
+//!
+//! The disable of the same overlay (the NB-flip windows, the node-by-node
+//! cleanup rollout without losing an echo, `Disabled`, every node's XFRM
+//! byte-identical to before its agent first ran, plaintext Geneve again)
+//! is the lab's, over three nodes (`lab/src/lifecycle.rs`, run by
+//! scripts/test.sh on the same kernel): asserting it here too cost a
+//! minute of guest time in every CI run and checked nothing more.
 //!
 //! On a kernel without those features this prints SKIPPED and returns;
 //! scripts/kernel-tests.sh runs it on a full kernel, where SKIPPED fails.
@@ -53,12 +51,12 @@ mod support;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, Rollout, prerequisites, start_node, xfrm_dump};
+use agent_node::{AgentNode, prerequisites, start_node};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
 use support::controller_cluster as cc;
-use support::controller_cluster::coordination::{flags, flags_wanting, nb_sb, record};
+use support::controller_cluster::coordination::{flags, nb_sb, record};
 use testbed::guest::HostFeatures;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::overlay::{self, Capture, CaptureSummary, Pinger, VSwitchd};
@@ -156,12 +154,10 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
         "5",
     ];
     let mut free = std::mem::take(&mut mesh.nodes);
-    // Foreign state on every node, and the dump the disable must return
-    // to, before any agent runs.
-    let mut before = Vec::new();
+    // Foreign state on every node before any agent runs, as on a real
+    // host.
     for node in &free {
         node.install_foreign_xfrm().unwrap();
-        before.push(xfrm_dump(node));
     }
     let late = free.pop().unwrap();
     let mut nodes: Vec<AgentNode> = free
@@ -429,108 +425,8 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     }
     let (nb_on, sb_on) = nb_sb(&central).await;
     assert!(nb_on && sb_on, "NB {nb_on} SB {sb_on} after the join");
-
-    // 6. Disable (SPEC §7, §8, §10 "No one-way door").
-    controller.abort();
-    let t6 = Instant::now();
-    let (controller, _) = support::cluster::start_controller(
-        &api,
-        &admin,
-        &flags_wanting(false, &nb, &sb, "controller-0"),
-    )
-    .await;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while nb_sb(&central).await != (false, false) {
-        assert!(Instant::now() < deadline, "NB and SB not off");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    println!("disable: NB and SB off {:?} after the intent", t6.elapsed());
-    // The patched ovn-controller's part: intent and marks go together.
-    for a in &nodes {
-        for b in nodes
-            .iter()
-            .filter(|b| b.node.chassis() != a.node.chassis())
-        {
-            a.node
-                .unprotect_tunnel(&Tunnel::to(&b.node, 0).name)
-                .unwrap();
-        }
-    }
-    let n = nodes.len();
-    let pairs: Vec<(usize, usize)> = (0..n)
-        .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
-        .collect();
-    let windows = first_replies(&nodes, &pairs, Duration::from_secs(120));
-    for (w, &(i, j)) in windows.iter().zip(&pairs) {
-        let w = w.unwrap_or_else(|| {
-            panic!(
-                "{i}→{j}: no plaintext reply after the flip:\n{}",
-                nodes[i].node.diagnostics()
-            )
-        });
-        println!("disable window {i}→{j}: first plaintext reply {w:?} after intent went");
-    }
-    // The node-by-node cleanup, with pod traffic between every pair.
-    let pingers: Vec<Pinger> = pairs
-        .iter()
-        .map(|&(i, j)| Pinger::start(nodes[i].node.netns(), pod(j), PING_INTERVAL).unwrap())
-        .collect();
-    const CLEANUP_HASH: &str = "4c1ea9b70";
-    cc::set_template(&admin, &ds_uid, cc::Shape::Cleanup, CLEANUP_HASH).await;
-    let mut fxs: Vec<cc::NodeFx> = fxs.into_iter().chain([fx]).collect();
-    let rollout = Rollout {
-        api: &api,
-        admin: &admin,
-        ds_uid: &ds_uid,
-        dir: dir.path(),
-    };
-    for (i, (a, f)) in nodes.iter_mut().zip(&mut fxs).enumerate() {
-        // One run: a cleanup that fails here is a failure, not a retry.
-        rollout
-            .to_cleanup(a, f, i, CLEANUP_HASH, 120, 1)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while phase(&admin).await != Some(Disabled) {
-        assert!(
-            Instant::now() < deadline,
-            "not Disabled: {}",
-            support::controller_cluster::coordination::status(&admin).await
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    println!("Disabled {:?} after the intent", t6.elapsed());
-    for (p, &(i, j)) in pingers.into_iter().zip(&pairs) {
-        let s = p.stop().unwrap();
-        println!("{i}→{j} through the node-by-node cleanup: {s:?}");
-        assert!(s.transmitted >= 10, "too short a run to judge: {s:?}");
-        assert!(
-            s.transmitted - s.received <= 1,
-            "{i}→{j}: pod traffic lost during the cleanup: {s:?}"
-        );
-    }
-    for (i, a) in nodes.iter().enumerate() {
-        assert_eq!(
-            xfrm_dump(&a.node),
-            before[i],
-            "{}: XFRM differs from before its agent first ran",
-            a.node.chassis()
-        );
-        let (answered, wire) = ping_peers_captured(&nodes, i, "disabled.pcap");
-        println!("node {i} disabled: {answered} answered, wire {wire:?}");
-        assert!(
-            answered as usize + 1 >= 5 * (n - 1),
-            "node {i}: traffic lost"
-        );
-        assert_eq!(wire.esp, 0, "node {i}: ESP after the disable: {wire:?}");
-        assert!(
-            wire.geneve >= 2 * answered as usize,
-            "node {i}: no plaintext Geneve: {wire:?}"
-        );
-    }
     println!(
-        "disabled, plaintext between every pair after {:?}",
+        "three nodes encrypted, the joiner admitted, after {:?}",
         t0.elapsed()
     );
     controller.abort();
