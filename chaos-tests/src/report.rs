@@ -116,6 +116,12 @@ pub fn quantile(xs: &[Duration], q: f64) -> Option<Duration> {
     Some(v[rank - 1])
 }
 
+/// A time in a table: seconds to the hundredth, `—` for none.
+fn secs(d: Option<Duration>) -> String {
+    d.map(|d| format!("{:.2} s", d.as_secs_f64()))
+        .unwrap_or_else(|| "—".into())
+}
+
 /// The table: one line per fault, then the totals and the recovery
 /// distribution.
 pub fn table(seed: u64, rows: &[Row]) -> String {
@@ -127,10 +133,7 @@ pub fn table(seed: u64, rows: &[Row]) -> String {
         "#", "node", "point", "victim", "recovery", "result"
     );
     for r in rows {
-        let rec = r
-            .recovery
-            .map(|d| format!("{:.2} s", d.as_secs_f64()))
-            .unwrap_or_else(|| "—".into());
+        let rec = secs(r.recovery);
         let verdict = if r.violations.is_empty() {
             "pass"
         } else {
@@ -167,17 +170,13 @@ pub fn table(seed: u64, rows: &[Row]) -> String {
         "faults not injected as planned (point not reached, victim not running): {missed}"
     );
     let rec: Vec<Duration> = rows.iter().filter_map(|r| r.recovery).collect();
-    let s = |d: Option<Duration>| {
-        d.map(|d| format!("{:.2} s", d.as_secs_f64()))
-            .unwrap_or_else(|| "—".into())
-    };
     let _ = writeln!(
         out,
         "recovery over {} faults: p50 {}, p99 {}, max {}",
         rec.len(),
-        s(quantile(&rec, 0.5)),
-        s(quantile(&rec, 0.99)),
-        s(quantile(&rec, 1.0))
+        secs(quantile(&rec, 0.5)),
+        secs(quantile(&rec, 0.99)),
+        secs(quantile(&rec, 1.0))
     );
     let _ = writeln!(
         out,
@@ -328,10 +327,6 @@ impl Ledger {
     /// with a recovery, not a bound from the suites' own.
     pub fn summary(&self) -> String {
         let mut out = String::new();
-        let s = |d: Option<Duration>| {
-            d.map(|d| format!("{:.2} s", d.as_secs_f64()))
-                .unwrap_or_else(|| "—".into())
-        };
         let _ = writeln!(
             out,
             "{:<20} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -346,9 +341,9 @@ impl Ledger {
                 failed,
                 t.as_secs_f64(),
                 rec.len(),
-                s(quantile(rec, 0.5)),
-                s(quantile(rec, 0.99)),
-                s(quantile(rec, 1.0))
+                secs(quantile(rec, 0.5)),
+                secs(quantile(rec, 0.99)),
+                secs(quantile(rec, 1.0))
             );
         };
         for r in &self.suites {
