@@ -396,14 +396,19 @@ mod tests {
         assert!(fail.progress().ends_with(": FAIL "), "{}", fail.progress());
     }
 
+    /// The `index`th fault of a run: `point`, the `actor`th actor, `seed`.
+    fn fault(index: usize, point: Point, actor: usize, seed: u64) -> Fault<Victim> {
+        Fault {
+            index,
+            point,
+            victim: Victim::ACTORS[actor],
+            seed,
+        }
+    }
+
     #[test]
     fn a_ledger_survives_a_shared_log_and_sums_over_every_suite() {
-        let f = |index| Fault {
-            index,
-            point: Point::Verified,
-            victim: Victim::ACTORS[0],
-            seed: 1,
-        };
+        let f = |index| fault(index, Point::Verified, 0, 1);
         let many: Vec<Row> = (0..100)
             .map(|i| {
                 Row::of(
@@ -470,12 +475,7 @@ mod tests {
 
     #[test]
     fn the_table_names_each_failure_and_counts_each_invariant() {
-        let f = |index| Fault {
-            index,
-            point: Point::CsrCreated,
-            victim: Victim::ACTORS[2],
-            seed: 9,
-        };
+        let f = |index| fault(index, Point::CsrCreated, 2, 9);
         let rows = [
             Row::of(f(0), 0, Some(Duration::from_millis(1500)), vec![]),
             Row::of(f(1), 1, None, vec!["4: not ready within 40 s".into()]),
