@@ -91,16 +91,19 @@ bash scripts/kernel-tests.sh 2>&1 | tee "$chaos_log"
 # The overlay kills (3) run with the kernel tests above. One test at a time.
 section "the chaos suite"
 # --workspace with each suite named, not -p (the same rebuild as the lab's).
+# Each suite must also leave its ledger (--expect below).
 chaos_suites=()
-for t in chaos-tests/tests/*.rs; do chaos_suites+=(--test "$(basename "$t" .rs)"); done
+expect=()
+for t in chaos-tests/tests/*.rs; do
+  chaos_suites+=(--test "$(basename "$t" .rs)")
+  expect+=(--expect "$(basename "$t" .rs)")
+done
 CHAOS_ROUNDS=1 CHAOS_NODES=16 CHAOS_SHARES=2 RUST_BACKTRACE=0 \
   cargo test --locked -q --workspace "${chaos_suites[@]}" -- --ignored --nocapture --test-threads=1 \
   2>&1 | tee -a "$chaos_log"
 # The whole run's faults, time in the suites and recovery distribution
 # (p50/p99/max over every fault, the overlay kills in the guest included);
 # a suite that left no ledger fails here.
-expect=()
-for t in chaos-tests/tests/*.rs; do expect+=(--expect "$(basename "$t" .rs)"); done
 "${CARGO_TARGET_DIR:-target}/debug/kube-ovn-ipsec-chaos-ledger" "${expect[@]}" "$chaos_log"
 
 # The lab's own run, end to end (README's first command, three nodes, the

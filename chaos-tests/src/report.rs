@@ -99,10 +99,10 @@ pub fn print_run(seed: u64, rows: &[Row], unit: &str, elapsed: Duration) -> (Str
         .ok()
         .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
         .map_or_else(|| "unknown".to_string(), |s| suite_of_binary(&s));
-    println!("{}", Ledger::of(&suite, rows, elapsed).lines());
+    let ledger = Ledger::of(&suite, rows, elapsed);
+    println!("{}", ledger.lines());
     let _ = std::io::stdout().flush();
-    let failed = rows.iter().filter(|r| !r.violations.is_empty()).count();
-    (report, failed)
+    (report, ledger.failed())
 }
 
 /// The `q`-quantile (0..=1) of `xs` by nearest rank; `None` when empty.

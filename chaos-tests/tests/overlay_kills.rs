@@ -19,11 +19,11 @@
 //!   `scripts/chaos.sh --long`): the same, then each victim once at a
 //!   point of an activation (six faults): the operator rotates the CA
 //!   (the CLI's own `rotate_ca`), both agents renew onto it within their
-//!   rotation spread, and the first to reach
-//!   the armed point stops itself there (`kube-ovn-ipsec-chaos`,
-//!   `CHAOS_STOP_FILE`) — the agent at `OVSDB sent` (its write in flight),
-//!   charon at `OVSDB committed` (the new certificate stored, the monitor
-//!   about to load it), the monitor at `monitor read-back`; the agent is
+//!   rotation spread, and the first to reach the armed point stops itself
+//!   there (`kube-ovn-ipsec-chaos`, `CHAOS_STOP_FILE`) — the agent at
+//!   `OVSDB sent` (its write in flight), charon at `OVSDB committed` (the
+//!   new certificate stored, the monitor about to load it), the monitor
+//!   at `monitor read-back`; the agent is
 //!   then continued (or restarted, when it is the victim) and must be
 //!   ready on the new generation. The renewals come from CA rotations
 //!   because the controller signs for at least the Kubernetes floor of 10
@@ -136,10 +136,11 @@ fn pidfile(node: &IpsecNode, victim: ProcessVictim) -> PathBuf {
 
 /// The faults of a run, `rounds` times, the victims' order drawn from
 /// `seed`: each victim in steady state, on the nodes in turn from one
-/// drawn from `seed` (the two nodes run the same programs in the same roles — a tunnel with intent
-/// each way — so a second kill of the same victim on the other node
-/// repeats a case at the cost of another recovery under TCG), then, with
-/// the activation points, each at its point.
+/// drawn from `seed` (the two nodes run the same programs in the same
+/// roles — a tunnel with intent each way — so a second kill of the same
+/// victim on the other node repeats a case at the cost of another
+/// recovery under TCG), then, with the activation points, each at its
+/// point.
 fn faults(seed: u64, rounds: usize, points: bool) -> Vec<(Target, ProcessVictim)> {
     let mut rng = SplitMix64(seed);
     let mut out = Vec::new();
