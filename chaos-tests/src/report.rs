@@ -278,7 +278,14 @@ impl Ledger {
     pub fn parse(log: &str) -> Result<Ledger, String> {
         let mut ledger = Ledger::default();
         for (n, line) in log.lines().enumerate() {
-            let Some(at) = line.find(LEDGER_TAG) else {
+            // The tag as a word of its own: a path or a binary's name
+            // that contains it (cargo's `Running …chaos-ledger.rs`) is
+            // not a ledger line.
+            let Some(at) = line.match_indices(LEDGER_TAG).map(|(i, _)| i).find(|&i| {
+                let before = line[..i].chars().next_back();
+                let after = line[i + LEDGER_TAG.len()..].chars().next();
+                before.is_none_or(char::is_whitespace) && after.is_some_and(char::is_whitespace)
+            }) else {
                 continue;
             };
             let bad = || format!("line {}: not a ledger line: {line}", n + 1);
@@ -428,7 +435,9 @@ mod tests {
         // Chunked, interleaved with other output, one behind a console's
         // prefix.
         let log = format!(
-            "noise\n{}\nipsec_starter[1]: routed\n[guest] {}\n",
+            "noise\n{}\nipsec_starter[1]: routed\n     Running unittests \
+             src/bin/kube-ovn-ipsec-chaos-ledger.rs (deps/kube_ovn_ipsec_chaos_ledger-94)\n\
+             [guest] {}\n",
             a.lines(),
             b.lines()
         );
