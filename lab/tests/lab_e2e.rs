@@ -93,11 +93,19 @@ fn lab(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// Waits until `up` has recorded itself (and, when the guest runs the
-/// nodes, its qemu).
-fn wait_recorded(want_guest: bool, limit: Duration) -> lab::state::LabState {
+/// Waits until `up` (the child `up`) has recorded itself (and, when the
+/// guest runs the nodes, its qemu); an `up` that exited first fails with
+/// its status rather than with the timeout.
+fn wait_recorded(
+    up: &mut std::process::Child,
+    want_guest: bool,
+    limit: Duration,
+) -> lab::state::LabState {
     let deadline = Instant::now() + limit;
     loop {
+        if let Ok(Some(status)) = up.try_wait() {
+            panic!("`lab up` exited ({status}) before it recorded itself");
+        }
         if let Ok(Some(s)) = read_state(Path::new(RUN_DIR))
             && (!want_guest || s.guest.is_some())
         {
@@ -141,7 +149,7 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let state = wait_recorded(guest, Duration::from_secs(120));
+    let state = wait_recorded(&mut crashed, guest, Duration::from_secs(120));
     if !guest {
         // On this kernel the nodes are the lab's children: let some exist.
         std::thread::sleep(Duration::from_secs(10));
@@ -160,14 +168,14 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
 
     // The real run.
     let t0 = Instant::now();
-    let run = Command::new(LAB)
+    let mut run = Command::new(LAB)
         .args(["up", "--json"])
         .env("RUST_BACKTRACE", "0")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let state = wait_recorded(false, Duration::from_secs(60));
+    let state = wait_recorded(&mut run, false, Duration::from_secs(60));
     assert_eq!(state.process.pid, run.id());
     let second = lab(&["up"]);
     let why = String::from_utf8_lossy(&second.stderr);
