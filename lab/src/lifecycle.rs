@@ -743,10 +743,13 @@ fn negotiate_once(node: &SimNode, tunnel: &str) -> Result<u64, String> {
     ) else {
         return Err(format!("no routed connections for {tunnel}: {routed:?}"));
     };
+    // Not blocking: a delete the peer does not answer (it may be deleting
+    // the same IKE_SA) would hold a blocking `ipsec down` through every
+    // retransmit; the wait below is what tells.
     for (conn, id) in &ikes {
         node.node
-            .ipsec(&["down", &format!("{conn}[{id}]")])
-            .map_err(|e| format!("`ipsec down {conn}[{id}]`: {e}"))?;
+            .ipsec(&["stroke", "down-nb", &format!("{conn}[{id}]")])
+            .map_err(|e| format!("`ipsec stroke down-nb {conn}[{id}]`: {e}"))?;
     }
     let gone =
         testbed::netns::wait_for(Duration::from_secs(15), Duration::from_millis(100), || {

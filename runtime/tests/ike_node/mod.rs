@@ -355,7 +355,15 @@ pub fn tear_down(n: &IpsecNode, peer: &IpsecNode) {
     let mut downed = Vec::new();
     for x in [n, peer] {
         for sa in x.ike_sas().unwrap() {
-            let _ = x.ipsec(&["down", &format!("{}[{}]", sa.conn, sa.unique_id)]);
+            // Not blocking: the peer may already be deleting the same
+            // IKE_SA on the other node's request, and then a blocking
+            // `ipsec down` waits out every retransmit of a delete that is
+            // never answered (about 165 s).
+            let _ = x.ipsec(&[
+                "stroke",
+                "down-nb",
+                &format!("{}[{}]", sa.conn, sa.unique_id),
+            ]);
             downed.push((x.chassis().to_string(), sa.unique_id));
         }
     }
