@@ -716,12 +716,15 @@ const NEGOTIATION_TRIES: u32 = 3;
 /// Why a try measured nothing, as an error.
 fn negotiate_once(node: &SimNode, tunnel: &str) -> Result<u64, String> {
     let prefix = format!("{tunnel}-");
-    let established = |n: &SimNode| -> Vec<(String, u32)> {
+    // The tunnel's IKE_SAs, those ESTABLISHED only or in any state.
+    let held = |n: &SimNode, established: bool| -> Vec<(String, u32)> {
         n.node
             .ike_sas()
             .unwrap_or_default()
             .into_iter()
-            .filter(|sa| sa.conn.starts_with(&prefix) && sa.state == "ESTABLISHED")
+            .filter(|sa| {
+                sa.conn.starts_with(&prefix) && (!established || sa.state == "ESTABLISHED")
+            })
             .map(|sa| (sa.conn, sa.unique_id))
             .collect()
     };
@@ -730,7 +733,7 @@ fn negotiate_once(node: &SimNode, tunnel: &str) -> Result<u64, String> {
     // in, which a monitor restart or a renewal changes.
     let Some(ikes) =
         testbed::netns::wait_for(Duration::from_secs(30), Duration::from_millis(200), || {
-            let e = established(node);
+            let e = held(node, true);
             (!e.is_empty()).then_some(e)
         })
     else {
@@ -745,7 +748,8 @@ fn negotiate_once(node: &SimNode, tunnel: &str) -> Result<u64, String> {
     };
     // Not blocking: a delete the peer does not answer (it may be deleting
     // the same IKE_SA) would hold a blocking `ipsec down` through every
-    // retransmit; the wait below is what tells.
+    // retransmit. The wait below is what tells: the IKE_SAs gone in any
+    // state, their CHILD_SAs with them.
     for (conn, id) in &ikes {
         node.node
             .ipsec(&["stroke", "down-nb", &format!("{conn}[{id}]")])
@@ -753,12 +757,12 @@ fn negotiate_once(node: &SimNode, tunnel: &str) -> Result<u64, String> {
     }
     let gone =
         testbed::netns::wait_for(Duration::from_secs(15), Duration::from_millis(100), || {
-            let now = established(node);
+            let now = held(node, false);
             (!ikes.iter().any(|sa| now.contains(sa))).then_some(())
         });
     if gone.is_none() {
         return Err(format!(
-            "IKE_SAs {ikes:?} still ESTABLISHED 15 s after `ipsec down`"
+            "IKE_SAs {ikes:?} still held 15 s after `ipsec down`"
         ));
     }
     let start = std::time::Instant::now();
