@@ -39,10 +39,28 @@ pub struct Allocation {
     pub reqid: u32,
 }
 
+/// Refuses a reserved-bits mask that leaves no mark to allocate: every
+/// candidate would be reserved or zero, so allocation could only fail, on
+/// every retry, for ever. Checked where the mask is configured, so the
+/// agent refuses to start with the reason instead.
+pub fn check_reserved_bits(reserved_bits: u32) -> Result<(), String> {
+    if !reserved_bits == 0 {
+        return Err(format!(
+            "reserved mark bits {reserved_bits:#010x} leave no bit for the output-protection \
+             mark: reserve only the bits other programs on the node set (kube-proxy: 0xc000)"
+        ));
+    }
+    Ok(())
+}
+
 /// Draws candidates from `rng` until one passes [`check_candidate`] against
 /// `policies` and `states`; refuses with [`Error::BypassPresent`] while a
 /// bypass exists and with [`Error::LeaseExhausted`] after
 /// [`MAX_CANDIDATES`] rejections.
+///
+/// Candidates are drawn from the unreserved bits only: a wide reserved
+/// mask would otherwise reject nearly every random mark and exhaust the
+/// attempts although usable marks exist.
 pub fn allocate(
     policies: &[Policy],
     states: &[State],
@@ -51,7 +69,7 @@ pub fn allocate(
 ) -> Result<Allocation, Error> {
     let mut last: Option<CandidateRejection> = None;
     for _ in 0..MAX_CANDIDATES {
-        let mark = rng.next_u32();
+        let mark = rng.next_u32() & !reserved_bits;
         let reqid = rng.next_u32() & 0x7fff_ffff;
         if let Err(r) = check_candidate(mark, reqid, reserved_bits, policies, states) {
             tracing::debug!(rejection = ?r, "lease candidate rejected");
@@ -71,4 +89,39 @@ pub fn allocate(
         attempts: MAX_CANDIDATES,
         last: last.map_or_else(String::new, |r| format!("{r:?}")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random values in a fixed order.
+    struct Scripted(std::vec::IntoIter<u32>);
+
+    impl RandomSource for Scripted {
+        fn next_u32(&mut self) -> u32 {
+            self.0.next().unwrap_or(0)
+        }
+    }
+
+    #[test]
+    fn a_mask_with_no_free_bit_is_refused() {
+        let e = check_reserved_bits(u32::MAX).unwrap_err();
+        assert!(e.contains("0xffffffff"), "{e}");
+        assert!(check_reserved_bits(0xffff_fffe).is_ok());
+        assert!(check_reserved_bits(0).is_ok());
+    }
+
+    #[test]
+    fn candidates_come_from_the_free_bits_only() {
+        // One free bit: every random value lands on that mark, where
+        // unmasked draws would have been rejected nearly always.
+        let mut rng = Scripted(vec![0xdead_beef, 7].into_iter());
+        let a = allocate(&[], &[], 0xffff_fffe, &mut rng).unwrap();
+        assert_eq!((a.mark, a.reqid), (1, 7));
+        // A draw that masks to zero is skipped, not used.
+        let mut rng = Scripted(vec![0xffff_0000, 7, 0x0000_00f0, 8].into_iter());
+        let a = allocate(&[], &[], 0xffff_0000, &mut rng).unwrap();
+        assert_eq!((a.mark, a.reqid), (0xf0, 8));
+    }
 }

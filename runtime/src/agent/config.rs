@@ -328,7 +328,9 @@ pub fn parse_mark_bits(s: &str) -> Result<u32, String> {
         Some(hex) => u32::from_str_radix(hex, 16),
         None => t.parse(),
     };
-    parsed.map_err(|_| format!("{s:?} is not a 32-bit mark mask like 0xc000"))
+    let bits = parsed.map_err(|_| format!("{s:?} is not a 32-bit mark mask like 0xc000"))?;
+    xfrm::alloc::check_reserved_bits(bits)?;
+    Ok(bits)
 }
 
 impl RunArgs {
@@ -404,5 +406,12 @@ mod tests {
             let e = parse_mark_bits(bad).unwrap_err();
             assert!(e.contains("mark mask"), "{bad}: {e}");
         }
+        // A mask that leaves no bit for the lease is refused at start,
+        // not retried by the allocator for ever.
+        for none_left in ["0xffffffff", "4294967295"] {
+            let e = parse_mark_bits(none_left).unwrap_err();
+            assert!(e.contains("leave no bit"), "{none_left}: {e}");
+        }
+        assert_eq!(parse_mark_bits("0xfffffffe"), Ok(0xffff_fffe));
     }
 }
