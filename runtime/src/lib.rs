@@ -18,6 +18,9 @@
 //!   observation record.
 //! - [`capability`]: the capability gate (ovn-controller's output
 //!   protection marker, image and running).
+//! - [`node_claim`]: one owner per node — the claim in the node's network
+//!   namespace, keyed by its OVSDB row, that a second agent or cleanup
+//!   refuses on whatever its key directory.
 //! - [`pidfile`]: the IKE daemon's pidfiles, removed only when stale.
 //! - [`process`]: foreground children in their own process group.
 //! - [`ike`]: strongSwan starter — start, probe, loaded certificates, stop,
@@ -37,6 +40,7 @@ pub mod ike;
 pub mod lease;
 pub mod monitor;
 pub mod monitor_patch;
+pub mod node_claim;
 pub mod pidfile;
 pub mod process;
 pub mod sa;

@@ -401,6 +401,110 @@ async fn a_second_agent_on_the_same_key_directory_exits_having_touched_nothing()
     first.wait().unwrap();
 }
 
+/// Ownership is per node, not per key directory: a second agent given
+/// another key directory (a changed `OVN_IPSEC_KEY_DIR` while the old
+/// container still runs) shares the node's OVSDB row and kernel, so it
+/// must refuse before it writes anything — no key directory, no lease, no
+/// guard, no OVSDB key — naming the holder; once the holder is gone (a
+/// SIGKILL, so no goodbye), its claim is taken over at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_with_another_key_directory_refuses_naming_the_holder() {
+    let cluster = Cluster::start(Duration::from_secs(600)).await;
+    let key_dir = cluster.dir.path().join("keys");
+    let port = Cluster::free_port();
+    let mut first = cluster.spawn_agent(&key_dir, port, 600, &["--sa-observe-period", "3600"]);
+    wait_generation(&cluster, port, 1, Duration::from_secs(60)).await;
+
+    let policies = |c: &Cluster| c.netns.ip(["xfrm", "policy", "list"]).unwrap();
+    let snapshot = |c: &Cluster| {
+        (
+            files_under(&key_dir),
+            c.external_ids(),
+            c.other_config(),
+            policies(c),
+        )
+    };
+    let before = snapshot(&cluster);
+    let other_dir = cluster.dir.path().join("var-lib-keys");
+    let t = Instant::now();
+    let mut second = cluster.spawn_agent(&other_dir, Cluster::free_port(), 600, &[]);
+    let status = loop {
+        if let Some(s) = second.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the second agent is still running:\n{}",
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("second agent exited ({status}) after {:?}", t.elapsed());
+    assert!(!status.success(), "{status}");
+    let logs = cluster.agent_logs();
+    assert!(
+        logs.contains(&format!("(PID {})", first.id())),
+        "the refusal does not name the holder:\n{logs}"
+    );
+    assert!(
+        logs.contains(&format!("with key directory {}", key_dir.display())),
+        "the refusal does not name the holder's key directory:\n{logs}"
+    );
+    assert!(logs.contains("nothing on this node was touched"), "{logs}");
+    assert_eq!(
+        snapshot(&cluster),
+        before,
+        "the second agent changed the node"
+    );
+    assert!(
+        !other_dir.exists(),
+        "the second agent created its key directory"
+    );
+    // The first agent is still the node's, and still ready.
+    wait_generation(&cluster, port, 1, Duration::from_secs(5)).await;
+
+    // The holder dies without a word: the kernel released its claim, and
+    // an agent on the other key directory now owns the node.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let port2 = Cluster::free_port();
+    let mut third = cluster.spawn_agent(&other_dir, port2, 600, &[]);
+    let t = Instant::now();
+    loop {
+        let owned = cluster
+            .external_ids()
+            .get("ovn-ipsec-protection-lease")
+            .is_some_and(|l| before.1.get("ovn-ipsec-protection-lease") != Some(l));
+        if owned
+            && other_dir
+                .join(kube_ovn_ipsec_runtime::lease::LEASE_FILE)
+                .exists()
+        {
+            break;
+        }
+        assert!(
+            third.try_wait().unwrap().is_none(),
+            "the successor exited:\n{}",
+            cluster.agent_logs()
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the successor never took the node over:\n{}",
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = third.kill();
+    third.wait().unwrap();
+    // The stand-ins the SIGKILLed agents started outlive them: every
+    // process of this test runs from its own directory.
+    let _ = std::process::Command::new("pkill")
+        .arg("-KILL")
+        .arg("-f")
+        .arg(cluster.dir.path())
+        .status();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ovsdb_drift_is_restored_and_reported() {
     let cluster = Cluster::start(Duration::from_secs(600)).await;

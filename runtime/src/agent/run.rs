@@ -124,6 +124,10 @@ pub enum AgentError {
     /// holds it: its PID is in the message), or the directory is unusable.
     #[error("{0}; nothing on this node was touched")]
     Owner(actors::Error),
+    /// Another agent or cleanup holds this node (whatever its key
+    /// directory), or the claim could not be made.
+    #[error("{0}; nothing on this node was touched")]
+    NodeClaimed(crate::node_claim::ClaimError),
 }
 
 impl AgentError {
@@ -161,16 +165,21 @@ pub async fn kube_client(args: &NodeArgs) -> Result<Client, AgentError> {
     Client::try_from(config).map_err(AgentError::Kube)
 }
 
-async fn chassis(client: &ovsdb::Client, timeout: Duration) -> Result<Chassis, AgentError> {
+async fn chassis(
+    client: &ovsdb::Client,
+    timeout: Duration,
+) -> Result<(Chassis, uuid::Uuid), AgentError> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match client.read_map(&MapColumn::ovs_external_ids()).await {
             Ok(snap) => {
                 if let Some(id) = snap.entries.get(ovs::EXTERNAL_ID_SYSTEM_ID) {
-                    return Chassis::new(id.clone()).map_err(|source| AgentError::Invalid {
-                        what: "chassis (external_ids:system-id)",
-                        source,
-                    });
+                    let chassis =
+                        Chassis::new(id.clone()).map_err(|source| AgentError::Invalid {
+                            what: "chassis (external_ids:system-id)",
+                            source,
+                        })?;
+                    return Ok((chassis, snap.row));
                 }
             }
             Err(e) => tracing::warn!(error = %e, "reading external_ids:system-id"),
@@ -257,10 +266,36 @@ pub async fn run_with(
             "--ike-daemon=libreswan is not supported yet; use strongswan".into(),
         ));
     }
-    // The owner lock first: before this process reads or writes the key
-    // directory, the lease, OVSDB or the kernel (SPEC §2). A second agent
-    // on the same node stops here, naming the holder, having touched
-    // nothing; the lock is held until the process exits.
+    // Who the node is, read only: its OVSDB row and chassis. Nothing is
+    // written before the two claims below.
+    let ovs = ovsdb::Client::connect_str(&args.node.ovsdb)
+        .await
+        .map_err(|source| AgentError::Ovsdb {
+            remote: args.node.ovsdb.clone(),
+            source,
+        })?;
+    let (chassis, row) = chassis(&ovs, Duration::from_secs(args.chassis_timeout)).await?;
+    // The node's claim, then the key directory's owner lock (SPEC §2):
+    // before this process writes the key directory, the lease, OVSDB or
+    // the kernel. A second agent on the same node stops at the first,
+    // whatever its key directory, naming the holder and having touched
+    // nothing; both are held until the process exits.
+    let _node_claim = {
+        let (netns, row, me) = (
+            args.node.xfrm_netns.clone(),
+            row.to_string(),
+            crate::node_claim::claimant("agent", &args.node.key_dir),
+        );
+        tokio::task::spawn_blocking(move || crate::node_claim::claim(netns.as_deref(), &row, &me))
+            .await
+            .map_err(|e| {
+                AgentError::Runtime(crate::Error::Blocking {
+                    what: "claiming the node",
+                    reason: e.to_string(),
+                })
+            })?
+            .map_err(AgentError::NodeClaimed)?
+    };
     let key_dir = args.node.key_dir.clone();
     let owner = tokio::task::spawn_blocking(move || actors::keydir::OwnerLock::acquire(key_dir))
         .await
@@ -272,15 +307,8 @@ pub async fn run_with(
         })?
         .map_err(AgentError::Owner)?;
     let owner = Arc::new(owner);
-    tracing::info!(key_dir = %args.node.key_dir.display(), pid = std::process::id(), "key directory owner lock taken");
+    tracing::info!(key_dir = %args.node.key_dir.display(), pid = std::process::id(), row = %row, "node claimed and key directory owner lock taken");
     let client = kube_client(&args.node).await?;
-    let ovs = ovsdb::Client::connect_str(&args.node.ovsdb)
-        .await
-        .map_err(|source| AgentError::Ovsdb {
-            remote: args.node.ovsdb.clone(),
-            source,
-        })?;
-    let chassis = chassis(&ovs, Duration::from_secs(args.chassis_timeout)).await?;
     let node = Api::<Node>::all(client.clone())
         .get(&args.node.node_name)
         .await?;
