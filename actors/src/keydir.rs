@@ -311,15 +311,35 @@ fn io_err(path: &Path, source: std::io::Error) -> Error {
 /// the exposure, which only a renewal (or a CA rotation) ends. Returns the
 /// mode it had when it was changed; a missing file is `Ok(None)`.
 pub fn tighten_secret(path: &Path) -> std::io::Result<Option<u32>> {
-    let mode = match fs::metadata(path) {
-        Ok(m) => m.permissions().mode() & 0o777,
+    // Never through a symbolic link: a link in the key directory would make
+    // the repair change a file elsewhere (and a secret that is a link is
+    // not the file the agent wrote). The mode is read and changed on one
+    // descriptor opened without following links, so the check and the
+    // change are of the same file.
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err(std::io::Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symbolic link; the key directory's secret files are never followed: \
+                     replace it with the file itself",
+                    path.display()
+                ),
+            ));
+        }
         Err(e) => return Err(e),
     };
+    let mode = file.metadata()?.permissions().mode() & 0o777;
     if mode & 0o077 == 0 {
         return Ok(None);
     }
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    file.set_permissions(fs::Permissions::from_mode(0o600))?;
     tracing::warn!(
         path = %path.display(),
         mode = format!("{mode:04o}"),
@@ -327,6 +347,65 @@ pub fn tighten_secret(path: &Path) -> std::io::Result<Option<u32>> {
          read it on this host, renew the identity (delete the node's CSR generation) or rotate"
     );
     Ok(Some(mode))
+}
+
+/// Reads a file of the key directory without following a symbolic link
+/// (see [`tighten_secret`]); a missing file is `Ok(None)`.
+pub fn read_no_follow(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err(std::io::Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symbolic link; the key directory's files are never followed",
+                    path.display()
+                ),
+            ));
+        }
+        Err(e) => return Err(e),
+    };
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(Some(bytes))
+}
+
+/// The key directory's state as a read-only run sees it: nothing is moved,
+/// repaired or created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeekedState {
+    /// No `state.json`.
+    Missing,
+    /// The state file, decoded.
+    Present(Box<KeyDirState>),
+    /// A state file that does not decode or has an unknown version: why.
+    /// Left where it is (the agent moves it aside when it next starts).
+    Unusable(String),
+}
+
+/// Reads `dir`'s `state.json` without changing anything, for the cleanup:
+/// [`KeyDir::load`] moves an unusable file aside, which a run that ends
+/// with nothing to release must not do.
+pub fn peek_state(dir: &Path) -> Result<PeekedState> {
+    let path = dir.join(STATE_FILE);
+    let bytes = match read_no_follow(&path) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(PeekedState::Missing),
+        Err(e) => return Err(io_err(&path, e)),
+    };
+    Ok(match serde_json::from_slice::<KeyDirState>(&bytes) {
+        Ok(s) if s.version == STATE_VERSION => PeekedState::Present(Box::new(s)),
+        Ok(s) => {
+            PeekedState::Unusable(format!("{}: unknown version {}", path.display(), s.version))
+        }
+        Err(e) => PeekedState::Unusable(format!("{}: unparseable: {e}", path.display())),
+    })
 }
 
 /// No space (or quota) left: its own reason — the Talos advice of a

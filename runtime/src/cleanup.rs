@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actors::coordinator::plan::RecordView;
-use actors::keydir::{self, ActiveRecord, KeyDir, OwnerLock};
+use actors::keydir::{self, ActiveRecord, OwnerLock};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::{Api, Client};
 use kube_ovn_ipsec_api::clock::{self, Clock, SystemClock};
@@ -215,26 +215,78 @@ pub async fn run_with(
     seams: Seams,
 ) -> Result<Outcome, CleanupError> {
     let dir = args.node.key_dir.clone();
-    // A node that never held a key directory has nothing of ours: leave
-    // without creating one (taking the lock would create it).
+    let (ovs, external) = wait_for_ovsdb(&args, &shutdown).await?;
+    // The node's claim before anything else (SPEC §2): an agent still
+    // running here, whatever its key directory, holds it.
+    let _node_claim = {
+        let (netns, row, me) = (
+            args.node.xfrm_netns.clone(),
+            external.row.to_string(),
+            crate::node_claim::claimant("cleanup", &dir),
+        );
+        tokio::task::spawn_blocking(move || crate::node_claim::claim(netns.as_deref(), &row, &me))
+            .await
+            .map_err(|e| failed("claiming the node")(e.to_string()))?
+            .map_err(|e| match e {
+                crate::node_claim::ClaimError::Held { .. } => {
+                    CleanupError::NotSafe(format!("{e}; the agent may still run"))
+                }
+                other => failed("claiming the node")(other.to_string()),
+            })?
+    };
+    let published = published_lease(external.entries);
+    let identity_keys = identity_keys_in(&ovs, &dir).await?;
+    // Without a key directory the node holds nothing of ours — unless
+    // OVSDB says otherwise: then the directory is the wrong one (or was
+    // lost), and leaving would strand a published lease and its guards.
     if !dir.exists() {
-        return Ok(Outcome::NothingToRelease(format!(
-            "no key directory {}",
-            dir.display()
+        if published.is_empty() && identity_keys.is_empty() {
+            return Ok(Outcome::NothingToRelease(format!(
+                "no key directory {} and OVSDB publishes no lease and no identity in it",
+                dir.display()
+            )));
+        }
+        return Err(CleanupError::NotSafe(format!(
+            "KeyDirectoryMissing: the key directory {} does not exist, but OVSDB publishes {}: \
+             is OVN_IPSEC_KEY_DIR the directory the agent used? Without its lease file the \
+             lease's SAs and guards cannot be attributed",
+            dir.display(),
+            describe_published(&published, &identity_keys)
         )));
     }
-    let owner = OwnerLock::acquire(&dir)
-        .map(Arc::new)
-        .map_err(|e| CleanupError::NotSafe(format!("{e}; the agent may still run")))?;
-    tracing::info!(key_dir = %dir.display(), "key directory owner lock taken");
-    let ovs = ovsdb::Client::connect_str(&args.node.ovsdb)
-        .await
-        .map_err(|e| failed("connecting to OVSDB")(e.to_string()))?;
-    let held = read_held(&owner, &ovs).await?;
+    let owner = match OwnerLock::acquire(&dir) {
+        Ok(o) => Some(Arc::new(o)),
+        Err(e @ actors::Error::KeyDirLocked { .. }) => {
+            return Err(CleanupError::NotSafe(format!(
+                "{e}; the agent may still run"
+            )));
+        }
+        // A directory the cleanup cannot write (a read-only mount) is
+        // judged on its evidence: with none, there is nothing to release,
+        // and crash-looping the init container would only hold the node's
+        // CNI back. The node's claim above keeps this run alone.
+        Err(actors::Error::KeyDirReadOnly { .. }) => None,
+        Err(e) => return Err(failed("the key directory's owner lock")(e.to_string())),
+    };
+    tracing::info!(key_dir = %dir.display(), writable = owner.is_some(), "node claimed; key directory owner lock taken where writable");
+    let held = read_held(&dir, published, identity_keys)?;
     if !held.has_state() && held.signer.is_none() {
-        return Ok(Outcome::NothingToRelease(
-            "no lease, no identity paths in OVSDB, no evidence files".into(),
-        ));
+        return Ok(Outcome::NothingToRelease(format!(
+            "no lease, no identity paths in OVSDB, no evidence files{}",
+            if owner.is_none() {
+                format!(" (key directory {} is read-only)", dir.display())
+            } else {
+                String::new()
+            }
+        )));
+    }
+    if owner.is_none() {
+        return Err(CleanupError::Failed(format!(
+            "KeyDirReadOnly: the key directory {} holds this node's IPsec state but cannot be \
+             written, and cleanup must remove its lease and evidence files: mount it writable \
+             (on hosts with a read-only /etc, a hostPath under /var)",
+            dir.display()
+        )));
     }
     if held.lease.is_none() && !held.published.is_empty() {
         return Err(CleanupError::NotSafe(format!(
@@ -259,11 +311,12 @@ pub async fn run_with(
     // guard nothing then, and a release receipt it may already have
     // published says they are gone.
     let guarded = !held.published.is_empty();
+    let record_name = format!(
+        "{}/{}",
+        args.node.coordination_namespace(),
+        k8s::COORDINATION_CONFIGMAP
+    );
     loop {
-        // Guards stay armed (a lost one re-added) while anything is checked.
-        if guarded && let Some(l) = lease.as_mut() {
-            keep_guards(&mut keeper, &dir, l)?;
-        }
         let view = read_record(&client, &args.node).await?;
         let node_uid = read_node_uid(&client, &args.node.node_name).await?;
         let interfaces = read_interfaces(&ovs).await?;
@@ -275,6 +328,7 @@ pub async fn run_with(
             lease: lease.as_ref(),
             csr: held.signer.as_ref().and_then(|s| s.active.csr.as_ref()),
             holds_state: held.has_state(),
+            record_name: &record_name,
         };
         let live = Live {
             record: &view,
@@ -282,7 +336,18 @@ pub async fn run_with(
             interfaces: &interfaces,
             ike_alive,
         };
-        match judge::judge(&local, &live) {
+        let step = judge::judge(&local, &live);
+        // Guards stay armed (a lost one re-added) while anything is checked
+        // or about to be drained — but never for a node the judgement
+        // leaves alone: adding protection it then walks away from is what
+        // cleanup exists to prevent.
+        if !matches!(step, Step::NotTarget(_))
+            && guarded
+            && let Some(l) = lease.as_mut()
+        {
+            keep_guards(&mut keeper, &dir, l)?;
+        }
+        match step {
             Step::Proceed => {
                 if let RecordView::Present(r) = view {
                     record = Some(*r);
@@ -374,6 +439,42 @@ pub async fn run_with(
     })
 }
 
+/// Connects to the node's OVSDB and reads `external_ids`, waiting (within
+/// `--wait`) for a server that is not up yet: whether this node holds
+/// anything of ours is decided from OVSDB's evidence, and on a booting
+/// node the init container may well start before ovsdb-server.
+async fn wait_for_ovsdb(
+    args: &CleanupArgs,
+    shutdown: &tokio::sync::watch::Receiver<bool>,
+) -> Result<(ovsdb::Client, ovsdb::MapSnapshot), CleanupError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.wait);
+    let mut logged = false;
+    loop {
+        let attempt = async {
+            let ovs = ovsdb::Client::connect_str(&args.node.ovsdb).await?;
+            let external = ovs.read_map(&MapColumn::ovs_external_ids()).await?;
+            Ok::<_, ovsdb::Error>((ovs, external))
+        }
+        .await;
+        let e = match attempt {
+            Ok(ready) => return Ok(ready),
+            Err(e) => e,
+        };
+        if tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
+            return Err(CleanupError::NotSafe(format!(
+                "OvsdbUnavailable: the node's OVSDB ({}) did not answer within {}s: {e}; \
+                 nothing was read or touched",
+                args.node.ovsdb, args.wait
+            )));
+        }
+        if !logged {
+            tracing::info!(ovsdb = %args.node.ovsdb, error = %e, "waiting for OVSDB");
+            logged = true;
+        }
+        tokio::time::sleep(Duration::from_millis(args.poll_ms)).await;
+    }
+}
+
 fn node_uid_of(record: &CoordinationRecord, args: &CleanupArgs) -> Result<Uid, CleanupError> {
     record
         .targets
@@ -382,22 +483,65 @@ fn node_uid_of(record: &CoordinationRecord, args: &CleanupArgs) -> Result<Uid, C
         .ok_or_else(|| CleanupError::Failed("this node left the record's targets".into()))
 }
 
-async fn read_held(owner: &Arc<OwnerLock>, ovs: &ovsdb::Client) -> Result<Held, CleanupError> {
-    let dir = owner.path().to_path_buf();
-    let lease = LeaseStore::new(&dir)
-        .load()
-        .map_err(|e| CleanupError::NotSafe(format!("the lease file: {e}")))?;
-    let observations =
-        sa::load(&dir).map_err(|e| CleanupError::NotSafe(format!("the SA observations: {e}")))?;
-    let external = ovs
-        .read_map(&MapColumn::ovs_external_ids())
-        .await
-        .map_err(|e| failed("reading external_ids")(e.to_string()))?;
-    let published: BTreeMap<String, String> = external
-        .entries
+/// The lease keys among `external_ids`.
+fn published_lease(external: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    external
         .into_iter()
         .filter(|(k, _)| ovs::PROTECTION_KEYS.contains(&k.as_str()))
-        .collect();
+        .collect()
+}
+
+/// The identity keys in `other_config` that point into `dir`: only those
+/// are ours to clear.
+async fn identity_keys_in(
+    ovs: &ovsdb::Client,
+    dir: &Path,
+) -> Result<BTreeMap<String, String>, CleanupError> {
+    let other = ovs
+        .read_map(&MapColumn::ovs_other_config())
+        .await
+        .map_err(|e| failed("reading other_config")(e.to_string()))?;
+    Ok(other
+        .entries
+        .into_iter()
+        .filter(|(k, v)| ovs::IDENTITY_KEYS.contains(&k.as_str()) && Path::new(v).starts_with(dir))
+        .collect())
+}
+
+/// What OVSDB holds of ours, for a reason.
+fn describe_published(
+    published: &BTreeMap<String, String>,
+    identity_keys: &BTreeMap<String, String>,
+) -> String {
+    let mut parts = Vec::new();
+    if let Some(lease) = published.get(ovs::EXTERNAL_ID_PROTECTION_LEASE) {
+        parts.push(format!("lease {lease}"));
+    } else if !published.is_empty() {
+        parts.push(format!(
+            "lease keys {:?}",
+            published.keys().collect::<Vec<_>>()
+        ));
+    }
+    if !identity_keys.is_empty() {
+        parts.push(format!(
+            "identity paths {:?}",
+            identity_keys.keys().collect::<Vec<_>>()
+        ));
+    }
+    parts.join(" and ")
+}
+
+/// What the node holds, read from the key directory without changing it.
+fn read_held(
+    dir: &Path,
+    published: BTreeMap<String, String>,
+    identity_keys: BTreeMap<String, String>,
+) -> Result<Held, CleanupError> {
+    let lease = LeaseStore::new(dir)
+        .read()
+        .map_err(|e| CleanupError::NotSafe(format!("the lease file: {e}")))?;
+    let observations =
+        sa::load(dir).map_err(|e| CleanupError::NotSafe(format!("the SA observations: {e}")))?;
     if let (Some(l), Some(id)) = (&lease, published.get(ovs::EXTERNAL_ID_PROTECTION_LEASE))
         && *id != l.lease_id
     {
@@ -407,17 +551,7 @@ async fn read_held(owner: &Arc<OwnerLock>, ovs: &ovsdb::Client) -> Result<Held, 
             l.lease_id
         )));
     }
-    let other = ovs
-        .read_map(&MapColumn::ovs_other_config())
-        .await
-        .map_err(|e| failed("reading other_config")(e.to_string()))?;
-    // Only identity paths into this key directory are ours to clear.
-    let identity_keys = other
-        .entries
-        .into_iter()
-        .filter(|(k, v)| ovs::IDENTITY_KEYS.contains(&k.as_str()) && Path::new(v).starts_with(&dir))
-        .collect();
-    let signer = signer(owner)?;
+    let signer = signer(dir)?;
     Ok(Held {
         lease,
         observations,
@@ -428,19 +562,22 @@ async fn read_held(owner: &Arc<OwnerLock>, ovs: &ovsdb::Client) -> Result<Held, 
 }
 
 /// The active identity of the key directory, if it has a complete one.
-fn signer(owner: &Arc<OwnerLock>) -> Result<Option<Signer>, CleanupError> {
-    let keys = KeyDir::open_owned(Arc::clone(owner))
-        .map_err(|e| failed("opening the key directory")(e.to_string()))?;
-    let (state, moved) = keys
-        .load(clock::unix_seconds(SystemClock.now()))
-        .map_err(|e| failed("reading the key directory's state")(e.to_string()))?;
-    if let Some(m) = moved {
-        tracing::warn!(moved_to = %m.moved_to.display(), reason = %m.reason, "unusable key directory state moved aside");
-    }
-    let Some(active) = state.active else {
+fn signer(dir: &Path) -> Result<Option<Signer>, CleanupError> {
+    // Read only: an unusable state file is reported, not moved aside.
+    let active = match keydir::peek_state(dir)
+        .map_err(|e| failed("reading the key directory's state")(e.to_string()))?
+    {
+        keydir::PeekedState::Present(state) => state.active,
+        keydir::PeekedState::Missing => None,
+        keydir::PeekedState::Unusable(why) => {
+            tracing::warn!(reason = %why, "the key directory's state is unusable; left as it is");
+            None
+        }
+    };
+    let Some(active) = active else {
         return Ok(None);
     };
-    let paths = keydir::identity_paths_in(keys.path(), active.generation);
+    let paths = keydir::identity_paths_in(dir, active.generation);
     let read = |p: &Path| {
         std::fs::read(p).map_err(|e| CleanupError::NotSafe(format!("{}: {e}", p.display())))
     };

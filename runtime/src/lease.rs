@@ -205,7 +205,8 @@ impl LeaseStore {
         self.dir.join(LEASE_FILE)
     }
 
-    /// Reads the lease file, whoever it belongs to.
+    /// Reads the lease file, whoever it belongs to, first setting it back
+    /// to 0600 if it was wider (the agent's read: it owns the file).
     pub fn load(&self) -> Result<Option<Lease>, Error> {
         let path = self.path();
         // The lease names the mark that exempts packets from the guards'
@@ -214,9 +215,17 @@ impl LeaseStore {
             path: path.clone(),
             source,
         })?;
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        self.read()
+    }
+
+    /// Reads the lease file and changes nothing (the cleanup's read: a run
+    /// that ends with nothing to release leaves the directory as it was).
+    /// A symbolic link is refused, never followed.
+    pub fn read(&self) -> Result<Option<Lease>, Error> {
+        let path = self.path();
+        let bytes = match actors::keydir::read_no_follow(&path) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Ok(None),
             Err(source) => return Err(Error::Io { path, source }),
         };
         let lease: Lease = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {

@@ -28,6 +28,7 @@ mod agent_node;
 mod ike_node;
 mod support;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
@@ -205,9 +206,28 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
     );
     let kubeconfig = dir.path().join(&fx.name).join("kubeconfig");
 
-    // Not asked yet: no record at all — exit 0, nothing touched.
+    // No record at all, yet the node holds a lease: not "never enabled"
+    // (a wrong --coordination-namespace, or a deleted record). Refused with
+    // its own reason, the lease and guards kept — never guards added and
+    // then left behind with an exit 0.
     let o = cleanup(&n.node, fx, &n.key_dir, &kubeconfig, 2);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    refused_with(&o, "NoCoordinationRecord");
+    assert!(!stderr(&o).contains("never enabled"), "{}", stderr(&o));
+    assert!(guards_present(&n.node, mark));
+    assert!(ovs_map(&n.node, "external_ids").contains_key(ovs::EXTERNAL_ID_PROTECTION_LEASE));
+
+    // The wrong key directory (a changed OVN_IPSEC_KEY_DIR): it does not
+    // exist, but OVSDB publishes the lease — refused, naming both, and the
+    // directory is not created.
+    let wrong = dir.path().join("var-lib-keys");
+    let o = cleanup(&n.node, fx, &wrong, &kubeconfig, 1);
+    refused_with(&o, "KeyDirectoryMissing");
+    assert!(
+        stderr(&o).contains(&wrong.display().to_string()),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!wrong.exists());
     assert!(guards_present(&n.node, mark));
 
     // Enabled without this node (a joiner armed for an admission): it
@@ -263,6 +283,25 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
         ),
     );
 
+    // A lease file that is a symbolic link is refused, never followed:
+    // the file it points to keeps its mode and content.
+    let lease_file = n.key_dir.join(kube_ovn_ipsec_runtime::lease::LEASE_FILE);
+    let elsewhere = dir.path().join("elsewhere.json");
+    std::fs::rename(&lease_file, &elsewhere).unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &lease_file).unwrap();
+    let o = cleanup(&n.node, fx, &n.key_dir, &kubeconfig, 1);
+    refused_with(&o, "symbolic link");
+    assert_eq!(
+        std::fs::metadata(&elsewhere).unwrap().permissions().mode() & 0o777,
+        0o644,
+        "the link was followed"
+    );
+    assert!(guards_present(&n.node, mark));
+    std::fs::remove_file(&lease_file).unwrap();
+    std::fs::rename(&elsewhere, &lease_file).unwrap();
+    std::fs::set_permissions(&lease_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+
     // Everything holds: exactly the node's own state goes — here as a
     // node the Release does not list (the disable never saw its claim),
     // which releases on its own after the same checks (a target's path is
@@ -316,11 +355,76 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(xfrm_dump(&n.node), before);
 
-    // A fresh node: no key directory, no state — exit 0, nothing created.
+    // A node whose OVSDB is not up: whether it holds anything is OVSDB's
+    // to say, so the cleanup waits for it, then refuses naming where it
+    // looked — never an exit 0 on no evidence.
     let fresh = dir.path().join("fresh-keys");
+    let o = cleanup(&peer, fx, &fresh, &kubeconfig, 1);
+    refused_with(&o, "OvsdbUnavailable");
+    assert!(
+        stderr(&o).contains(&peer.run_path("openvswitch/db.sock").display().to_string()),
+        "{}",
+        stderr(&o)
+    );
+    let _peer_ovsdb = ike_node::start_ovsdb(
+        &peer,
+        &kube_ovn_ipsec_runtime::process::Launcher::nsenter(peer.netns().holder_pid()),
+    );
+    peer.vsctl(&["init"]).unwrap();
+
+    // A fresh node: no key directory, no state — exit 0, nothing created.
     let o = cleanup(&peer, fx, &fresh, &kubeconfig, 1);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("nothing to release"), "{}", stderr(&o));
     assert!(!fresh.exists());
+
+    // A read-only key directory with no state (an empty read-only mount):
+    // nothing to release — exit 0, not a crash-looping init container.
+    let read_only = dir.path().join("ro-keys");
+    std::fs::create_dir(&read_only).unwrap();
+    let cmd = agent_node::cleanup_command(&peer, fx, &read_only, &kubeconfig, CLEANUP_HASH, 1);
+    let o = read_only_mount(&read_only, cmd).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
+
+    // An unusable state file alone: nothing to release, and a read-only
+    // run changes nothing — the file is not moved aside.
+    let corrupt = dir.path().join("corrupt-keys");
+    std::fs::create_dir(&corrupt).unwrap();
+    std::fs::write(corrupt.join("state.json"), b"{ not json").unwrap();
+    let o = cleanup(&peer, fx, &corrupt, &kubeconfig, 1);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing to release"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(corrupt.join("state.json")).unwrap(),
+        b"{ not json"
+    );
+    let names: Vec<String> = std::fs::read_dir(&corrupt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.contains("corrupt-")),
+        "the state file was moved aside: {names:?}"
+    );
     controller.abort();
+}
+
+/// `cmd` run in a mount namespace of its own where `dir` is a read-only
+/// bind mount of itself (a read-only hostPath); gone with the process.
+fn read_only_mount(dir: &Path, cmd: std::process::Command) -> std::process::Command {
+    let mut wrapped = std::process::Command::new("unshare");
+    wrapped
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@""#)
+        .arg(dir)
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => wrapped.env(k, v),
+            None => wrapped.env_remove(k),
+        };
+    }
+    wrapped
 }

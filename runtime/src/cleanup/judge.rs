@@ -37,6 +37,9 @@ pub struct Local<'a> {
     /// Whether the node holds anything of this project (a lease, SA
     /// observations, published lease keys, identity paths).
     pub holds_state: bool,
+    /// Where the coordination record is read (`<namespace>/<name>`), for
+    /// reasons.
+    pub record_name: &'a str,
 }
 
 /// One OVS interface as read: its name and `options`.
@@ -124,8 +127,26 @@ fn parse_mark(v: &str) -> Option<u32> {
 pub fn judge(local: &Local<'_>, live: &Live<'_>) -> Step {
     let record = match live.record {
         RecordView::Unknown => return Step::Wait("the coordination record is not read yet".into()),
+        // No record and nothing held: IPsec was never enabled here. No
+        // record while this node holds state cannot be "never enabled":
+        // the record is looked for in the wrong namespace, or was deleted.
+        // Leaving would strand the lease and its guards; withdrawing would
+        // act without the controller's word that NB and SB are off.
+        RecordView::Absent if local.holds_state => {
+            return Step::Refuse(format!(
+                "NoCoordinationRecord: this node holds IPsec state (a lease, guards or identity \
+                 paths) but there is no coordination record {}: check --coordination-namespace \
+                 (the controller's namespace); if the record was deleted, enable IPsec again so \
+                 the controller writes one, then disable it",
+                local.record_name
+            ));
+        }
         RecordView::Absent => {
-            return Step::NotTarget("there is no coordination record (IPsec never enabled)".into());
+            return Step::NotTarget(
+                "there is no coordination record and this node holds no IPsec state \
+                 (IPsec never enabled here)"
+                    .into(),
+            );
         }
         RecordView::Invalid(why) => {
             return Step::Refuse(format!("the coordination record is unusable: {why}"));

@@ -80,6 +80,7 @@ impl Case {
             lease: Some(&self.lease),
             csr: self.csr.as_ref(),
             holds_state: self.holds_state,
+            record_name: "kube-system/ovn-ipsec-coordination",
         };
         let live = Live {
             record: &self.record,
@@ -113,6 +114,7 @@ fn every_check_holding_proceeds() {
 #[test]
 fn a_node_that_is_not_asked_and_holds_nothing_leaves_at_once() {
     let mut c = Case::ready();
+    c.holds_state = false;
     c.record = RecordView::Absent;
     assert!(matches!(c.judge(), Step::NotTarget(_)));
     let mut c = Case::ready();
@@ -126,6 +128,20 @@ fn a_node_that_is_not_asked_and_holds_nothing_leaves_at_once() {
     c.holds_state = false;
     c.record = record(CoordinationPhase::Disabled);
     assert!(matches!(c.judge(), Step::NotTarget(_)));
+}
+
+#[test]
+fn state_without_a_record_is_refused_not_called_never_enabled() {
+    let mut c = Case::ready();
+    c.record = RecordView::Absent;
+    match c.judge() {
+        Step::Refuse(why) => {
+            assert!(why.starts_with("NoCoordinationRecord"), "{why}");
+            assert!(why.contains("kube-system/ovn-ipsec-coordination"), "{why}");
+            assert!(!why.contains("never enabled"), "{why}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
 
 #[test]
