@@ -196,10 +196,14 @@ async fn evaluate(state: &mut ProtectionState) -> Result<bool, ActorProcessingEr
                 // up to 30 s not ready after OVSDB was back.
                 tracing::warn!(error = %e, "publishing the lease in OVSDB failed; not armed, retried at the next read-back");
                 state.args.gate.set_armed(false);
-                state
-                    .args
-                    .board
-                    .set_protection(false, Some(Reason::OvsdbDrift));
+                // OVSDB down (or its row gone) is its own reason: the
+                // drift hint would send the operator looking for someone
+                // editing keys.
+                let reason = match &e {
+                    Error::Protection { reason, .. } if *reason != Reason::GuardMissing => *reason,
+                    _ => Reason::OvsdbUnavailable,
+                };
+                state.args.board.set_protection(false, Some(reason));
                 return Ok(false);
             }
         };

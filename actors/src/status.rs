@@ -516,12 +516,21 @@ fn derive_phase(b: &mut Board, now: Timestamp) {
         // A broken data path degrades an active node; an identity warning
         // (renewal failing) still names the reason first.
         let datapath = b.datapath_reason;
-        let phase = if datapath.is_some() {
+        // What keeps /readyz failing on an active node is said here too,
+        // so /status and /readyz never disagree: a read-back that found
+        // the guards not armed (with its cause) and keys someone changed
+        // in OVSDB. (No read-back yet is not a finding: an identity is
+        // activated only after the guards were read back.)
+        let unprotected = b
+            .protection_problem
+            .filter(|_| !s.protection_armed)
+            .or(b.ovsdb_drift.then_some(Reason::OvsdbDrift));
+        let phase = if datapath.is_some() || unprotected.is_some() {
             Phase::Degraded
         } else {
             Phase::Active
         };
-        (phase, b.warning.or(working).or(datapath))
+        (phase, unprotected.or(b.warning).or(working).or(datapath))
     } else {
         match b.identity {
             IdentityCondition::Starting => (Phase::Starting, b.warning),
@@ -658,6 +667,37 @@ mod tests {
         assert_eq!(b.readyz(), Err(Reason::OvsdbDrift));
         b.set_ovsdb_drift(false);
         assert_eq!(b.readyz(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn status_and_readyz_name_the_same_cause_on_an_active_node() {
+        let b = board();
+        let expires = Timestamp::from_unix(1_800_000_000 + 3600).unwrap();
+        b.set_active(1, Sha256Digest::of(b"c"), expires);
+        runtime_ready(&b, 1);
+        assert_eq!(b.snapshot().phase, Phase::Active);
+        // OVSDB down (the lease could not be confirmed), a corrupt lease
+        // file, drifted keys: /status says what /readyz refuses on.
+        for cause in [Reason::OvsdbUnavailable, Reason::LeaseFileInvalid] {
+            b.set_protection(false, Some(cause));
+            assert_eq!(b.readyz(), Err(cause));
+            let s = b.snapshot();
+            assert_eq!((s.phase, s.reason), (Phase::Degraded, Some(cause)));
+        }
+        b.set_protection(true, None);
+        b.set_ovsdb_drift(true);
+        assert_eq!(b.readyz(), Err(Reason::OvsdbDrift));
+        let s = b.snapshot();
+        assert_eq!(
+            (s.phase, s.reason),
+            (Phase::Degraded, Some(Reason::OvsdbDrift))
+        );
+        b.set_ovsdb_drift(false);
+        assert_eq!(b.readyz(), Ok(()));
+        assert_eq!(
+            (b.snapshot().phase, b.snapshot().reason),
+            (Phase::Active, None)
+        );
     }
 
     #[tokio::test(start_paused = true)]

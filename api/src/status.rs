@@ -109,6 +109,9 @@ pub enum Reason {
     LeaseAllocationFailed,
     /// A guard was missing from the kernel (re-added).
     GuardMissing,
+    /// The key directory's lease file does not decode or cannot be read:
+    /// the guards it names cannot be attributed.
+    LeaseFileInvalid,
     /// A foreign policy occupies a guard's place; not overwritten.
     GuardConflict,
     /// The last read-back of the guards is older than `/readyz` accepts.
@@ -215,7 +218,8 @@ impl Reason {
                 "writing the identity to OVSDB failed; check ovsdb-server on this node"
             }
             OvsdbUnavailable => {
-                "cannot reach the local OVSDB server; check openvswitch on this node"
+                "cannot reach the local OVSDB server, or its Open_vSwitch row is missing; check \
+                 ovsdb-server (openvswitch) on this node — the guards stay armed meanwhile"
             }
             MonitorNotAcknowledged => {
                 "ovs-monitor-ipsec has not loaded the active certificate and trust bundle; see \
@@ -239,6 +243,12 @@ impl Reason {
             GuardMissing => {
                 "an output protection guard was missing from the kernel and has been re-added; \
                  check for tools that flush XFRM policies"
+            }
+            LeaseFileInvalid => {
+                "the key directory's lease file (protection-lease.json) does not decode or cannot \
+                 be read — the ipsec container log names the defect; the agent will not allocate \
+                 a new lease over it (the old guards would stay in the kernel unowned): restore \
+                 the file, and never delete it while OVSDB publishes its lease"
             }
             GuardConflict => {
                 "a foreign XFRM policy occupies the guard's selector and priority; it is not \
@@ -472,7 +482,7 @@ mod tests {
         Phase::Failed,
     ];
 
-    const REASONS: [Reason; 36] = [
+    const REASONS: [Reason; 37] = [
         Reason::KeyDirReadOnly,
         Reason::KeyDirLocked,
         Reason::KeyDirFull,
@@ -499,6 +509,7 @@ mod tests {
         Reason::BypassPolicyPresent,
         Reason::LeaseAllocationFailed,
         Reason::GuardMissing,
+        Reason::LeaseFileInvalid,
         Reason::GuardConflict,
         Reason::GuardReadbackStale,
         Reason::OvsdbDrift,

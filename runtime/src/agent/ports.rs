@@ -38,6 +38,11 @@ fn protection_err(e: impl Into<crate::Error>) -> actors::Error {
         crate::Error::Xfrm(xfrm::Error::BypassPresent { .. }) => Reason::BypassPolicyPresent,
         crate::Error::Xfrm(xfrm::Error::LeaseExhausted { .. }) => Reason::LeaseAllocationFailed,
         crate::Error::Ovsdb(_) => Reason::OvsdbUnavailable,
+        crate::Error::Corrupt { path, .. } | crate::Error::Io { path, .. }
+            if path.file_name() == Some(std::ffi::OsStr::new(lease::LEASE_FILE)) =>
+        {
+            Reason::LeaseFileInvalid
+        }
         _ => Reason::GuardMissing,
     };
     actors::Error::Protection {
