@@ -248,9 +248,19 @@ async fn spawn_child(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorSta
         Err(e) => {
             // A factory that cannot even start the child is a failure like
             // any other: back off and try again, never give up.
-            let err = e.to_string();
-            child_failed(myself, state, i, err);
+            child_failed(myself, state, i, describe_spawn_err(&e));
         }
+    }
+}
+
+/// A start failure as an operator reads it. ractor words every error a
+/// child's `pre_start` returns as "Actor panicked during startup", which
+/// sends people looking for a crash where there is an ordinary error (an
+/// OVSDB server not answering, a refused lease): say what it is.
+fn describe_spawn_err(e: &SpawnErr) -> String {
+    match e {
+        SpawnErr::StartupFailed(inner) => format!("could not start: {inner}"),
+        other => other.to_string(),
     }
 }
 

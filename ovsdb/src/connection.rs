@@ -306,6 +306,7 @@ impl Task {
             }
             let ended = if !out.is_empty() && wr.write_all(&out).await.is_err() {
                 Ended::Broken(Error::ConnectionLost {
+                    address: self.address.to_string(),
                     reason: "write failed".into(),
                 })
             } else {
@@ -362,11 +363,11 @@ impl Task {
                     cmd = self.rx.recv() => match cmd {
                         None | Some(Command::Close) => return None,
                         Some(Command::Call { reply, .. }) => {
-                            let _ = reply.send(Err(Error::NotConnected));
+                            let _ = reply.send(Err(Error::NotConnected { address: self.address.to_string() }));
                         }
                         Some(Command::Monitor { mut entry, .. }) => {
                             if let Some(s) = entry.started.take() {
-                                let _ = s.send(Err(Error::NotConnected));
+                                let _ = s.send(Err(Error::NotConnected { address: self.address.to_string() }));
                             }
                         }
                         Some(Command::CancelMonitor { key }) => {
@@ -484,9 +485,9 @@ impl Task {
                 }
                 n = rd.read(&mut buf) => {
                     let n = match n {
-                        Ok(0) => return Ended::Broken(Error::ConnectionLost { reason: "server closed the connection".into() }),
+                        Ok(0) => return Ended::Broken(Error::ConnectionLost { address: self.address.to_string(), reason: "server closed the connection".into() }),
                         Ok(n) => n,
-                        Err(e) => return Ended::Broken(Error::ConnectionLost { reason: e.to_string() }),
+                        Err(e) => return Ended::Broken(Error::ConnectionLost { address: self.address.to_string(), reason: e.to_string() }),
                     };
                     last_rx = tokio::time::Instant::now();
                     probe_sent_at = None;
@@ -506,7 +507,7 @@ impl Task {
                 }
                 _ = silence => {
                     if probe_sent_at.is_some() {
-                        return Ended::Broken(Error::ConnectionLost { reason: "no reply to inactivity probe".into() });
+                        return Ended::Broken(Error::ConnectionLost { address: self.address.to_string(), reason: "no reply to inactivity probe".into() });
                     }
                     self.request("echo", json!(["probe"]), Pending::Ignore, &mut out);
                     probe_sent_at = Some(tokio::time::Instant::now());
@@ -515,6 +516,7 @@ impl Task {
             if !out.is_empty() {
                 if let Err(e) = wr.write_all(&out).await {
                     return Ended::Broken(Error::ConnectionLost {
+                        address: self.address.to_string(),
                         reason: e.to_string(),
                     });
                 }

@@ -20,15 +20,20 @@ pub enum Error {
     /// The connection broke while a request was outstanding. A `transact`
     /// that fails this way may or may not have been committed: re-read before
     /// retrying anything that is not idempotent.
-    #[error("OVSDB connection lost: {reason}")]
+    #[error("OVSDB connection to {address} lost: {reason}")]
     ConnectionLost {
+        /// The server's address, as given.
+        address: String,
         /// What broke it (EOF, socket error, protocol error).
         reason: String,
     },
     /// The client is between connections (reconnecting with backoff); the
     /// request was not sent.
-    #[error("not connected to OVSDB (reconnecting)")]
-    NotConnected,
+    #[error("not connected to OVSDB at {address} (reconnecting)")]
+    NotConnected {
+        /// The server's address, as given.
+        address: String,
+    },
     /// A message from the server exceeded the configured size cap; the
     /// connection is dropped.
     #[error("OVSDB message exceeds the {limit}-byte cap")]
@@ -114,7 +119,7 @@ impl Error {
         match self {
             Error::Connect { .. } => "connect",
             Error::ConnectionLost { .. } => "connection_lost",
-            Error::NotConnected => "not_connected",
+            Error::NotConnected { .. } => "not_connected",
             Error::Oversized { .. } => "oversized",
             Error::Malformed { .. } => "malformed",
             Error::UnexpectedReply { .. } => "unexpected_reply",
@@ -135,7 +140,7 @@ impl Error {
             self,
             Error::Connect { .. }
                 | Error::ConnectionLost { .. }
-                | Error::NotConnected
+                | Error::NotConnected { .. }
                 | Error::Oversized { .. }
                 | Error::Malformed { .. }
         )
@@ -160,14 +165,26 @@ mod tests {
         );
         assert_eq!(e.metric_label(), "transaction");
         assert_ne!(
-            Error::NotConnected.metric_label(),
+            Error::NotConnected {
+                address: "unix:/x".into()
+            }
+            .metric_label(),
             Error::Closed.metric_label()
         );
         assert!(
             Error::ConnectionLost {
+                address: "unix:/x".into(),
                 reason: "eof".into()
             }
             .is_connection()
+        );
+        // A connection error names the server it is about.
+        assert_eq!(
+            Error::NotConnected {
+                address: "tcp:10.0.0.1:6641".into()
+            }
+            .to_string(),
+            "not connected to OVSDB at tcp:10.0.0.1:6641 (reconnecting)"
         );
         assert!(
             !Error::GuardFailed {

@@ -67,7 +67,7 @@ async fn junk_bytes_are_malformed() {
         .await
         .unwrap()
         .unwrap_err();
-    assert!(matches!(err, Error::NotConnected), "{err:?}");
+    assert!(matches!(err, Error::NotConnected { .. }), "{err:?}");
 }
 
 #[tokio::test]
@@ -191,7 +191,7 @@ async fn silent_server_is_detected_by_the_inactivity_probe() {
         .unwrap()
         .unwrap_err();
     assert!(
-        matches!(err, Error::ConnectionLost { ref reason } if reason.contains("probe")),
+        matches!(err, Error::ConnectionLost { ref reason, .. } if reason.contains("probe")),
         "{err:?}"
     );
 }
