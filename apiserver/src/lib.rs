@@ -92,7 +92,9 @@ pub use auth::{
 pub use error::{ApiError, Error};
 pub use handlers::MAX_BODY;
 pub use resources::{RESOURCES, ResourceDef, Storage};
-pub use store::{EventType, Store, StoredEvent, Write, Written};
+pub use store::{
+    DEFAULT_HISTORY_BYTES, EventType, Store, StoredEvent, Write, Written, event_bytes,
+};
 
 use auth::Tokens;
 use handlers::{Current, Shared};
@@ -129,14 +131,15 @@ pub enum FutureWatch {
 pub struct ApiServer;
 
 impl ApiServer {
-    /// A builder with the admin token, RBAC off, a 10,000-event history and
-    /// a random loopback port.
+    /// A builder with the admin token, RBAC off, a history of 10,000 events
+    /// within [`DEFAULT_HISTORY_BYTES`] and a random loopback port.
     pub fn builder() -> ApiServerBuilder {
         ApiServerBuilder {
             tokens: vec![(ADMIN_TOKEN.to_string(), Identity::admin())],
             rbac: false,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             history: 10_000,
+            history_bytes: DEFAULT_HISTORY_BYTES,
             bookmark_interval: Duration::from_secs(5),
             future_watch: FutureWatch::default(),
             clock: Arc::new(SystemClock),
@@ -152,6 +155,7 @@ pub struct ApiServerBuilder {
     rbac: bool,
     listen: SocketAddr,
     history: usize,
+    history_bytes: usize,
     bookmark_interval: Duration,
     future_watch: FutureWatch,
     clock: Arc<dyn Clock>,
@@ -163,6 +167,7 @@ pub struct ApiServerBuilder {
 struct Settings {
     rbac: bool,
     history: usize,
+    history_bytes: usize,
     bookmark_interval: Duration,
     future_watch: FutureWatch,
     clock: Arc<dyn Clock>,
@@ -188,9 +193,20 @@ impl ApiServerBuilder {
         self
     }
 
-    /// How many events the history keeps for watches and exact lists.
+    /// How many events the history keeps for watches and exact lists
+    /// (default 10,000).
     pub fn history_window(mut self, events: usize) -> Self {
         self.history = events;
+        self
+    }
+
+    /// How many bytes of events the history keeps, as
+    /// [`event_bytes`] counts them (default
+    /// [`DEFAULT_HISTORY_BYTES`]). Whichever of this and
+    /// [`Self::history_window`] is reached first evicts the oldest events;
+    /// a watch or exact list from an evicted resourceVersion gets 410 Expired.
+    pub fn history_bytes(mut self, bytes: usize) -> Self {
+        self.history_bytes = bytes;
         self
     }
 
@@ -238,6 +254,7 @@ impl ApiServerBuilder {
         let settings = Settings {
             rbac: self.rbac,
             history: self.history,
+            history_bytes: self.history_bytes,
             bookmark_interval: self.bookmark_interval,
             future_watch: self.future_watch,
             clock: self.clock,
@@ -283,7 +300,7 @@ fn launch(
     settings: Settings,
 ) -> Result<Running, Error> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let store = seeded_store(settings.history)?;
+    let store = seeded_store(&settings)?;
     let shutdown = CancellationToken::new();
     let keep_listener = Arc::new(AtomicBool::new(false));
     let shared = Arc::new(Shared {
@@ -318,8 +335,11 @@ fn launch(
 }
 
 /// A new store holding the initial namespaces.
-fn seeded_store(history: usize) -> Result<Arc<Store>, Error> {
-    let store = Arc::new(Store::new(history));
+fn seeded_store(settings: &Settings) -> Result<Arc<Store>, Error> {
+    let store = Arc::new(Store::with_history(
+        settings.history,
+        settings.history_bytes,
+    ));
     for ns in INITIAL_NAMESPACES {
         let obj = json!({"apiVersion": "v1", "kind": "Namespace",
                 "metadata": {"name": ns, "uid": uuid::Uuid::new_v4().to_string(),
@@ -495,7 +515,7 @@ impl ApiServerHandle {
     /// hold. A watch resumed from an old version is answered as
     /// [`FutureWatch`] says. [`Self::store`] is the new store afterwards.
     pub fn reset_store(&mut self) -> Result<(), Error> {
-        let store = seeded_store(self.settings.history)?;
+        let store = seeded_store(&self.settings)?;
         let old = self.current.get();
         let shared = Arc::new(Shared {
             store: store.clone(),

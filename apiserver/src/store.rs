@@ -9,6 +9,13 @@
 //! lock; watches are woken by a broadcast of the new resourceVersion (a plain
 //! number) and take references to the events from the history, a batch per
 //! lock, copying the lines into their chunks after releasing it.
+//!
+//! The history is bounded twice: by a number of events and by the bytes
+//! they hold ([`event_bytes`]). A count alone lets a few large objects
+//! updated often hold gigabytes; bytes alone would keep millions of tiny
+//! events. Whichever bound is reached first evicts the oldest events, and
+//! eviction is the one way a resourceVersion leaves the history: a watch or
+//! an exact list from before it gets 410 Expired, whichever bound did it.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
@@ -134,9 +141,14 @@ struct Inner {
     /// comparisons at 100,000 objects).
     objects: Vec<HashMap<Key, Arc<Value>>>,
     history: VecDeque<Arc<StoredEvent>>,
+    /// [`event_bytes`] summed over `history`.
+    history_bytes: usize,
     /// Events with `rv <= floor` are no longer in the history.
     floor: u64,
+    /// Most events the history keeps.
     window: usize,
+    /// Most bytes the history keeps (the newest event is kept whatever its size).
+    max_bytes: usize,
 }
 
 /// The store. Cheap to share behind an `Arc`.
@@ -159,6 +171,23 @@ impl std::fmt::Debug for Store {
 /// the history's window is expired.
 const BROADCAST_CAPACITY: usize = 1 << 12;
 
+/// The history's default bound in bytes, as [`event_bytes`] counts them:
+/// 64 MiB holds the default 10,000 events while their lines average up to
+/// 3.2 KiB — the lab's own objects (Leases, Nodes, Pods, CSRs) are smaller,
+/// so for them the event count stays the bound that matters. What it stops
+/// is a few objects of megabytes updated again and again (without it, 150
+/// updates of a 2.9 MB object grew the server from 170 MB to 1 GB); of such
+/// an object it keeps about ten versions.
+pub const DEFAULT_HISTORY_BYTES: usize = 64 << 20;
+
+/// What one event costs the history, in bytes: its serialised line, and
+/// once more for the object it keeps parsed (a large object is mostly its
+/// strings, whose length the JSON text approximates). The object before
+/// the change is the previous event's object, already counted there.
+pub fn event_bytes(event: &StoredEvent) -> usize {
+    event.encoded.len().saturating_mul(2)
+}
+
 fn set_rv(obj: &mut Value, rv: u64) {
     if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
@@ -166,16 +195,26 @@ fn set_rv(obj: &mut Value, rv: u64) {
 }
 
 impl Store {
-    /// A store keeping the last `window` events for watches and exact lists.
+    /// A store keeping the last `window` events for watches and exact
+    /// lists, within [`DEFAULT_HISTORY_BYTES`].
     pub fn new(window: usize) -> Self {
+        Self::with_history(window, DEFAULT_HISTORY_BYTES)
+    }
+
+    /// A store keeping at most the last `window` events and `max_bytes`
+    /// of them ([`event_bytes`]) for watches and exact lists; the newest
+    /// event is kept even when it alone is larger.
+    pub fn with_history(window: usize, max_bytes: usize) -> Self {
         let (events, _) = broadcast::channel(BROADCAST_CAPACITY);
         Store {
             inner: Mutex::new(Inner {
                 rv: 0,
                 objects: RESOURCES.iter().map(|_| HashMap::new()).collect(),
                 history: VecDeque::new(),
+                history_bytes: 0,
                 floor: 0,
                 window: window.max(1),
+                max_bytes,
             }),
             events,
             compactions: tokio::sync::watch::Sender::new(0),
@@ -198,6 +237,17 @@ impl Store {
         self.lock().floor
     }
 
+    /// The bytes the history holds now, as its bound counts them
+    /// ([`event_bytes`]).
+    pub fn history_bytes(&self) -> usize {
+        self.lock().history_bytes
+    }
+
+    /// How many events the history holds now.
+    pub fn history_len(&self) -> usize {
+        self.lock().history.len()
+    }
+
     /// Forced compaction: drops the whole event history, so any watch or exact
     /// list from an older resourceVersion gets 410 Gone, and ends every open watch
     /// with a 410 Expired ERROR event (as a real watch cache does when a watcher
@@ -205,6 +255,7 @@ impl Store {
     pub fn compact(&self) {
         let mut inner = self.lock();
         inner.history.clear();
+        inner.history_bytes = 0;
         inner.floor = inner.rv;
         self.compactions.send_modify(|n| *n += 1);
     }
@@ -346,14 +397,19 @@ impl Store {
             object: object.clone(),
             old: current,
         });
+        inner.history_bytes = inner.history_bytes.saturating_add(event_bytes(&event));
         inner.history.push_back(event);
-        while inner.history.len() > inner.window {
-            if let Some(gone) = inner.history.pop_front() {
-                inner.floor = gone.rv;
-                // Freed after the lock is released: the last reference to
-                // an old event can be the last to two objects.
-                evicted.push(gone);
-            }
+        while inner.history.len() > inner.window
+            || (inner.history_bytes > inner.max_bytes && inner.history.len() > 1)
+        {
+            let Some(gone) = inner.history.pop_front() else {
+                break;
+            };
+            inner.floor = gone.rv;
+            inner.history_bytes = inner.history_bytes.saturating_sub(event_bytes(&gone));
+            // Freed after the lock is released: the last reference to
+            // an old event can be the last to two objects.
+            evicted.push(gone);
         }
         let rv = inner.rv;
         drop(guard);
@@ -628,6 +684,57 @@ mod tests {
         let mut taken = Vec::new();
         store.take_since(3, 10, &mut taken).unwrap();
         assert_eq!(taken.iter().map(|e| e.rv).collect::<Vec<_>>(), [4, 5]);
+    }
+
+    #[test]
+    fn bytes_bound_history() {
+        let big = "x".repeat(2_900_000);
+        let store = Store::new(10_000);
+        let rv1 = {
+            store
+                .write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", &big))))
+                .unwrap();
+            store.resource_version()
+        };
+        // Sixty versions of 2.9 MB: five times the bound.
+        for i in 0..60 {
+            let v = format!("{i}{big}");
+            store
+                .write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", &v))))
+                .unwrap();
+            assert!(
+                store.history_bytes() <= DEFAULT_HISTORY_BYTES,
+                "{} bytes after {i} updates",
+                store.history_bytes()
+            );
+        }
+        let kept = store.history_len();
+        assert!((5..=12).contains(&kept), "{kept} events kept");
+        let sum: usize = store.lock().history.iter().map(|e| event_bytes(e)).sum();
+        assert_eq!(store.history_bytes(), sum);
+        // Evicted by bytes: the same 410 as by the event count.
+        let err = store.subscribe(CM, None, Some(rv1)).unwrap_err();
+        assert_eq!((err.code, err.reason), (410, "Expired"));
+        assert_eq!(store.list_at(CM, None, rv1).unwrap_err().code, 410);
+        let newest = store.resource_version();
+        assert!(store.subscribe(CM, None, Some(newest - 1)).is_ok());
+        store.compact();
+        assert_eq!(store.history_bytes(), 0);
+    }
+
+    #[test]
+    fn the_newest_event_stays_whatever_its_size() {
+        let store = Store::with_history(100, 10);
+        for i in 0..3 {
+            store
+                .write(CM, "ns", "a", |_| Ok(Write::Put(cm("a", &i.to_string()))))
+                .unwrap();
+        }
+        assert_eq!(store.history_len(), 1);
+        assert_eq!(store.oldest_resource_version(), 2);
+        let mut taken = Vec::new();
+        store.take_since(2, 10, &mut taken).unwrap();
+        assert_eq!(taken.iter().map(|e| e.rv).collect::<Vec<_>>(), [3]);
     }
 
     #[test]

@@ -811,3 +811,74 @@ async fn certificate_request_requester_is_stamped_from_the_caller() {
     assert!(created.data["spec"].get("extra").is_none());
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn large_updates_stay_within_the_history_bytes_and_expire_what_they_evict() {
+    const BOUND: usize = 8 << 20;
+    let s = apiserver::ApiServer::builder()
+        .history_bytes(BOUND)
+        .start()
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(s.client(ADMIN_TOKEN).await.unwrap(), "default");
+    let big = "x".repeat(700_000);
+    let first = cms
+        .create(&PostParams::default(), &cm("big", &[("v", &big)]))
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    // Thirty versions of 700 kB: five times the bound.
+    for i in 0..30 {
+        cms.patch(
+            "big",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"v": format!("{i}{big}")}})),
+        )
+        .await
+        .unwrap();
+        let held = s.store().history_bytes();
+        assert!(held <= BOUND, "{held} bytes held after {i} updates");
+    }
+    assert!(s.store().history_len() < 10, "{}", s.store().history_len());
+
+    // The first version fell out of the bound: a watch from it gets the
+    // watch cache's 200 + ERROR 410 Expired, an exact list a 410.
+    let mut stream = cms
+        .watch(&WatchParams::default(), &first)
+        .await
+        .unwrap()
+        .boxed();
+    match stream.try_next().await.unwrap() {
+        Some(WatchEvent::Error(e)) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
+        other => panic!("expected 410, got {other:?}"),
+    }
+    let err = api_err(
+        cms.list(
+            &ListParams::default()
+                .at(&first)
+                .matching(kube::api::VersionMatch::Exact),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (410, "Expired"));
+    // The newest version is still a starting point.
+    let newest = s.store().resource_version() - 1;
+    let events: Vec<_> = cms
+        .watch(&WatchParams::default().timeout(1), &newest.to_string())
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            events.as_slice(),
+            [WatchEvent::Modified(_), WatchEvent::Bookmark(_)]
+        ),
+        "{events:?}"
+    );
+    s.shutdown().await;
+}
