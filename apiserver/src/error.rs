@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::resources::ResourceDef;
+use crate::validation::FieldError;
 
 /// Errors of the embedded API server's library API.
 #[derive(Debug, thiserror::Error)]
@@ -176,6 +177,48 @@ impl ApiError {
         .with_details(def, name)
     }
 
+    /// 422 Invalid with one `StatusCause` per field error, as
+    /// kube-apiserver's `NewInvalid`: the message names the kind with its
+    /// group (`CertificateSigningRequest.certificates.k8s.io`) and lists the
+    /// errors (in brackets when there are several).
+    pub fn invalid_fields(def: &ResourceDef, name: &str, errors: &[FieldError]) -> Self {
+        let group_kind = if def.group.is_empty() {
+            def.kind.to_string()
+        } else {
+            format!("{}.{}", def.kind, def.group)
+        };
+        let mut err = Self::new(
+            422,
+            "Invalid",
+            format!("{group_kind} {name:?} is invalid: {}", aggregate(errors)),
+        );
+        err.details = Some(json!({
+            "name": name, "group": def.group, "kind": def.kind,
+            "causes": errors.iter().map(FieldError::cause).collect::<Vec<_>>(),
+        }));
+        err
+    }
+
+    /// 400 BadRequest for a create or update body that does not decode into
+    /// its kind's type (`why` is the decoder's message).
+    pub fn undecodable(def: &ResourceDef, why: &str) -> Self {
+        Self::bad_request(format!(
+            "{kind} in version {version:?} cannot be handled as a {kind}: {why}",
+            kind = def.kind,
+            version = def.version
+        ))
+    }
+
+    /// 422 Invalid for a patch whose result does not decode into its kind's
+    /// type: kube-apiserver names the field `patch`, shows the patched
+    /// object as its value, and leaves kind and name empty.
+    pub fn invalid_patch(patched: &Value, why: &str) -> Self {
+        let error = FieldError::invalid("patch", patched.to_string(), why);
+        let mut err = Self::new(422, "Invalid", format!(" \"\" is invalid: {error}"));
+        err.details = Some(json!({"causes": [error.cause()]}));
+        err
+    }
+
     /// 422 Invalid for a kind that is not a stored resource (a TokenRequest):
     /// `group_kind` as kube-apiserver names it (`TokenRequest.authentication.k8s.io`).
     pub fn invalid_kind(group_kind: &str, name: &str, why: impl AsRef<str>) -> Self {
@@ -241,6 +284,17 @@ impl ApiError {
             map.insert("details".into(), details.clone());
         }
         status
+    }
+}
+
+/// Errors as apimachinery's `ErrorList.ToAggregate()` prints them.
+fn aggregate(errors: &[FieldError]) -> String {
+    match errors {
+        [one] => one.to_string(),
+        many => {
+            let all: Vec<String> = many.iter().map(ToString::to_string).collect();
+            format!("[{}]", all.join(", "))
+        }
     }
 }
 

@@ -33,6 +33,7 @@ use crate::routes::{ResourcePath, Route, parse_route, query_map};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::serviceaccount;
 use crate::store::{Store, Write};
+use crate::validation;
 use crate::watch::{self, WatchSpec};
 
 /// Largest request body accepted, as the real server's limit (3 MiB).
@@ -670,6 +671,8 @@ fn create(
     body: Value,
     id: &Identity,
 ) -> Result<Response, ApiError> {
+    let mut body = body;
+    validation::decode(def, &mut body).map_err(|why| ApiError::undecodable(def, &why))?;
     let obj = prepare_create(def, ns, body, id)?;
     if def.namespaced && shared.store.get(idx::NAMESPACES, "", ns).is_none() {
         return Err(ApiError::not_found(&RESOURCES[idx::NAMESPACES], ns));
@@ -724,10 +727,25 @@ fn update(
         (Some("status"), Some(signer)) => signer_allowed(shared, id, "sign", signer),
         _ => true,
     };
+    // A body that does not decode is refused before the store is read (400);
+    // a patch can only be judged once applied (422 on the field `patch`).
+    let new_body = match new_body {
+        Some(mut v) => {
+            validation::decode(def, &mut v).map_err(|why| ApiError::undecodable(def, &why))?;
+            Some(v)
+        }
+        None => None,
+    };
     let written = shared.store.write(rp.resource, &ns, &name, |cur| {
         let old = cur.ok_or_else(|| ApiError::not_found(def, &name))?;
         let new = match (patch_kind, &new_body) {
-            (Some(kind), _) => patch::apply(kind, old, body)?,
+            (Some(kind), _) => {
+                let mut patched = patch::apply(kind, old, body)?;
+                if let Err(why) = validation::decode(def, &mut patched) {
+                    return Err(ApiError::invalid_patch(&patched, &why));
+                }
+                patched
+            }
             (None, Some(v)) => v.clone(),
             (None, None) => return Err(ApiError::internal("update without a body")),
         };

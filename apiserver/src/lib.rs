@@ -12,6 +12,8 @@
 //! - `watch`: per-watch filtering, bookmarks, timeouts;
 //! - `objects`: create/update/delete semantics (metadata, status, finalizers,
 //!   CSR rules);
+//! - `validation`: what kube-apiserver checks before it stores an object
+//!   (field types, names, labels, ConfigMap/Secret/CSR/Lease rules);
 //! - `patch`: merge, JSON and strategic merge patches;
 //! - `selectors`: label and field selectors;
 //! - `auth`, `rbac`: bearer tokens to identities, RBAC from stored objects;
@@ -66,6 +68,7 @@ mod selectors;
 mod serviceaccount;
 mod store;
 mod tls;
+mod validation;
 mod watch;
 
 use std::net::SocketAddr;

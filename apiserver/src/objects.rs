@@ -12,6 +12,7 @@ use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::resources::{RESOURCES, ResourceDef, idx};
 use crate::store::Write;
+use crate::validation::{self, FieldError};
 
 /// Current time as the API's RFC 3339 second-precision timestamp.
 pub fn now() -> String {
@@ -96,36 +97,6 @@ fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
         .unwrap_or("")
 }
 
-/// Validates an object name like the real server: DNS-1123 subdomains, except
-/// RBAC objects, whose names only need to be valid path segments.
-pub fn validate_name(def: &ResourceDef, name: &str) -> Result<(), String> {
-    if name.len() > 253 {
-        return Err("must be no more than 253 characters".into());
-    }
-    if def.group == "rbac.authorization.k8s.io" {
-        if name == "." || name == ".." || name.contains('/') || name.contains('%') {
-            return Err(format!(
-                "{name:?} may not be '.', '..' or contain '/' or '%'"
-            ));
-        }
-        return Ok(());
-    }
-    let ok = !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', \
-             and must start and end with an alphanumeric character (got {name:?})"
-        ))
-    }
-}
-
 fn random_suffix() -> String {
     // The real server's alphabet: no vowels (no words), no confusable characters.
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -172,17 +143,17 @@ pub fn prepare_create(
                 n
             }
             _ => {
-                return Err(ApiError::invalid(
+                return Err(ApiError::invalid_fields(
                     def,
                     "",
-                    "metadata.name: Required value: name or generateName is required",
+                    &[FieldError::required(
+                        "metadata.name",
+                        "name or generateName is required",
+                    )],
                 ));
             }
         },
     };
-    validate_name(def, &name).map_err(|why| {
-        ApiError::invalid(def, &name, format!("metadata.name: Invalid value: {why}"))
-    })?;
     meta.insert(
         "uid".into(),
         Value::String(uuid::Uuid::new_v4().to_string()),
@@ -219,13 +190,19 @@ pub fn prepare_create(
         }
     }
     if is_csr(def) {
-        prepare_csr(def, &name, &mut body, id)?;
+        prepare_csr(&mut body, id);
     }
     if is_certificate_request(def) {
         prepare_certificate_request(def, &name, &mut body, id)?;
     }
     if def.kind == "Secret" {
         normalize_secret(&mut body);
+    }
+    // Validated as the real server does, after its create strategy
+    // (stamping, normalising) has run.
+    let errors = validation::validate(def, &body, None);
+    if !errors.is_empty() {
+        return Err(ApiError::invalid_fields(def, &name, &errors));
     }
     Ok(body)
 }
@@ -259,53 +236,20 @@ fn normalize_secret(body: &mut Value) {
     }
 }
 
-fn prepare_csr(
-    def: &ResourceDef,
-    name: &str,
-    body: &mut Value,
-    id: &Identity,
-) -> Result<(), ApiError> {
-    let spec = body
-        .get_mut("spec")
-        .and_then(Value::as_object_mut)
-        .ok_or_else(|| ApiError::invalid(def, name, "spec: Required value"))?;
-    let request = spec.get("request").and_then(Value::as_str).unwrap_or("");
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(request)
-        .unwrap_or_default();
-    if !String::from_utf8_lossy(&decoded).contains("-----BEGIN CERTIFICATE REQUEST-----") {
-        return Err(ApiError::invalid(
-            def,
-            name,
-            "spec.request: Invalid value: []byte{...}: PEM block type must be CERTIFICATE REQUEST",
-        ));
+/// The requester fields of a new CSR, stamped from the caller; the spec
+/// itself is checked by [`validation::validate`] afterwards, so a missing
+/// one becomes an empty one whose fields it reports.
+fn prepare_csr(body: &mut Value, id: &Identity) {
+    let Some(map) = body.as_object_mut() else {
+        return;
+    };
+    let spec = map.entry("spec").or_insert_with(|| json!({}));
+    if spec.is_null() {
+        *spec = json!({});
     }
-    let signer = spec.get("signerName").and_then(Value::as_str).unwrap_or("");
-    if signer.is_empty() || !signer.contains('/') {
-        return Err(ApiError::invalid(
-            def,
-            name,
-            "spec.signerName: Required value: signerName is required (domain/path)",
-        ));
+    if let Some(spec) = spec.as_object_mut() {
+        stamp_requester(spec, id);
     }
-    if spec
-        .get("usages")
-        .and_then(Value::as_array)
-        .is_none_or(Vec::is_empty)
-    {
-        return Err(ApiError::invalid(def, name, "spec.usages: Required value"));
-    }
-    if let Some(secs) = spec.get("expirationSeconds").and_then(Value::as_i64)
-        && secs < 600
-    {
-        return Err(ApiError::invalid(
-            def,
-            name,
-            "spec.expirationSeconds: Invalid value: may not specify a duration less than 600 seconds (10 minutes)",
-        ));
-    }
-    stamp_requester(spec, id);
-    Ok(())
 }
 
 /// The requester is who authenticated, never what the client wrote:
@@ -508,6 +452,10 @@ pub fn prepare_update(
     }
     if def.kind == "Secret" {
         normalize_secret(&mut result);
+    }
+    let errors = validation::validate(def, &result, Some(old));
+    if !errors.is_empty() {
+        return Err(ApiError::invalid_fields(def, name, &errors));
     }
     let finalizers_empty = result
         .pointer("/metadata/finalizers")
