@@ -194,6 +194,23 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
         .count();
     println!("charon installed {orphans} policies under the lease");
 
+    // While the agent runs, a cleanup given another key directory, in a
+    // mount namespace of its own (another container), is refused: the
+    // node's claim lives in its network namespace, not in a directory.
+    let elsewhere_keys = dir.path().join("other-container-keys");
+    let cmd = agent_node::cleanup_command(
+        &n.node,
+        fx,
+        &elsewhere_keys,
+        &dir.path().join("no-kubeconfig"),
+        CLEANUP_HASH,
+        1,
+    );
+    let o = own_mount_namespace(cmd, None).output().unwrap();
+    refused_with(&o, "already owned by the agent");
+    assert!(!elsewhere_keys.exists());
+    assert!(guards_present(&n.node, mark));
+
     // The crash: the agent and everything it started die at once.
     kill_tree(&mut n);
     assert!(
@@ -383,7 +400,7 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
     let read_only = dir.path().join("ro-keys");
     std::fs::create_dir(&read_only).unwrap();
     let cmd = agent_node::cleanup_command(&peer, fx, &read_only, &kubeconfig, CLEANUP_HASH, 1);
-    let o = read_only_mount(&read_only, cmd).output().unwrap();
+    let o = own_mount_namespace(cmd, Some(&read_only)).output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
 
@@ -410,16 +427,22 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
     controller.abort();
 }
 
-/// `cmd` run in a mount namespace of its own where `dir` is a read-only
-/// bind mount of itself (a read-only hostPath); gone with the process.
-fn read_only_mount(dir: &Path, cmd: std::process::Command) -> std::process::Command {
+/// `cmd` run in a mount namespace of its own (as another container runs),
+/// where `read_only`, if given, is a read-only bind mount of itself (a
+/// read-only hostPath); gone with the process.
+fn own_mount_namespace(
+    cmd: std::process::Command,
+    read_only: Option<&Path>,
+) -> std::process::Command {
     let mut wrapped = std::process::Command::new("unshare");
-    wrapped
-        .args(["-m", "--propagation", "private", "sh", "-c"])
-        .arg(r#"mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@""#)
-        .arg(dir)
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
+    wrapped.args(["-m", "--propagation", "private"]);
+    if let Some(dir) = read_only {
+        wrapped
+            .args(["sh", "-c"])
+            .arg(r#"mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@""#)
+            .arg(dir);
+    }
+    wrapped.arg(cmd.get_program()).args(cmd.get_args());
     for (k, v) in cmd.get_envs() {
         match v {
             Some(v) => wrapped.env(k, v),
