@@ -155,5 +155,53 @@ pub fn parse_listcerts(text: &str) -> Vec<LoadedCert> {
     out
 }
 
+/// Which of a tunnel's connections ovs-monitor-ipsec named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnDirection {
+    /// `<tunnel>-in-<v>`.
+    In,
+    /// `<tunnel>-out-<v>`.
+    Out,
+    /// `<tunnel>-<v>` (gre: one connection both ways).
+    Both,
+}
+
+/// A connection name as ovs-monitor-ipsec writes it, split: the tunnel
+/// (the OVS interface), the direction and the version the monitor counts
+/// up on each reload. The one parser of these names: the agent's initiator
+/// and the lab's negotiation step both read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MonitorConn<'a> {
+    /// The OVS interface, e.g. `ovn-chassb-0`.
+    pub tunnel: &'a str,
+    /// Which connection of the tunnel.
+    pub direction: ConnDirection,
+    /// The version suffix.
+    pub version: u64,
+}
+
+impl<'a> MonitorConn<'a> {
+    /// Parses `conn`; `None` when it is not one of the monitor's names.
+    pub fn parse(conn: &'a str) -> Option<MonitorConn<'a>> {
+        let (rest, version) = conn.rsplit_once('-')?;
+        if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let version = version.parse().ok()?;
+        let (tunnel, direction) = if let Some(t) = rest.strip_suffix("-out") {
+            (t, ConnDirection::Out)
+        } else if let Some(t) = rest.strip_suffix("-in") {
+            (t, ConnDirection::In)
+        } else {
+            (rest, ConnDirection::Both)
+        };
+        (!tunnel.is_empty()).then_some(MonitorConn {
+            tunnel,
+            direction,
+            version,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests;

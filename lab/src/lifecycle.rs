@@ -28,6 +28,7 @@ use kube::Api;
 use kube_ovn_ipsec_api::coordination::{CoordinationPhase, Receipt, ReleaseReceipt};
 use kube_ovn_ipsec_api::names::{k8s, ovs};
 use kube_ovn_ipsec_api::signed;
+use kube_ovn_ipsec_api::strongswan::{ConnDirection, MonitorConn};
 use testbed::ipsec::IpsecNode;
 use testbed::overlay::{self, Capture, CaptureSummary, VSwitchd};
 use testbed::probe::{ProbeStream, unix_now};
@@ -741,8 +742,8 @@ fn negotiate_once(node: &SimNode, tunnel: &str) -> Result<u64, String> {
     };
     let routed = node.node.routed_conns().map_err(|e| e.to_string())?;
     let (Some(conn_in), Some(conn_out)) = (
-        newest_conn(&routed, tunnel, "in"),
-        newest_conn(&routed, tunnel, "out"),
+        newest_conn(&routed, tunnel, ConnDirection::In),
+        newest_conn(&routed, tunnel, ConnDirection::Out),
     ) else {
         return Err(format!("no routed connections for {tunnel}: {routed:?}"));
     };
@@ -784,11 +785,13 @@ fn negotiate_once(node: &SimNode, tunnel: &str) -> Result<u64, String> {
 /// The routed connection of `tunnel` in direction `dir` (`in`, `out`)
 /// with the highest version: during a renewal the monitor loads the new
 /// version beside the old one.
-fn newest_conn(routed: &[String], tunnel: &str, dir: &str) -> Option<String> {
-    let prefix = format!("{tunnel}-{dir}-");
+fn newest_conn(routed: &[String], tunnel: &str, dir: ConnDirection) -> Option<String> {
     routed
         .iter()
-        .filter_map(|c| Some((c.strip_prefix(&prefix)?.parse::<u64>().ok()?, c)))
+        .filter_map(|c| {
+            let parsed = MonitorConn::parse(c)?;
+            (parsed.tunnel == tunnel && parsed.direction == dir).then_some((parsed.version, c))
+        })
         .max_by_key(|(v, _)| *v)
         .map(|(_, c)| c.clone())
 }
@@ -1328,6 +1331,7 @@ pub fn logs_hint(dir: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::newest_conn;
+    use kube_ovn_ipsec_api::strongswan::ConnDirection;
 
     #[test]
     fn the_newest_version_of_a_direction_is_brought_up() {
@@ -1342,13 +1346,13 @@ mod tests {
         .map(String::from)
         .to_vec();
         assert_eq!(
-            newest_conn(&routed, "ovn-b-0", "in").as_deref(),
+            newest_conn(&routed, "ovn-b-0", ConnDirection::In).as_deref(),
             Some("ovn-b-0-in-2")
         );
         assert_eq!(
-            newest_conn(&routed, "ovn-b-0", "out").as_deref(),
+            newest_conn(&routed, "ovn-b-0", ConnDirection::Out).as_deref(),
             Some("ovn-b-0-out-2")
         );
-        assert_eq!(newest_conn(&routed, "ovn-c-0", "in"), None);
+        assert_eq!(newest_conn(&routed, "ovn-c-0", ConnDirection::In), None);
     }
 }

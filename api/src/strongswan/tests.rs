@@ -77,3 +77,20 @@ fn garbage_is_skipped_not_misread() {
     assert!(h.ike_sas.is_empty(), "{h:?}");
     assert!(h.child_sas.is_empty(), "{h:?}");
 }
+
+#[test]
+fn monitor_connection_names_split_into_tunnel_direction_and_version() {
+    use super::{ConnDirection, MonitorConn};
+    let c = MonitorConn::parse("ovn-chass-0-in-12").unwrap();
+    assert_eq!(
+        (c.tunnel, c.direction, c.version),
+        ("ovn-chass-0", ConnDirection::In, 12)
+    );
+    let c = MonitorConn::parse("ovn-chass-0-out-1").unwrap();
+    assert_eq!((c.tunnel, c.direction), ("ovn-chass-0", ConnDirection::Out));
+    let c = MonitorConn::parse("gre-a-3").unwrap();
+    assert_eq!((c.tunnel, c.direction), ("gre-a", ConnDirection::Both));
+    for not_ours in ["ovn-b-0-in-x", "ovn-b-0-in-", "-in-1", "nodash", "-1"] {
+        assert_eq!(MonitorConn::parse(not_ours), None, "{not_ours}");
+    }
+}

@@ -30,21 +30,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kube_ovn_ipsec_api::strongswan::Status;
+use kube_ovn_ipsec_api::strongswan::{ConnDirection, MonitorConn};
 use tokio::time::Instant;
 
-/// A connection name as ovs-monitor-ipsec writes it — `<tunnel>-in-<v>`,
-/// `<tunnel>-out-<v>`, or `<tunnel>-<v>` for gre — split into its tunnel
+/// A connection name as ovs-monitor-ipsec writes it split into its tunnel
 /// (the OVS interface) and whether it is the outbound connection.
 fn split_conn(conn: &str) -> Option<(&str, bool)> {
-    let (rest, version) = conn.rsplit_once('-')?;
-    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let (tunnel, outbound) = match rest.strip_suffix("-out") {
-        Some(tunnel) => (tunnel, true),
-        None => (rest.strip_suffix("-in").unwrap_or(rest), false),
-    };
-    (!tunnel.is_empty()).then_some((tunnel, outbound))
+    MonitorConn::parse(conn).map(|c| (c.tunnel, c.direction == ConnDirection::Out))
 }
 
 /// Whether `conn` is the outbound connection of a tunnel as ovs-monitor-ipsec
