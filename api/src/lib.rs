@@ -34,6 +34,9 @@
 //!   agent's probe and the testbed's waits read it the same way).
 //! * [`coordination`] — the coordination record, phase state machine,
 //!   [`Receipt`] and [`ReleaseReceipt`].
+//! * [`logsafe`] — what may reach a log line: the event targets never
+//!   written (they echo response bodies) and the redaction of PEM and
+//!   tokens every emitted line passes through (both binaries' loggers).
 //! * [`error`] — the crate's one [`Error`] with `metric_label()`.
 //! * `test_util` (feature `test-util`) — the one test CA of the workspace
 //!   (roots, intermediates, leaves, signed CSRs) and shared leaf fixtures.
@@ -60,6 +63,7 @@ pub mod datapath;
 pub mod digest;
 pub mod error;
 pub mod ident;
+pub mod logsafe;
 pub mod names;
 pub mod pki;
 pub mod signed;
