@@ -18,8 +18,8 @@ use kube_ovn_ipsec_api::clock::Clock;
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 
 use crate::error::{Error, Result};
-use crate::names;
 use crate::signer::{CaKeyAlgorithm, CertificateAuthority};
+use crate::{names, secret};
 
 /// An `api` PKI error as the controller reports a bad trust bundle.
 fn bundle_error(e: kube_ovn_ipsec_api::Error) -> Error {
@@ -45,24 +45,23 @@ pub async fn ensure_ca(
     settings: &CaSettings,
     clock: &dyn Clock,
 ) -> Result<(CertificateAuthority, TrustBundle)> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
-    let ca = match secrets.get_opt(names::CA_SECRET).await? {
-        Some(secret) => ca_from_secret(&secret)?,
+    // The CA Secret is never read or written through `Api<Secret>`: see
+    // `secret` for why.
+    let ns = &settings.namespace;
+    let ca = match secret::get_opt(client, ns, names::CA_SECRET).await? {
+        Some(found) => ca_from_secret(ns, &found)?,
         None => {
             let ca =
                 CertificateAuthority::generate(settings.algorithm, settings.lifetime, clock.now())?;
-            match secrets
-                .create(&PostParams::default(), &ca_secret(&settings.namespace, &ca))
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(namespace = %settings.namespace, "generated the IPsec CA");
+            match secret::create(client, ns, &ca_secret(ns, &ca)).await {
+                Ok(()) => {
+                    tracing::info!(namespace = %ns, "generated the IPsec CA");
                     ca
                 }
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    ca_from_secret(&secrets.get(names::CA_SECRET).await?)?
+                Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
+                    ca_from_secret(ns, &secret::get(client, ns, names::CA_SECRET).await?)?
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
     };
@@ -79,18 +78,16 @@ pub async fn rotate_ca(
     settings: &CaSettings,
     clock: &dyn Clock,
 ) -> Result<TrustBundle> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
-    let mut current = secrets.get(names::CA_SECRET).await?;
+    let ns = &settings.namespace;
+    let mut current = secret::get(client, ns, names::CA_SECRET).await?;
     let new = CertificateAuthority::generate(settings.algorithm, settings.lifetime, clock.now())?;
     // Bundle first: a leaf from the new CA must never reach a node whose
     // bundle cannot verify it.
     let bundle = ensure_in_bundle(client, &settings.namespace, new.certificate()).await?;
-    current.data = ca_secret(&settings.namespace, &new).data;
+    current.data = ca_secret(ns, &new).data;
     // resourceVersion from the read: a concurrent rotation fails instead of
     // silently replacing the other's CA.
-    secrets
-        .replace(names::CA_SECRET, &PostParams::default(), &current)
-        .await?;
+    secret::replace(client, ns, names::CA_SECRET, &current).await?;
     tracing::info!(trust_digest = %bundle.digest(), "rotated the IPsec CA");
     Ok(bundle)
 }
@@ -103,8 +100,10 @@ pub async fn retire_old_cas(
     namespace: &str,
     acknowledged_digest: &str,
 ) -> Result<TrustBundle> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let active = ca_from_secret(&secrets.get(names::CA_SECRET).await?)?;
+    let active = ca_from_secret(
+        namespace,
+        &secret::get(client, namespace, names::CA_SECRET).await?,
+    )?;
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let mut cm = maps.get(names::TRUST_CONFIGMAP).await?;
     let bundle = bundle_from_configmap(&cm)?;
@@ -283,18 +282,28 @@ fn ca_secret(namespace: &str, ca: &CertificateAuthority) -> Secret {
     }
 }
 
-fn ca_from_secret(secret: &Secret) -> Result<CertificateAuthority> {
+/// The CA in Secret `namespace`/[`names::CA_SECRET`]; errors name the
+/// Secret and the key at fault, never what it holds.
+fn ca_from_secret(namespace: &str, secret: &Secret) -> Result<CertificateAuthority> {
+    let object = format!("{namespace}/{}", names::CA_SECRET);
     let get = |key: &str| -> Result<String> {
         let bytes = secret
             .data
             .as_ref()
             .and_then(|d| d.get(key))
-            .ok_or_else(|| Error::CaSecretInvalid(format!("key {key} missing")))?;
-        String::from_utf8(bytes.0.clone())
-            .map_err(|_| Error::CaSecretInvalid(format!("key {key} is not UTF-8")))
+            .ok_or_else(|| {
+                Error::CaSecretInvalid(format!("Secret {object}: data[{key}] is missing"))
+            })?;
+        String::from_utf8(bytes.0.clone()).map_err(|_| {
+            Error::CaSecretInvalid(format!("Secret {object}: data[{key}] is not UTF-8"))
+        })
     };
     CertificateAuthority::from_pem(
         &get(names::CA_SECRET_CERT_KEY)?,
         &get(names::CA_SECRET_KEY_KEY)?,
     )
+    .map_err(|e| match e {
+        Error::CaSecretInvalid(why) => Error::CaSecretInvalid(format!("Secret {object}: {why}")),
+        other => other,
+    })
 }

@@ -61,20 +61,21 @@ enum CaOp {
 }
 
 /// The whole program, from `std::env::args` to its end: parses the flags,
-/// installs the JSON logger, then runs the controller until SIGTERM or
-/// SIGINT (or the maintenance command asked for).
+/// installs the JSON logger ([`crate::logging`]), then runs the controller
+/// until SIGTERM or SIGINT (or the maintenance command asked for). The
+/// error it ends with, which the runtime prints as `Error: …`, is redacted
+/// like a log line.
 pub async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    crate::logging::init();
+    program().await.map_err(|e| {
+        let text = format!("{e:?}");
+        anyhow::Error::msg(kube_ovn_ipsec_api::logsafe::redact_str(&text).into_owned())
+    })
+}
+
+async fn program() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let client = kube::Client::try_default()
-        .await
-        .context("kubernetes client")?;
+    let client = kube_client().await.context("kubernetes client")?;
     let config = cli.config;
     match cli.command {
         Some(Command::Ca { op: CaOp::Rotate }) => {
@@ -154,6 +155,41 @@ pub async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The Kubernetes client as `kube::Client::try_default` finds it — the
+/// kubeconfig (`KUBECONFIG`, `~/.kube/config`), else the in-cluster
+/// ServiceAccount — without its failure's words where they can quote a
+/// credential: the YAML parser's message shows the document around the
+/// fault, a token included, and `Config::infer` logs it at TRACE.
+async fn kube_client() -> anyhow::Result<kube::Client> {
+    use kube::config::{KubeConfigOptions, KubeconfigError};
+    let mut config = match kube::Config::from_kubeconfig(&KubeConfigOptions::default()).await {
+        Ok(config) => config,
+        Err(kubeconfig) => {
+            let kubeconfig = match kubeconfig {
+                KubeconfigError::Parse(_) => "the kubeconfig is not valid YAML (the parser's \
+                    message is not shown: it quotes the file, credentials included)"
+                    .to_owned(),
+                other => other.to_string(),
+            };
+            kube::Config::incluster().map_err(|in_cluster| {
+                anyhow::anyhow!("no kubeconfig ({kubeconfig}) and not in a cluster ({in_cluster})")
+            })?
+        }
+    };
+    config.apply_debug_overrides();
+    // kube-rs panics on a static token that is no valid header value.
+    if let Some(token) = &config.auth_info.token {
+        use secrecy::ExposeSecret as _;
+        if http::HeaderValue::from_str(&format!("Bearer {}", token.expose_secret())).is_err() {
+            anyhow::bail!(
+                "the kubeconfig's token is not a valid HTTP header value \
+                 (it holds a line break or another control character)"
+            );
+        }
+    }
+    Ok(kube::Client::try_from(config)?)
 }
 
 /// Resolves with the signal's name on the first SIGTERM (what the kubelet

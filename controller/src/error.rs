@@ -20,6 +20,17 @@ pub enum Error {
     /// The CA Secret exists but does not hold a usable CA.
     #[error("CA secret is invalid: {0}")]
     CaSecretInvalid(String),
+    /// A Secret's body does not decode ([`crate::secret::decode`]): which
+    /// Secret, which field and what is wrong with it, never its value.
+    #[error("Secret {secret} does not decode: {field} {problem}")]
+    SecretUndecodable {
+        /// `namespace/name`.
+        secret: String,
+        /// The field, e.g. `data[tls.key]`.
+        field: String,
+        /// What is wrong with it, e.g. `is not valid base64`.
+        problem: String,
+    },
     /// The trust bundle ConfigMap is missing, empty or not PEM certificates.
     #[error("trust bundle is invalid: {0}")]
     TrustBundleInvalid(String),
@@ -53,6 +64,7 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::Certificate(_) => "certificate",
             Error::CaSecretInvalid(_) => "ca_secret_invalid",
+            Error::SecretUndecodable { .. } => "secret_undecodable",
             Error::TrustBundleInvalid(_) => "trust_bundle_invalid",
             Error::RotationRefused(_) => "rotation_refused",
             Error::CertManagerRejected(_) => "cert_manager_rejected",

@@ -34,7 +34,11 @@
 //! - [`ca`]: the CA Secret and trust ConfigMap, rotation and retirement.
 //! - [`reconcile`]: the kube-runtime controller over CSRs.
 //! - [`resync`]: watches that relist periodically and after errors.
+//! - [`secret`]: Secret requests whose bodies kube-rs never decodes (nor
+//!   logs), with errors that name fields, never values.
 //! - [`metrics`], [`config`], [`names`].
+//! - [`logging`]: the JSON logger with the secret guards of
+//!   `kube_ovn_ipsec_api::logsafe`.
 //! - [`error`]: the crate's one error type (a leaf module).
 //! - [`run`]: wires it all together; [`cli`] is the command line around it
 //!   (`main.rs` only calls [`cli::main`]).
@@ -50,6 +54,7 @@ pub mod events;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fixtures;
 pub mod live;
+pub mod logging;
 pub mod metrics;
 pub mod names;
 pub mod pkcs10;
@@ -57,6 +62,7 @@ pub mod policy;
 pub mod profile;
 pub mod reconcile;
 pub mod resync;
+pub mod secret;
 pub mod signer;
 pub mod validate;
 

@@ -25,6 +25,11 @@ use crate::pkcs10::KeyKind;
 use crate::profile::{self, BACKDATE};
 use crate::validate::ValidatedCsr;
 
+/// The CA Secret's certificate key, as errors name it.
+const CERT: &str = names::CA_SECRET_CERT_KEY;
+/// The CA Secret's private key key, as errors name it.
+const KEY: &str = names::CA_SECRET_KEY_KEY;
+
 /// The CA's key algorithm.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum CaKeyAlgorithm {
@@ -84,27 +89,34 @@ impl CertificateAuthority {
         Self::from_der_and_key(cert.der().to_vec(), key)
     }
 
-    /// Loads a CA from its PEM certificate and PEM (PKCS#8) key.
+    /// Loads a CA from its PEM certificate and PEM (PKCS#8) key: the CA
+    /// Secret's `tls.crt` and `tls.key`, which its errors name (never
+    /// what they hold).
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self> {
         let der = parse_pem(cert_pem.as_bytes(), PEM_CERTIFICATE)
             .ok()
             .and_then(|mut blocks| blocks.drain(..).next())
-            .ok_or_else(|| Error::CaSecretInvalid("certificate is not PEM".into()))?;
+            .ok_or_else(|| {
+                Error::CaSecretInvalid(format!("data[{CERT}] is not a PEM certificate"))
+            })?;
         let key = KeyPair::from_pem(key_pem)
-            .map_err(|_| Error::CaSecretInvalid("key is not a PEM private key".into()))?;
+            .map_err(|_| Error::CaSecretInvalid(format!("data[{KEY}] is not a PEM private key")))?;
         Self::from_der_and_key(der, key)
     }
 
     fn from_der_and_key(cert_der: Vec<u8>, key: KeyPair) -> Result<Self> {
-        let certificate = Certificate::from_der(&cert_der)
-            .map_err(|_| Error::CaSecretInvalid("certificate does not parse".into()))?;
+        let certificate = Certificate::from_der(&cert_der).map_err(|_| {
+            Error::CaSecretInvalid(format!("data[{CERT}] does not parse as a certificate"))
+        })?;
         if !certificate.is_ca() {
-            return Err(Error::CaSecretInvalid("certificate is not a CA".into()));
+            return Err(Error::CaSecretInvalid(format!(
+                "data[{CERT}] is not a CA certificate"
+            )));
         }
         if certificate.subject_public_key_info() != key.subject_public_key_info().as_slice() {
-            return Err(Error::CaSecretInvalid(
-                "key does not match certificate".into(),
-            ));
+            return Err(Error::CaSecretInvalid(format!(
+                "data[{KEY}] does not match data[{CERT}]"
+            )));
         }
         let not_after = certificate.not_after().unix();
         let issuer = Issuer::from_ca_cert_der(&cert_der.as_slice().into(), key)?;
