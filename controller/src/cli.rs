@@ -113,10 +113,11 @@ async fn program() -> anyhow::Result<()> {
             );
         }
         Some(Command::Status) => {
-            print!(
-                "{}",
-                crate::coordination::run::describe(&client, &config.namespace).await?
-            );
+            let d = crate::coordination::run::describe(&client, &config.namespace).await?;
+            print!("{}", d.text);
+            if let Some(fault) = d.fault {
+                anyhow::bail!(fault);
+            }
         }
         None => {
             let metrics = Arc::new(Metrics::new());

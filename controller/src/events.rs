@@ -1,6 +1,7 @@
-//! Warning Events on the objects the controller judges (CSRs, Nodes), in
-//! `default` where Events of cluster-scoped objects go. Best effort: an
-//! Event that cannot be written never changes an outcome.
+//! Warning Events on the objects the controller judges (CSRs, Nodes, the
+//! coordination ConfigMap): in the object's namespace, or in `default`
+//! where Events of cluster-scoped objects go. Best effort: an Event that
+//! cannot be written never changes an outcome.
 
 use kube::{Api, Client};
 
@@ -13,6 +14,8 @@ pub struct Involved<'a> {
     pub kind: &'a str,
     /// `metadata.name`.
     pub name: &'a str,
+    /// `metadata.namespace`; `None` for a cluster-scoped object.
+    pub namespace: Option<&'a str>,
     /// `metadata.uid`, if known.
     pub uid: Option<&'a str>,
 }
@@ -27,14 +30,16 @@ pub async fn warning(
     message: &str,
 ) {
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let namespace = on.namespace.unwrap_or("default");
     let event = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": { "generateName": format!("{}.", on.name), "namespace": "default" },
+        "metadata": { "generateName": format!("{}.", on.name), "namespace": namespace },
         "involvedObject": {
             "apiVersion": on.api_version,
             "kind": on.kind,
             "name": on.name,
+            "namespace": on.namespace,
             "uid": on.uid,
         },
         "type": "Warning",
@@ -48,7 +53,7 @@ pub async fn warning(
     let Ok(event) = serde_json::from_value::<k8s_openapi::api::core::v1::Event>(event) else {
         return;
     };
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), namespace);
     if let Err(e) = events
         .create(&kube::api::PostParams::default(), &event)
         .await

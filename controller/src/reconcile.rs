@@ -314,6 +314,7 @@ async fn publish(shared: &Shared, csr: &CertificateSigningRequest, reason: &str,
         api_version: "certificates.k8s.io/v1",
         kind: "CertificateSigningRequest",
         name: &name,
+        namespace: None,
         uid: csr.metadata.uid.as_deref(),
     };
     crate::events::warning(&shared.client, &shared.component, on, reason, message).await;

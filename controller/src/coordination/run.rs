@@ -5,7 +5,9 @@
 //! the record or of the evidence. The record is written with the read's
 //! resourceVersion as precondition; a conflict drops the pass (someone else
 //! wrote: observe again). A record that does not decode is never
-//! overwritten: the pass holds and says why. The cohort's status (phase,
+//! overwritten: the pass holds and says why, in the log and as a Warning
+//! Event on the ConfigMap, once per change of what is stored under
+//! [`STATE_KEY`] ([`UNDECODABLE_REASON`]). The cohort's status (phase,
 //! epoch, why it waits, per node) goes into the same ConfigMap under key
 //! `status`, written only when it changes; each node's refusal is also an
 //! Event on its Node, once per change of reason.
@@ -56,6 +58,9 @@ pub const RELEASE_RECEIPT_ANNOTATION: &str = k8s::ANNOTATION_RELEASE_RECEIPT;
 /// retirement requests: a JSON object, Node name → the UID the cohort
 /// froze for it.
 pub const RETIRE_ANNOTATION: &str = "kube-ovn.io/ipsec-retire";
+/// Reason of the Warning Event on the coordination ConfigMap when its
+/// record does not decode.
+pub const UNDECODABLE_REASON: &str = "CoordinationRecordUndecodable";
 
 /// How the coordinator runs.
 #[derive(Debug, Clone)]
@@ -107,6 +112,42 @@ struct Stored {
     map: Option<ConfigMap>,
 }
 
+/// What a read of the coordination ConfigMap found.
+enum Read {
+    /// A record (the initial one when there is no ConfigMap).
+    Record(Box<Stored>),
+    /// A ConfigMap whose record does not decode.
+    Undecodable(Undecodable),
+}
+
+/// A stored record that does not decode.
+struct Undecodable {
+    /// Why, for the log, the Event and `status`.
+    why: String,
+    /// SHA-256 over what is stored under [`STATE_KEY`] (a missing key is
+    /// a distinct value): the Event is raised once per change of it.
+    digest: String,
+    /// The ConfigMap's UID, for the Event.
+    uid: Option<String>,
+}
+
+/// The record in `map`, or why it does not decode.
+fn decode_record(map: &ConfigMap) -> std::result::Result<CoordinationRecord, Undecodable> {
+    let uid = map.metadata.uid.clone();
+    let Some(state) = map.data.as_ref().and_then(|d| d.get(STATE_KEY)) else {
+        return Err(Undecodable {
+            why: format!("the ConfigMap has no {STATE_KEY} key"),
+            digest: format!("no {STATE_KEY} key"),
+            uid,
+        });
+    };
+    CoordinationRecord::decode(state.as_bytes()).map_err(|e| Undecodable {
+        why: format!("the record under key {STATE_KEY} does not decode: {e}"),
+        digest: kube_ovn_ipsec_api::digest::Sha256Digest::of(state.as_bytes()).to_hex(),
+        uid,
+    })
+}
+
 /// The loop's state between passes.
 struct Coordinator {
     client: Client,
@@ -116,6 +157,10 @@ struct Coordinator {
     sb: Option<ovsdb::Client>,
     /// Per node, the refusal last reported as an Event.
     reported: HashMap<String, &'static str>,
+    /// The digest of the undecodable record last reported as an Event
+    /// ([`Undecodable::digest`]); cleared once a record decodes, so the
+    /// same fault coming back is reported again.
+    reported_undecodable: Option<String>,
 }
 
 /// A fresh challenge from the system's CSPRNG (a failure to read it is a
@@ -148,6 +193,7 @@ pub async fn run(
         nb: None,
         sb: None,
         reported: HashMap::new(),
+        reported_undecodable: None,
     };
     tokio::pin!(shutdown);
     loop {
@@ -170,26 +216,56 @@ pub async fn run(
 }
 
 impl Coordinator {
-    async fn read_record(&self) -> Result<Stored> {
+    async fn read_record(&self) -> Result<Read> {
         let maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.config.namespace);
         let Some(map) = maps.get_opt(CONFIGMAP).await? else {
-            return Ok(Stored {
+            return Ok(Read::Record(Box::new(Stored {
                 record: CoordinationRecord::initial(),
                 map: None,
-            });
+            })));
         };
-        let state = map
-            .data
-            .as_ref()
-            .and_then(|d| d.get(STATE_KEY))
-            .ok_or(Error::MissingField(
-                "the coordination ConfigMap's state key",
-            ))?;
-        let record = CoordinationRecord::decode(state.as_bytes()).map_err(Error::Coordination)?;
-        Ok(Stored {
-            record,
-            map: Some(map),
+        Ok(match decode_record(&map) {
+            Ok(record) => Read::Record(Box::new(Stored {
+                record,
+                map: Some(map),
+            })),
+            Err(u) => Read::Undecodable(u),
         })
+    }
+
+    /// Holds on a record that does not decode: an error line and a
+    /// Warning Event on the ConfigMap the first time this content is seen,
+    /// a debug line on every later pass over it.
+    async fn report_undecodable(&mut self, u: Undecodable) {
+        if self.reported_undecodable.as_ref() == Some(&u.digest) {
+            tracing::debug!(why = %u.why, "the coordination record still does not decode; holding");
+            return;
+        }
+        // Never overwrite what cannot be read: it may be a newer
+        // controller's record, or an operator's edit to look at.
+        tracing::error!(why = %u.why, digest = %u.digest, "the coordination record does not decode; holding");
+        let namespace = self.config.namespace.as_str();
+        let on = crate::events::Involved {
+            api_version: "v1",
+            kind: "ConfigMap",
+            name: CONFIGMAP,
+            namespace: Some(namespace),
+            uid: u.uid.as_deref(),
+        };
+        let message = format!(
+            "{}; the coordinator holds (no phase moves, the record is never overwritten) \
+             until {namespace}/{CONFIGMAP} holds a record it can read",
+            u.why
+        );
+        crate::events::warning(
+            &self.client,
+            &self.config.component,
+            on,
+            UNDECODABLE_REASON,
+            &message,
+        )
+        .await;
+        self.reported_undecodable = Some(u.digest);
     }
 
     async fn ovn(&mut self, south: bool) -> Option<&ovsdb::Client> {
@@ -242,15 +318,15 @@ impl Coordinator {
     }
 
     async fn pass(&mut self) -> Result<()> {
-        let stored = match self.read_record().await {
-            Ok(s) => s,
-            Err(e @ (Error::Coordination(_) | Error::MissingField(_))) => {
-                // Never overwrite what cannot be read: it may be a newer
-                // controller's record, or an operator's edit to look at.
-                tracing::error!(error = %e, "the coordination record does not decode; holding");
+        let stored = match self.read_record().await? {
+            Read::Record(s) => {
+                self.reported_undecodable = None;
+                *s
+            }
+            Read::Undecodable(u) => {
+                self.report_undecodable(u).await;
                 return Ok(());
             }
-            Err(e) => return Err(e),
         };
         let record = &stored.record;
         let now = timestamp(self.clock.now()).map_err(Error::Coordination)?;
@@ -618,6 +694,7 @@ impl Coordinator {
                         api_version: "v1",
                         kind: "Node",
                         name: node,
+                        namespace: None,
                         uid: o.scheduled.get(node).map(Uid::as_str),
                     };
                     crate::events::warning(
@@ -881,26 +958,39 @@ fn disable_line(r: &CoordinationRecord) -> String {
     line
 }
 
+/// What `kube-ovn-ipsec-controller status` prints, and what makes it
+/// fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Description {
+    /// The text to print.
+    pub text: String,
+    /// Why the record cannot be read (no [`STATE_KEY`], or it does not
+    /// decode): `status` prints the text, then exits non-zero with this.
+    pub fault: Option<String>,
+}
+
 /// The cohort as `kube-ovn-ipsec-controller status` prints it: the record's
 /// phase, generation and epoch, the last pass's reason and leader, one
 /// line per node of the status (targets, joiners, refused retirements),
-/// and the retirement requests not carried out yet.
-pub async fn describe(client: &Client, namespace: &str) -> Result<String> {
+/// and the retirement requests not carried out yet. A record that cannot
+/// be read is a [`Description::fault`]: the coordinator holds on it, so it
+/// is not a state an operator may read as fine.
+pub async fn describe(client: &Client, namespace: &str) -> Result<Description> {
     use std::fmt::Write as _;
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let Some(map) = maps.get_opt(CONFIGMAP).await? else {
-        return Ok(format!(
-            "no {namespace}/{CONFIGMAP}: IPsec was never enabled (phase Disabled)\n"
-        ));
+        return Ok(Description {
+            text: format!("no {namespace}/{CONFIGMAP}: IPsec was never enabled (phase Disabled)\n"),
+            fault: None,
+        });
     };
     let requests = retire_requests(Some(&map));
+    let record = decode_record(&map);
     let data = map.data.unwrap_or_default();
     let mut out = String::new();
-    match data
-        .get(STATE_KEY)
-        .map(|s| CoordinationRecord::decode(s.as_bytes()))
-    {
-        Some(Ok(r)) => {
+    let mut fault = None;
+    match record {
+        Ok(r) => {
             let _ = writeln!(
                 out,
                 "phase {}  generation {}  epoch {}  targets {}",
@@ -913,11 +1003,10 @@ pub async fn describe(client: &Client, namespace: &str) -> Result<String> {
                 let _ = writeln!(out, "{}", disable_line(&r));
             }
         }
-        Some(Err(e)) => {
-            let _ = writeln!(out, "the record does not decode: {e}");
-        }
-        None => {
-            let _ = writeln!(out, "the ConfigMap has no {STATE_KEY} key");
+        Err(u) => {
+            let why = format!("{namespace}/{CONFIGMAP}: {}; the coordinator holds", u.why);
+            let _ = writeln!(out, "{why}");
+            fault = Some(why);
         }
     }
     let status: Option<serde_json::Value> = data
@@ -948,7 +1037,7 @@ pub async fn describe(client: &Client, namespace: &str) -> Result<String> {
             let _ = writeln!(out, "the {RETIRE_ANNOTATION} annotation is ignored: {e}");
         }
     }
-    Ok(out)
+    Ok(Description { text: out, fault })
 }
 
 #[cfg(test)]
