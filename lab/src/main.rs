@@ -154,6 +154,13 @@ fn down() -> anyhow::Result<()> {
                 .join(", ")
         );
     }
+    for skipped in &report.skipped {
+        println!(
+            "left {} untouched: the state file names it, but {}",
+            skipped.path.display(),
+            skipped.why
+        );
+    }
     Ok(())
 }
 

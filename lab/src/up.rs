@@ -166,9 +166,10 @@ pub async fn up(args: &UpArgs) -> Result<Summary, UpError> {
     };
     let _ = std::fs::remove_file(run_dir.join(STATUS_FILE));
     // A previous run that failed (or crashed) left its directories named in
-    // its state; it is not running (the lock is ours), so they go now.
-    for d in previous.iter().flat_map(|p| p.dirs.iter()) {
-        let _ = std::fs::remove_dir_all(d);
+    // its state; it is not running (the lock is ours), so they go now —
+    // those the lab made, as `down` would.
+    if let Some(previous) = &previous {
+        let _ = crate::state::remove_lab_dirs(&previous.dirs);
     }
     let outcome = run_on(choice, args, &dir, &run_dir, &lock, &mut state).await;
     let failed = !matches!(&outcome, Ok(s) if s.failed.is_none());

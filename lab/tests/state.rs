@@ -2,7 +2,8 @@
 //! in for the lab (it holds the lock, as a lab does, from another process)
 //! with a namespace of the lab's prefix and a directory, then SIGKILLed;
 //! `down` finds and removes what it left, and a second `down` finds
-//! nothing.
+//! nothing; a state file naming directories the lab does not make has them
+//! left alone and reported.
 
 // Real processes in real time.
 #![allow(clippy::disallowed_methods)]
@@ -11,7 +12,11 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lab::state::{LabLock, LabState, NETNS_PREFIX, Process, StateError, down, read_state};
+use std::path::PathBuf;
+
+use lab::state::{
+    LabLock, LabState, NETNS_PREFIX, NotLabMade, Process, StateError, down, read_state,
+};
 
 fn lab_netns() -> Vec<String> {
     std::fs::read_dir("/run/netns")
@@ -24,11 +29,21 @@ fn lab_netns() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A directory as `up` makes its own: `koi-lab-XXXXXX` in the temporary
+/// directory, kept (the test or `down` removes it).
+fn lab_dir() -> PathBuf {
+    tempfile::Builder::new()
+        .prefix("koi-lab-")
+        .tempdir()
+        .unwrap()
+        .keep()
+}
+
 #[test]
 fn a_second_lab_is_refused_and_down_removes_a_crashed_labs_leftovers() {
     let run = tempfile::tempdir().unwrap();
-    let scratch = tempfile::tempdir().unwrap();
-    let made = scratch.path().join("koi-lab-node-0");
+    // Named and placed as `up` makes its directory.
+    let made = lab_dir();
     std::fs::create_dir_all(made.join("etc")).unwrap();
 
     // The "lab": one process holding the lock (flock(1) on an inherited
@@ -140,4 +155,77 @@ fn down_stops_a_running_lab() {
     let report = down(run.path()).unwrap();
     assert!(report.unusable_state.is_some(), "{report:?}");
     assert_eq!(read_state(run.path()).unwrap(), None);
+}
+
+#[test]
+fn down_removes_only_what_the_lab_made_and_names_what_it_left() {
+    let run = tempfile::tempdir().unwrap();
+    let temp = std::env::temp_dir();
+    let made = lab_dir();
+    std::fs::create_dir_all(made.join("node-0")).unwrap();
+    // Someone else's directory, in the same temporary directory.
+    let foreign = tempfile::Builder::new()
+        .prefix("something-foreign-")
+        .tempdir()
+        .unwrap();
+    let precious = foreign.path().join("precious");
+    std::fs::write(&precious, "keep me").unwrap();
+    let foreign_name = foreign.path().file_name().unwrap();
+    // A lab-named link to it, and a lab-named path climbing out to it.
+    let link = temp.join(format!("koi-lab-link-{}", std::process::id()));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(foreign.path(), &link).unwrap();
+    let escaping = made.join("..").join(foreign_name);
+    // Listed first: a `down` that vets nothing fails on this file (not a
+    // directory) before it reaches `/`.
+    let tripwire = temp.join(format!("koi-lab-file-{}", std::process::id()));
+    std::fs::write(&tripwire, "x").unwrap();
+    let state = LabState {
+        // This process: `down` never signals its caller.
+        process: Process::current().unwrap(),
+        started: 1_800_000_000,
+        kernel: "host".into(),
+        guest: None,
+        dirs: vec![
+            tripwire.clone(),
+            foreign.path().to_path_buf(),
+            PathBuf::from("/"),
+            escaping.clone(),
+            link.clone(),
+            made.clone(),
+        ],
+    };
+    std::fs::write(run.path().join("state.json"), state.encode().unwrap()).unwrap();
+
+    let report = down(run.path()).unwrap();
+    println!("{report:?}");
+    assert_eq!(report.dirs, std::slice::from_ref(&made));
+    assert!(!made.exists());
+    let skipped: Vec<(PathBuf, NotLabMade)> = report
+        .skipped
+        .iter()
+        .map(|s| (s.path.clone(), s.why.clone()))
+        .collect();
+    let not_lab = NotLabMade::NotLabName {
+        temp_dir: temp.clone(),
+    };
+    assert_eq!(
+        skipped,
+        [
+            (tripwire.clone(), NotLabMade::NotADirectory),
+            (foreign.path().to_path_buf(), not_lab.clone()),
+            (PathBuf::from("/"), not_lab),
+            (escaping, NotLabMade::ParentComponent),
+            (link.clone(), NotLabMade::Symlink),
+        ]
+    );
+    for s in &report.skipped {
+        assert!(!s.why.to_string().is_empty());
+    }
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
+    assert!(link.is_symlink(), "the link itself is left too");
+    assert!(tripwire.is_file());
+    assert_eq!(read_state(run.path()).unwrap(), None);
+    std::fs::remove_file(&link).unwrap();
+    std::fs::remove_file(&tripwire).unwrap();
 }
