@@ -27,7 +27,10 @@
 //!   the trust bundle installed one file per CA.
 //! - [`monitor`]: ovs-monitor-ipsec — start, `tunnels/show`, the
 //!   acknowledgement of the active generation.
-//! - [`cli`]: the `kube-ovn-ipsec` command line (`run`, `cleanup`).
+//! - [`cli`]: the `kube-ovn-ipsec` command line (`run`, `cleanup`), and
+//!   the logger with the secret guards of `kube_ovn_ipsec_api::logsafe`.
+//! - [`k8s_client`]: the Kubernetes client configuration, loaded without
+//!   quoting a credential in an error or panicking on a broken token.
 //! - [`fsutil`]: the boot ID (crash-safe writes are `actors::keydir::write_atomic`).
 //! - [`Error`]: the crate's one error type.
 
@@ -37,6 +40,7 @@ pub mod cleanup;
 pub mod cli;
 pub mod fsutil;
 pub mod ike;
+pub mod k8s_client;
 pub mod lease;
 pub mod monitor;
 pub mod monitor_patch;
