@@ -311,29 +311,10 @@ fn io_err(path: &Path, source: std::io::Error) -> Error {
 /// the exposure, which only a renewal (or a CA rotation) ends. Returns the
 /// mode it had when it was changed; a missing file is `Ok(None)`.
 pub fn tighten_secret(path: &Path) -> std::io::Result<Option<u32>> {
-    // Never through a symbolic link: a link in the key directory would make
-    // the repair change a file elsewhere (and a secret that is a link is
-    // not the file the agent wrote). The mode is read and changed on one
-    // descriptor opened without following links, so the check and the
-    // change are of the same file.
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
-            return Err(std::io::Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "{} is a symbolic link; the key directory's secret files are never followed: \
-                     replace it with the file itself",
-                    path.display()
-                ),
-            ));
-        }
-        Err(e) => return Err(e),
+    // The mode is read and changed on one descriptor opened without
+    // following links, so the check and the change are of the same file.
+    let Some(file) = open_no_follow(path)? else {
+        return Ok(None);
     };
     let mode = file.metadata()?.permissions().mode() & 0o777;
     if mode & 0o077 == 0 {
@@ -350,30 +331,39 @@ pub fn tighten_secret(path: &Path) -> std::io::Result<Option<u32>> {
 }
 
 /// Reads a file of the key directory without following a symbolic link
-/// (see [`tighten_secret`]); a missing file is `Ok(None)`.
+/// (see [`open_no_follow`]); a missing file is `Ok(None)`.
 pub fn read_no_follow(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
     use std::io::Read;
-    let mut file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
-            return Err(std::io::Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "{} is a symbolic link; the key directory's files are never followed",
-                    path.display()
-                ),
-            ));
-        }
-        Err(e) => return Err(e),
+    let Some(mut file) = open_no_follow(path)? else {
+        return Ok(None);
     };
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)?;
     Ok(Some(bytes))
+}
+
+/// Opens a key-directory file for reading, never through a symbolic link:
+/// a link there would make a repair change a file elsewhere, and a file
+/// that is a link is not the one the agent wrote. A link is refused with
+/// its path; a missing file is `Ok(None)`.
+fn open_no_follow(path: &Path) -> std::io::Result<Option<File>> {
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => Err(std::io::Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "{} is a symbolic link; the key directory's files are never followed: replace \
+                 it with the file itself",
+                path.display()
+            ),
+        )),
+        Err(e) => Err(e),
+    }
 }
 
 /// The key directory's state as a read-only run sees it: nothing is moved,

@@ -317,6 +317,51 @@ fn files_under(dir: &std::path::Path) -> std::collections::BTreeMap<String, (u32
     out
 }
 
+/// Waits (30 s at most) for `second` to exit, asserts it failed and that
+/// its refusal named the holder `first` and said nothing was touched;
+/// returns the agents' logs.
+async fn refused_naming(cluster: &Cluster, second: &mut std::process::Child, first: u32) -> String {
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = second.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the second agent is still running:\n{}",
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("second agent exited ({status}) after {:?}", t.elapsed());
+    assert!(!status.success(), "{status}");
+    let logs = cluster.agent_logs();
+    assert!(
+        logs.contains(&format!("(PID {first})")),
+        "the refusal does not name the holder:\n{logs}"
+    );
+    assert!(logs.contains("nothing on this node was touched"), "{logs}");
+    logs
+}
+
+/// What a second agent must leave as it is: `key_dir`'s files, the
+/// node's `external_ids` and `other_config`, its XFRM policies.
+type NodeSnapshot = (
+    std::collections::BTreeMap<String, (u32, Vec<u8>)>,
+    std::collections::BTreeMap<String, String>,
+    std::collections::BTreeMap<String, String>,
+    String,
+);
+
+fn node_snapshot(cluster: &Cluster, key_dir: &std::path::Path) -> NodeSnapshot {
+    (
+        files_under(key_dir),
+        cluster.external_ids(),
+        cluster.other_config(),
+        cluster.netns.ip(["xfrm", "policy", "list"]).unwrap(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_agent_on_the_same_key_directory_exits_having_touched_nothing() {
     let cluster = Cluster::start(Duration::from_secs(600)).await;
@@ -347,38 +392,15 @@ async fn a_second_agent_on_the_same_key_directory_exits_having_touched_nothing()
         .expect("the copied program stayed busy for 2 s");
     std::fs::write(run.join("charon.pid"), format!("{}\n", charon.id())).unwrap();
 
-    let policies = |c: &Cluster| c.netns.ip(["xfrm", "policy", "list"]).unwrap();
     let snapshot = |c: &Cluster| {
         (
-            files_under(&key_dir),
+            node_snapshot(c, &key_dir),
             std::fs::read(run.join("charon.pid")).ok(),
-            c.external_ids(),
-            c.other_config(),
-            policies(c),
         )
     };
     let before = snapshot(&cluster);
-    let t = Instant::now();
     let mut second = cluster.spawn_agent(&key_dir, Cluster::free_port(), 600, &[]);
-    let status = loop {
-        if let Some(s) = second.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the second agent is still running:\n{}",
-            cluster.agent_logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    println!("second agent exited ({status}) after {:?}", t.elapsed());
-    assert!(!status.success(), "{status}");
-    let logs = cluster.agent_logs();
-    assert!(
-        logs.contains(&format!("(PID {})", first.id())),
-        "the refusal does not name the holder:\n{logs}"
-    );
-    assert!(logs.contains("nothing on this node was touched"), "{logs}");
+    refused_naming(&cluster, &mut second, first.id()).await;
     assert_eq!(
         snapshot(&cluster),
         before,
@@ -415,44 +437,16 @@ async fn a_second_agent_with_another_key_directory_refuses_naming_the_holder() {
     let mut first = cluster.spawn_agent(&key_dir, port, 600, &["--sa-observe-period", "3600"]);
     wait_generation(&cluster, port, 1, Duration::from_secs(60)).await;
 
-    let policies = |c: &Cluster| c.netns.ip(["xfrm", "policy", "list"]).unwrap();
-    let snapshot = |c: &Cluster| {
-        (
-            files_under(&key_dir),
-            c.external_ids(),
-            c.other_config(),
-            policies(c),
-        )
-    };
-    let before = snapshot(&cluster);
+    let before = node_snapshot(&cluster, &key_dir);
     let other_dir = cluster.dir.path().join("var-lib-keys");
-    let t = Instant::now();
     let mut second = cluster.spawn_agent(&other_dir, Cluster::free_port(), 600, &[]);
-    let status = loop {
-        if let Some(s) = second.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the second agent is still running:\n{}",
-            cluster.agent_logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    println!("second agent exited ({status}) after {:?}", t.elapsed());
-    assert!(!status.success(), "{status}");
-    let logs = cluster.agent_logs();
-    assert!(
-        logs.contains(&format!("(PID {})", first.id())),
-        "the refusal does not name the holder:\n{logs}"
-    );
+    let logs = refused_naming(&cluster, &mut second, first.id()).await;
     assert!(
         logs.contains(&format!("with key directory {}", key_dir.display())),
         "the refusal does not name the holder's key directory:\n{logs}"
     );
-    assert!(logs.contains("nothing on this node was touched"), "{logs}");
     assert_eq!(
-        snapshot(&cluster),
+        node_snapshot(&cluster, &key_dir),
         before,
         "the second agent changed the node"
     );
