@@ -279,6 +279,41 @@ fn a_world_readable_private_key_is_tightened_on_read() {
 }
 
 #[test]
+fn a_secret_that_is_a_symbolic_link_is_refused_never_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("elsewhere");
+    fs::write(&target, b"not ours").unwrap();
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o644)).unwrap();
+    let link = tmp.path().join("protection-lease.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let e = tighten_secret(&link).unwrap_err();
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    let e = read_no_follow(&link).unwrap_err();
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    assert_eq!(mode(&target), 0o644, "the repair followed the link");
+    assert_eq!(fs::read(&target).unwrap(), b"not ours");
+}
+
+#[test]
+fn peeking_at_an_unusable_state_file_leaves_it_where_it_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::write(tmp.path().join(STATE_FILE), b"{ not json").unwrap();
+    match peek_state(tmp.path()).unwrap() {
+        PeekedState::Unusable(why) => assert!(why.contains("unparseable"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let names: Vec<_> = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from(STATE_FILE)]);
+    assert_eq!(
+        peek_state(&tmp.path().join("none")).unwrap(),
+        PeekedState::Missing
+    );
+}
+
+#[test]
 fn the_owner_removes_what_an_interrupted_write_left_and_nothing_else() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("keys");
