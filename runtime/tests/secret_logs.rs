@@ -265,16 +265,18 @@ async fn a_broken_kubeconfig_token_is_refused_without_quoting_it() {
         ),
     ] {
         let path = static_token_kubeconfig(dir.path(), name, token);
-        let err = kube_ovn_ipsec_runtime::k8s_client::client(Some(&path))
+        // The agent's own client builder (`run` and `cleanup` use it).
+        let err = kube_ovn_ipsec_runtime::agent::run::kube_client(&node_args(path.clone()))
             .await
             .err()
-            .unwrap_or_else(|| panic!("{name}: a client was built"));
+            .unwrap_or_else(|| panic!("{name}: a client was built"))
+            .to_string();
         assert!(err.contains(expected), "{name}: {err}");
         assert!(err.contains(&path.display().to_string()), "{name}: {err}");
         assert!(!err.contains("agent-secret-token"), "{name}: {err}");
     }
     let fine = static_token_kubeconfig(dir.path(), "fine", "a-valid-token");
-    kube_ovn_ipsec_runtime::k8s_client::client(Some(&fine))
+    kube_ovn_ipsec_runtime::agent::run::kube_client(&node_args(fine))
         .await
         .unwrap();
 }

@@ -27,7 +27,6 @@ use actors::supervisor::SupervisorConfig;
 use actors::supervisor::SupervisorMsg;
 use actors::tree::{self, AgentTreeArgs};
 use k8s_openapi::api::core::v1::Node;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use kube_ovn_ipsec_api::clock::{Clock, SystemClock};
 use kube_ovn_ipsec_api::ident::{Chassis, Uid};
@@ -150,19 +149,12 @@ pub struct Agent {
     pub status_addr: std::net::SocketAddr,
 }
 
-/// The Kubernetes client: `--kubeconfig`, or the in-cluster ServiceAccount.
+/// The Kubernetes client: `--kubeconfig`, or the in-cluster ServiceAccount,
+/// loaded so that no failure quotes a credential ([`crate::k8s_client`]).
 pub async fn kube_client(args: &NodeArgs) -> Result<Client, AgentError> {
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kc =
-                Kubeconfig::read_from(path).map_err(|e| AgentError::KubeConfig(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| AgentError::KubeConfig(e.to_string()))?
-        }
-        None => kube::Config::incluster().map_err(|e| AgentError::KubeConfig(e.to_string()))?,
-    };
-    Client::try_from(config).map_err(AgentError::Kube)
+    crate::k8s_client::client(args.kubeconfig.as_deref())
+        .await
+        .map_err(AgentError::KubeConfig)
 }
 
 async fn chassis(
