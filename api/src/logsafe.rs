@@ -26,6 +26,30 @@
 use std::borrow::Cow;
 use std::io::{self, Write};
 
+/// The JSON log layer of both binaries (feature `log-layer`): lines written
+/// to what `make` returns (one writer per event) at the levels `filter`
+/// lets through, with both guards outside `filter`, so no `RUST_LOG`
+/// directive writes a dropped target or skips the redaction.
+#[cfg(feature = "log-layer")]
+pub fn json_layer<S, W, F>(
+    filter: tracing_subscriber::EnvFilter,
+    make: F,
+) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: Write,
+    F: Fn() -> W + Send + Sync + 'static,
+{
+    use tracing_subscriber::Layer as _;
+    tracing_subscriber::fmt::layer()
+        .json()
+        .with_writer(move || RedactingWriter::new(make()))
+        .with_filter(filter)
+        .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+            !drops_target(meta.target())
+        }))
+}
+
 /// Whether events of `target` must never be written (see the module
 /// documentation). Exact match: `kube_client::client::builder` (the
 /// request span, which carries only the URL) and `kube_client::client::tls`

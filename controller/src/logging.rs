@@ -6,9 +6,9 @@
 
 use std::io;
 
-use kube_ovn_ipsec_api::logsafe::{self, RedactingWriter};
+use kube_ovn_ipsec_api::logsafe;
 use tracing::Subscriber;
-use tracing_subscriber::filter::{EnvFilter, filter_fn};
+use tracing_subscriber::filter::EnvFilter;
 use tracing_subscriber::layer::{Layer, SubscriberExt as _};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -18,20 +18,15 @@ pub fn env_filter() -> EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
 }
 
-/// The JSON layer writing to what `make` returns (one writer per event),
-/// with `filter` and both guards. The guards sit outside `filter`, so no
-/// `RUST_LOG` directive lets a dropped target through or skips redaction.
+/// The JSON layer writing to what `make` returns, with `filter` and both
+/// guards ([`logsafe::json_layer`], the agent's too).
 pub fn layer<S, W, F>(filter: EnvFilter, make: F) -> impl Layer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     W: io::Write,
     F: Fn() -> W + Send + Sync + 'static,
 {
-    tracing_subscriber::fmt::layer()
-        .json()
-        .with_writer(move || RedactingWriter::new(make()))
-        .with_filter(filter)
-        .with_filter(filter_fn(|meta| !logsafe::drops_target(meta.target())))
+    logsafe::json_layer(filter, make)
 }
 
 /// Installs [`layer`] on stdout with [`env_filter`] as the process's

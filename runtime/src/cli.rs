@@ -11,11 +11,10 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kube_ovn_ipsec_api::logsafe::{self, RedactingWriter};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tracing::Subscriber;
-use tracing_subscriber::filter::{EnvFilter, filter_fn};
+use tracing_subscriber::filter::EnvFilter;
 use tracing_subscriber::layer::{Layer, SubscriberExt as _};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -40,23 +39,17 @@ enum Command {
     Cleanup(Box<CleanupArgs>),
 }
 
-/// The agent's log layer: JSON lines written to what `make` returns (one
-/// writer per event) at the levels `filter` lets through, with the guards
-/// of [`kube_ovn_ipsec_api::logsafe`] outside `filter`, so no `RUST_LOG`
-/// directive writes kube-rs' body-echoing events or skips the redaction of
-/// PEM and tokens (docs/controller.md, "Logs and secrets": the controller's
-/// logger is the same).
+/// The agent's log layer: the controller's ([`kube_ovn_ipsec_api::logsafe::json_layer`]:
+/// JSON lines, kube-rs' body-echoing events never written, PEM and tokens
+/// redacted, whatever `RUST_LOG` says; docs/controller.md, "Logs and
+/// secrets").
 pub fn log_layer<S, W, F>(filter: EnvFilter, make: F) -> impl Layer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     W: std::io::Write,
     F: Fn() -> W + Send + Sync + 'static,
 {
-    tracing_subscriber::fmt::layer()
-        .json()
-        .with_writer(move || RedactingWriter::new(make()))
-        .with_filter(filter)
-        .with_filter(filter_fn(|meta| !logsafe::drops_target(meta.target())))
+    kube_ovn_ipsec_api::logsafe::json_layer(filter, make)
 }
 
 fn init_logging() {
