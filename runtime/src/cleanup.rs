@@ -41,9 +41,8 @@ use ovsdb::{MapChanges, MapColumn, MapWriter};
 use xfrm::guard::GuardKeeper;
 use xfrm::{Xfrm, XfrmHandle};
 
-use crate::agent::config::NodeArgs;
-use crate::agent::coordination::{annotate_node, sign_receipt};
 use crate::lease::{Lease, LeaseStore};
+use crate::node::{NodeArgs, annotate_node, sign_receipt};
 use crate::sa;
 use judge::{InterfaceOptions, Live, Local, Step};
 
@@ -141,7 +140,7 @@ impl Point {
     }
 }
 
-/// What a test reaches a release through, as [`crate::agent::Seams`] is
+/// What a test reaches a release through, as the agent's `Seams` is
 /// for the agent: a callback at each [`Point`], called synchronously right
 /// after the step. [`run`] passes [`Seams::default`], which does nothing.
 #[derive(Default, Clone)]
@@ -295,9 +294,9 @@ pub async fn run_with(
             held.published.keys().collect::<Vec<_>>()
         )));
     }
-    let client = crate::agent::run::kube_client(&args.node)
+    let client = crate::k8s_client::client(args.node.kubeconfig.as_deref())
         .await
-        .map_err(|e| failed("Kubernetes client")(e.to_string()))?;
+        .map_err(failed("Kubernetes client"))?;
     let mut keeper = GuardKeeper::new(open_xfrm(args.node.xfrm_netns.as_deref())?);
     let mut lease = held.lease.clone();
     let mut record = None;
@@ -822,7 +821,7 @@ fn remove_evidence(dir: &Path) -> Result<(), CleanupError> {
 
 async fn read_record(client: &Client, node: &NodeArgs) -> Result<RecordView, CleanupError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &node.coordination_namespace());
-    crate::agent::coordination::read_view(&api, k8s::COORDINATION_CONFIGMAP)
+    crate::node::read_view(&api, k8s::COORDINATION_CONFIGMAP)
         .await
         .map_err(|e| failed("reading the coordination record")(e.to_string()))
 }

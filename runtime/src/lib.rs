@@ -18,6 +18,8 @@
 //!   observation record.
 //! - [`capability`]: the capability gate (ovn-controller's output
 //!   protection marker, image and running).
+//! - [`node`]: what `run` and `cleanup` share about their node — its
+//!   flags, the coordination record as read, receipts signed and published.
 //! - [`node_claim`]: one owner per node — the claim in the node's network
 //!   namespace, keyed by its OVSDB row, that a second agent or cleanup
 //!   refuses on whatever its key directory.
@@ -44,6 +46,7 @@ pub mod k8s_client;
 pub mod lease;
 pub mod monitor;
 pub mod monitor_patch;
+pub mod node;
 pub mod node_claim;
 pub mod pidfile;
 pub mod process;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use actors::pki::KeyType;
-use kube_ovn_ipsec_api::names::{defaults, host, k8s};
+use kube_ovn_ipsec_api::names::{defaults, k8s};
 
 /// Key algorithm of the node identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -53,77 +53,7 @@ pub enum CoordinationMode {
     Off,
 }
 
-/// Flags `run` and `cleanup` share: who and where this node is, and where
-/// the state the agent keeps lives.
-#[derive(Debug, Clone, clap::Args)]
-pub struct NodeArgs {
-    /// This node's name (downward API `spec.nodeName`).
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: String,
-    /// This Pod's name (downward API `metadata.name`).
-    #[arg(long, env = "POD_NAME")]
-    pub pod_name: String,
-    /// This Pod's namespace (downward API `metadata.namespace`).
-    #[arg(long, env = "POD_NAMESPACE")]
-    pub pod_namespace: String,
-    /// This Pod's UID (downward API `metadata.uid`); part of the CSR name.
-    #[arg(long, env = "POD_UID")]
-    pub pod_uid: String,
-    /// Key directory. Hosts with a read-only `/etc` (Talos) use
-    /// `/var/lib/ovs_ipsec_keys`.
-    #[arg(long, env = host::ENV_KEY_DIR, default_value = host::DEFAULT_KEY_DIR)]
-    pub key_dir: PathBuf,
-    /// The local Open_vSwitch database.
-    #[arg(
-        long,
-        env = "OVSDB_REMOTE",
-        default_value = "unix:/run/openvswitch/db.sock"
-    )]
-    pub ovsdb: String,
-    /// Namespace of ConfigMap `ovn-ipsec-trust` (the controller's).
-    #[arg(long, env = "OVN_IPSEC_TRUST_NAMESPACE", default_value = "kube-system")]
-    pub trust_namespace: String,
-    /// Namespace of ConfigMap `ovn-ipsec-coordination` (the controller's;
-    /// default: the trust namespace).
-    #[arg(long, env = "OVN_IPSEC_COORDINATION_NAMESPACE")]
-    pub coordination_namespace: Option<String>,
-    /// This Pod's template hash (downward API
-    /// `metadata.labels['controller-revision-hash']`): a receipt names it
-    /// and the controller checks it against the frozen template.
-    #[arg(long, env = "POD_TEMPLATE_HASH")]
-    pub pod_template_hash: Option<String>,
-    /// A kubeconfig to use instead of the in-cluster ServiceAccount (the lab
-    /// and tests).
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// strongSwan's run directory as the agent sees it (stale
-    /// `charon.pid` / `starter.charon.pid` of a killed daemon are removed
-    /// from it before a restart).
-    #[arg(long, default_value = "/var/run")]
-    pub ike_rundir: PathBuf,
-    /// Open the XFRM socket in this named network namespace
-    /// (`/run/netns/<name>`) instead of the agent's own. Lab and tests.
-    #[arg(long)]
-    pub xfrm_netns: Option<String>,
-}
-
-impl NodeArgs {
-    /// The coordination record's namespace: `--coordination-namespace`, or
-    /// the trust namespace.
-    pub fn coordination_namespace(&self) -> String {
-        self.coordination_namespace
-            .clone()
-            .unwrap_or_else(|| self.trust_namespace.clone())
-    }
-
-    /// The IKE daemon's pidfiles in `--ike-rundir`.
-    pub fn ike_pidfiles(&self) -> Vec<PathBuf> {
-        vec![
-            self.ike_rundir.join("charon.pid"),
-            self.ike_rundir.join("starter.charon.pid"),
-        ]
-    }
-}
+pub use crate::node::NodeArgs;
 
 /// `kube-ovn-ipsec run` flags.
 #[derive(Debug, Clone, clap::Args)]
