@@ -55,6 +55,13 @@ pub mod k8s {
     pub const COORDINATION_CONFIGMAP: &str = "ovn-ipsec-coordination";
     /// Key of the JSON coordination record in [`COORDINATION_CONFIGMAP`].
     pub const COORDINATION_CONFIGMAP_KEY: &str = "state";
+    /// Key of the cohort's status in [`COORDINATION_CONFIGMAP`] (JSON,
+    /// written by the controller for `kube-ovn-ipsec-controller status`).
+    pub const COORDINATION_STATUS_KEY: &str = "status";
+    /// Annotation on [`COORDINATION_CONFIGMAP`] holding the operator's
+    /// retirement requests: a JSON object, Node name → the UID the cohort
+    /// froze for it (`kube-ovn-ipsec-controller retire-node`).
+    pub const ANNOTATION_RETIRE: &str = "kube-ovn.io/ipsec-retire";
     /// Name of the agent container in the kube-ovn-cni DaemonSet while
     /// IPsec is enabled (SPEC §9).
     pub const CONTAINER_IPSEC: &str = "ipsec";

@@ -45,19 +45,18 @@ use crate::error::{Error, Result};
 use crate::{ca, live, names};
 
 /// ConfigMap holding the record (key [`STATE_KEY`]) and the status.
-pub const CONFIGMAP: &str = "ovn-ipsec-coordination";
+pub const CONFIGMAP: &str = k8s::COORDINATION_CONFIGMAP;
 /// Key of the record.
-pub const STATE_KEY: &str = "state";
+pub const STATE_KEY: &str = k8s::COORDINATION_CONFIGMAP_KEY;
 /// Key of the cohort's status (JSON, [`CohortStatus`]).
-pub const STATUS_KEY: &str = "status";
+pub const STATUS_KEY: &str = k8s::COORDINATION_STATUS_KEY;
 /// Node annotation carrying the node's receipt.
-pub const RECEIPT_ANNOTATION: &str = "kube-ovn.io/ipsec-receipt";
+pub const RECEIPT_ANNOTATION: &str = k8s::ANNOTATION_RECEIPT;
 /// Node annotation carrying the node's release receipt.
 pub const RELEASE_RECEIPT_ANNOTATION: &str = k8s::ANNOTATION_RELEASE_RECEIPT;
 /// Annotation on the coordination ConfigMap holding the operator's
-/// retirement requests: a JSON object, Node name → the UID the cohort
-/// froze for it.
-pub const RETIRE_ANNOTATION: &str = "kube-ovn.io/ipsec-retire";
+/// retirement requests (see [`k8s::ANNOTATION_RETIRE`]).
+pub const RETIRE_ANNOTATION: &str = k8s::ANNOTATION_RETIRE;
 /// Reason of the Warning Event on the coordination ConfigMap when its
 /// record does not decode.
 pub const UNDECODABLE_REASON: &str = "CoordinationRecordUndecodable";
