@@ -81,9 +81,12 @@ impl StartPatience {
     /// once per start timeout in a row, at most `start_timeout_max` (never
     /// less than `start_timeout`).
     pub fn timeout(&self, config: &ProcessConfig) -> Duration {
-        let doublings = self.0.load(Ordering::Relaxed).min(16);
-        let grown = config.start_timeout.saturating_mul(1u32 << doublings);
-        grown.min(config.start_timeout_max.max(config.start_timeout))
+        kube_ovn_ipsec_api::backoff::BackoffPolicy {
+            initial: config.start_timeout,
+            max: config.start_timeout_max,
+            reset_after: Duration::MAX,
+        }
+        .delay_after(self.0.load(Ordering::Relaxed))
     }
 
     fn timed_out(&self) {

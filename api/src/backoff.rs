@@ -33,6 +33,18 @@ impl Default for BackoffPolicy {
 }
 
 impl BackoffPolicy {
+    /// The delay after `failures` failures in a row: `initial` doubled
+    /// once per failure, at most `max` (never less than `initial`). The
+    /// one doubling-with-cap; every retry schedule of the project is this
+    /// with its own `initial` and `max`.
+    pub fn delay_after(self, failures: u32) -> Duration {
+        // 2^failures saturates long before u32 overflow matters: cap the shift.
+        let factor = 1u32 << failures.min(20);
+        self.initial
+            .saturating_mul(factor)
+            .min(self.max.max(self.initial))
+    }
+
     /// A fresh schedule following this policy.
     pub fn start(self) -> Backoff {
         Backoff {
@@ -58,13 +70,7 @@ impl Default for Backoff {
 impl Backoff {
     /// The delay before the next attempt; advances the schedule.
     pub fn next_delay(&mut self) -> Duration {
-        // 2^attempt saturates long before u32 overflows matter: cap the shift.
-        let factor = 1u32 << self.attempt.min(20);
-        let delay = self
-            .policy
-            .initial
-            .saturating_mul(factor)
-            .min(self.policy.max);
+        let delay = self.policy.delay_after(self.attempt);
         self.attempt = self.attempt.saturating_add(1);
         delay
     }
@@ -108,6 +114,25 @@ mod tests {
         let seq: Vec<_> = (0..7).map(|_| b.next_delay()).collect();
         assert_eq!(secs(seq), vec![1, 2, 4, 8, 16, 30, 30]);
         assert_eq!(b.failures(), 7);
+    }
+
+    #[test]
+    fn delay_after_doubles_caps_and_never_overflows() {
+        let p = BackoffPolicy {
+            initial: Duration::from_secs(10),
+            max: Duration::from_secs(60),
+            reset_after: Duration::MAX,
+        };
+        let got: Vec<u64> = [0, 1, 2, 3, 40, u32::MAX]
+            .map(|f| p.delay_after(f).as_secs())
+            .to_vec();
+        assert_eq!(got, vec![10, 20, 40, 60, 60, 60]);
+        // A cap below the first delay never shortens it.
+        let p = BackoffPolicy {
+            max: Duration::from_secs(1),
+            ..p
+        };
+        assert_eq!(p.delay_after(3), Duration::from_secs(10));
     }
 
     #[test]

@@ -147,8 +147,12 @@ impl Initiator {
 
     /// The wait after `attempts` initiations.
     fn retry_after(attempts: u32) -> Duration {
-        let doublings = attempts.saturating_sub(1).min(8);
-        (Self::FIRST_RETRY * 2u32.pow(doublings)).min(Self::MAX_RETRY)
+        kube_ovn_ipsec_api::backoff::BackoffPolicy {
+            initial: Self::FIRST_RETRY,
+            max: Self::MAX_RETRY,
+            reset_after: Duration::MAX,
+        }
+        .delay_after(attempts.saturating_sub(1))
     }
 }
 
