@@ -12,6 +12,7 @@
 
 mod ike_node;
 
+use kube_ovn_ipsec_api::strongswan::{ConnDirection, MonitorConn};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -105,7 +106,7 @@ async fn ike_and_monitor_runners_bring_up_an_ike_sa_and_guards_survive_outages()
         if attempt.is_multiple_of(5) {
             let _ = a.node.flush_xfrm_states();
             for conn in a.node.routed_conns().unwrap_or_default() {
-                if conn.contains("-out-") {
+                if MonitorConn::parse(&conn).is_some_and(|c| c.direction == ConnDirection::Out) {
                     let _ = a.node.ipsec(&["stroke", "up-nb", &conn]);
                 }
             }

@@ -6,6 +6,7 @@
 // Each test binary uses a different part of it.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use kube_ovn_ipsec_api::strongswan::{ConnDirection, MonitorConn};
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -324,7 +325,9 @@ pub fn initiate(from: &IpsecNode, mark: u32, to: &IpsecNode) -> (Option<Outcome>
         if attempt.is_multiple_of(20) {
             let _ = from.flush_xfrm_states();
             for c in from.routed_conns().unwrap_or_default() {
-                if c.starts_with(&conn) && c.contains("-out-") {
+                if MonitorConn::parse(&c)
+                    .is_some_and(|m| m.tunnel == conn && m.direction == ConnDirection::Out)
+                {
                     let _ = from.ipsec(&["stroke", "up-nb", &c]);
                 }
             }
