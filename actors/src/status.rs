@@ -225,6 +225,14 @@ impl StatusBoard {
         if b.ovsdb_drift {
             return Err(Reason::OvsdbDrift);
         }
+        // Guards a read-back found unarmed hold the IKE daemon and the
+        // monitor back: their cause is the one to act on, and the one
+        // /status names.
+        if !b.status.protection_armed
+            && let Some(problem) = b.protection_problem
+        {
+            return Err(problem);
+        }
         for c in RuntimeComponent::ALL {
             if b.runtime.get(&c) != Some(&true) {
                 return Err(c.reason());

@@ -564,6 +564,70 @@ async fn ovsdb_drift_is_restored_and_reported() {
     agent.wait().unwrap();
 }
 
+/// Waits until `/status` names `reason` and `/readyz` refuses with the
+/// same one: the two never disagree on the cause.
+async fn status_and_readyz_name(cluster: &Cluster, port: u16, reason: &str, within: Duration) {
+    let t = Instant::now();
+    loop {
+        let status = http_get(port, "/status")
+            .await
+            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok());
+        let readyz = http_get(port, "/readyz").await;
+        let named = status.as_ref().and_then(|s| s["reason"].as_str()) == Some(reason);
+        if named
+            && readyz
+                .as_ref()
+                .is_some_and(|(code, body)| *code == 503 && body.contains(reason))
+        {
+            println!("{reason} on /status and /readyz after {:?}", t.elapsed());
+            return;
+        }
+        assert!(
+            t.elapsed() < within,
+            "/status {status:?} and /readyz {readyz:?} do not both name {reason}:\n{}",
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// OVSDB down is `OvsdbUnavailable` (not "someone changed the keys"), and
+/// a corrupt lease file is `LeaseFileInvalid` (not "a tool flushed the
+/// guards"), on `/status` and `/readyz` alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_readyz_name_ovsdb_down_and_a_corrupt_lease_file() {
+    let mut cluster = Cluster::start(Duration::from_secs(600)).await;
+    let key_dir = cluster.dir.path().join("keys");
+    let port = Cluster::free_port();
+    let mut agent = cluster.spawn_agent(&key_dir, port, 600, &[]);
+    wait_generation(&cluster, port, 1, Duration::from_secs(60)).await;
+
+    cluster.ovs.stop().unwrap();
+    status_and_readyz_name(&cluster, port, "OvsdbUnavailable", Duration::from_secs(20)).await;
+    cluster.ovs.restart().unwrap();
+    wait_generation(&cluster, port, 1, Duration::from_secs(30)).await;
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    agent.wait().unwrap();
+    let lease = key_dir.join(kube_ovn_ipsec_runtime::lease::LEASE_FILE);
+    std::fs::write(&lease, b"{ not a lease").unwrap();
+    let port = Cluster::free_port();
+    let mut agent = cluster.spawn_agent(&key_dir, port, 600, &[]);
+    status_and_readyz_name(&cluster, port, "LeaseFileInvalid", Duration::from_secs(30)).await;
+    // Nothing replaced the file the operator must look at.
+    assert_eq!(std::fs::read(&lease).unwrap(), b"{ not a lease");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    agent.wait().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_conf_db_gets_the_agents_keys_back() {
     let mut cluster = Cluster::start(Duration::from_secs(600)).await;
