@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::ident::Chassis;
-use crate::status::Reason;
+use crate::reason::Reason;
 use crate::time::Timestamp;
 
 /// `/proc/net/xfrm_stat`: outbound packets dropped by a `block` policy —

@@ -25,7 +25,9 @@
 //! * [`canonical`] — canonical JSON (RFC 8785 restricted to integers).
 //! * [`signed`] — [`SigningKey`] (PKCS#8 RSA / P-256), detached signatures,
 //!   the `payload.alg.signature` annotation form, typed-state verification.
-//! * [`status`] — the `/status` document, [`Phase`], [`Reason`].
+//! * [`status`] — the `/status` document, [`Phase`].
+//! * [`reason`] — [`Reason`], shared by the status document and the data
+//!   path's health.
 //! * [`datapath`] — per-peer data-path health ([`PeerState`](datapath::PeerState))
 //!   and the MTU arithmetic of the encrypted overlay.
 //! * [`backoff`] — the 1 s … 30 s restart/retry schedule, reset after 60 s
@@ -66,6 +68,7 @@ pub mod ident;
 pub mod logsafe;
 pub mod names;
 pub mod pki;
+pub mod reason;
 pub mod signed;
 pub mod status;
 pub mod strongswan;
