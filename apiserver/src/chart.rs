@@ -17,7 +17,17 @@ use std::sync::OnceLock;
 use k8s_openapi::api::core::v1::Container;
 use serde_json::Value;
 
-use crate::kube_ovn::Shape;
+/// The kube-ovn-cni DaemonSet's Pod template as the chart renders it
+/// (SPEC §9). Defined beside the renderer it selects; the cluster fixture
+/// (`crate::kube_ovn`) applies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// IPsec enabled: the `ipsec` agent container beside the CNI server.
+    Ipsec,
+    /// IPsec disabled after it was enabled: the `ipsec-cleanup` init
+    /// container instead of the agent.
+    Cleanup,
+}
 
 /// The default values' render: IPsec off with the previous state unknown
 /// offline, so the `ipsec-cleanup` init container ([`Shape::Cleanup`]).

@@ -285,16 +285,7 @@ pub async fn add_node(
     })
 }
 
-/// The kube-ovn-cni DaemonSet's Pod template as the chart renders it
-/// (SPEC §9).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// IPsec enabled: the `ipsec` agent container beside the CNI server.
-    Ipsec,
-    /// IPsec disabled after it was enabled: the `ipsec-cleanup` init
-    /// container instead of the agent.
-    Cleanup,
-}
+pub use crate::chart::Shape;
 
 impl Shape {
     /// The Pod spec of this shape, as the chart renders it

@@ -17,8 +17,7 @@ use testbed::overlay;
 
 use crate::node::SimNode;
 
-/// The pod port every simulated node has on `br-int`.
-pub const POD_PORT: &str = "pod0";
+pub use crate::node::POD_PORT;
 
 /// The name ovn-controller gives `from`'s tunnel to `to`.
 pub fn tunnel_name(to: &SimNode) -> String {

@@ -33,6 +33,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use testbed::ipsec::{IpsecNode, SYSTEM_PYTHON};
 
+/// The pod port every simulated node has on `br-int`.
+pub const POD_PORT: &str = "pod0";
+
 /// What the agent and the cleanup get beyond the chart's capabilities, for
 /// the simulation alone: entering a node's network and mount namespaces
 /// (`setns`: SYS_ADMIN, and SYS_CHROOT for a mount namespace) through
@@ -271,10 +274,7 @@ impl SimNode {
                 Some(&certificate_lifetime.to_string()),
             )
             // The pod port carries the Pod MTU, as ovn0 does on a node.
-            .set(
-                "tunnel-mtu-interface",
-                Some(crate::emulated_ovn_controller::POD_PORT),
-            )
+            .set("tunnel-mtu-interface", Some(POD_PORT))
             .set("ctl-socket", Some(&path(self.ctl_socket())));
         let child = process
             .command_with_capabilities(agent, &SIMULATION_CAPABILITIES)
