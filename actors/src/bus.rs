@@ -19,11 +19,23 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use kube_ovn_ipsec_api::datapath::{MtuReport, PeerHealth};
 use kube_ovn_ipsec_api::pki::Certificate;
 use ractor::{ActorRef, Message, OutputPort};
 
 use crate::keydir::{CsrBinding, IdentityPaths};
 
+/// Published by the datapath actor when the data path needs an operator.
+/// Defined with the bus that carries it (the datapath actor re-exports it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DatapathEvent {
+    /// A peer started counting against `datapathHealthy`.
+    PeerUnhealthy(Box<PeerHealth>),
+    /// The tunnel MTU does not leave room for ESP (published when found,
+    /// and again when the numbers change).
+    MtuTooSmall(MtuReport),
+}
 /// A verified generation that should be written to OVSDB.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActivationRequest {
@@ -199,7 +211,7 @@ pub struct Bus {
     /// Protection events.
     pub protection: Arc<OutputPort<ProtectionEvent>>,
     /// Data-path events (unhealthy peers, MTU).
-    pub datapath: Arc<OutputPort<crate::datapath::DatapathEvent>>,
+    pub datapath: Arc<OutputPort<DatapathEvent>>,
 }
 
 #[cfg(test)]

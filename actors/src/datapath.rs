@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube_ovn_ipsec_api::clock::Clock;
-use kube_ovn_ipsec_api::datapath::{DatapathReport, MtuReport, PeerHealth, PeerState};
+use kube_ovn_ipsec_api::datapath::{DatapathReport, MtuReport, PeerState};
 use ractor::concurrency::JoinHandle;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::Notify;
@@ -69,16 +69,7 @@ impl RefreshSignal {
     }
 }
 
-/// Published when the data path needs an operator.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DatapathEvent {
-    /// A peer started counting against `datapathHealthy`.
-    PeerUnhealthy(Box<PeerHealth>),
-    /// The tunnel MTU does not leave room for ESP (published when found,
-    /// and again when the numbers change).
-    MtuTooSmall(MtuReport),
-}
+pub use crate::bus::DatapathEvent;
 
 /// Start-up arguments (cloned for every incarnation).
 #[derive(Debug, Clone)]
