@@ -276,5 +276,36 @@ impl<W: Write> Drop for RedactingWriter<W> {
     }
 }
 
+/// A writer that keeps everything a logger writes, for the tests that
+/// grep every line (feature `test-util`): clone it into the layer's
+/// writer, read it back with [`LogCapture::text`].
+#[cfg(feature = "test-util")]
+#[derive(Debug, Clone, Default)]
+pub struct LogCapture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(feature = "test-util")]
+impl LogCapture {
+    /// What was written so far.
+    pub fn text(&self) -> String {
+        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+#[cfg(feature = "test-util")]
+impl Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -20,7 +20,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use kube_ovn_ipsec_api::logsafe::LogCapture;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -430,7 +431,7 @@ async fn the_loggers_guards_keep_kube_rs_body_echo_out() {
         assert!(secrets.get(k8s::CA_SECRET).await.is_err());
     };
 
-    let plain = Capture::default();
+    let plain = LogCapture::default();
     {
         let writer = plain.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -446,7 +447,7 @@ async fn the_loggers_guards_keep_kube_rs_body_echo_out() {
         "the control: kube-rs no longer echoes the body, so this test shows nothing"
     );
 
-    let guarded = Capture::default();
+    let guarded = LogCapture::default();
     {
         use tracing_subscriber::layer::SubscriberExt as _;
         let writer = guarded.clone();
@@ -464,27 +465,6 @@ async fn the_loggers_guards_keep_kube_rs_body_echo_out() {
     );
     m.assert_clean("the controller's logger", &text);
     c.stop().await;
-}
-
-/// A writer collecting what a logger writes.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Capture {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// A plain-HTTP proxy to the embedded API server that cuts the CA

@@ -21,9 +21,8 @@
 // A real server in real time: wall-clock waits.
 #![allow(clippy::disallowed_methods)]
 
-use std::io::Write;
+use kube_ovn_ipsec_api::logsafe::LogCapture;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actors::ports::CsrApi as _;
@@ -35,27 +34,6 @@ use kube_ovn_ipsec_runtime::agent::kube_csr::KubeCsrApi;
 use serde_json::{Value, json};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
-
-/// A writer collecting what the logger writes.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Capture {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// Base64 as the API stores bytes.
 fn b64(bytes: &[u8]) -> String {
@@ -129,7 +107,7 @@ async fn follow_trust(client: kube::Client, for_how_long: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_objects_and_tokens_leave_no_pem_and_no_token_in_the_agents_log() {
-    let capture = Capture::default();
+    let capture = LogCapture::default();
     let writer = capture.clone();
     tracing_subscriber::registry()
         .with(kube_ovn_ipsec_runtime::cli::log_layer(
