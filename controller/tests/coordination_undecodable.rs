@@ -97,19 +97,11 @@ async fn exactly_events(admin: &kube::Client, n: usize) -> Event {
 /// `kube-ovn-ipsec-controller status` as the operator runs it: whether it
 /// succeeded, and its stdout and stderr.
 fn status(kubeconfig: &Path) -> (bool, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kube-ovn-ipsec-controller"))
-        .args(["--namespace", NS, "status"])
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "warn")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    common::coordination::controller_cli_as(
+        env!("CARGO_BIN_EXE_kube-ovn-ipsec-controller"),
+        kubeconfig,
+        &["status"],
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -565,10 +565,17 @@ pub fn controller_cli(bin: &str, s: &Setup, args: &[&str]) -> (bool, String) {
     s.c.server
         .write_kubeconfig(&kubeconfig, apiserver::ADMIN_TOKEN)
         .unwrap();
+    controller_cli_as(bin, &kubeconfig, args)
+}
+
+/// Runs the controller binary `bin` with `kubeconfig` in namespace
+/// [`NS`], as an operator does: whether it succeeded, and its stdout and
+/// stderr.
+pub fn controller_cli_as(bin: &str, kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(bin)
         .args(["--namespace", NS])
         .args(args)
-        .env("KUBECONFIG", &kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .env_remove("KUBERNETES_SERVICE_HOST")
         .output()
         .unwrap();
