@@ -217,22 +217,18 @@ pub async fn run_with(
     let (ovs, external) = wait_for_ovsdb(&args, &shutdown).await?;
     // The node's claim before anything else (SPEC §2): an agent still
     // running here, whatever its key directory, holds it.
-    let _node_claim = {
-        let (netns, row, me) = (
-            args.node.xfrm_netns.clone(),
-            external.row.to_string(),
-            crate::node_claim::claimant("cleanup", &dir),
-        );
-        tokio::task::spawn_blocking(move || crate::node_claim::claim(netns.as_deref(), &row, &me))
-            .await
-            .map_err(|e| failed("claiming the node")(e.to_string()))?
-            .map_err(|e| match e {
-                crate::node_claim::ClaimError::Held { .. } => {
-                    CleanupError::NotSafe(format!("{e}; the agent may still run"))
-                }
-                other => failed("claiming the node")(other.to_string()),
-            })?
-    };
+    let _node_claim = crate::node_claim::claim_blocking(
+        args.node.xfrm_netns.clone(),
+        external.row.to_string(),
+        crate::node_claim::claimant("cleanup", &dir),
+    )
+    .await
+    .map_err(|e| match e {
+        crate::node_claim::ClaimError::Held { .. } => {
+            CleanupError::NotSafe(format!("{e}; the agent may still run"))
+        }
+        other => failed("claiming the node")(other.to_string()),
+    })?;
     let published = published_lease(external.entries);
     let identity_keys = identity_keys_in(&ovs, &dir).await?;
     // Without a key directory the node holds nothing of ours — unless

@@ -155,6 +155,23 @@ pub fn claim(netns: Option<&str>, row: &str, me: &Claimant) -> Result<NodeClaim,
     })
 }
 
+/// [`claim`] off the async executor (binding may enter a namespace on a
+/// helper thread): the one way the agent and the cleanup take the claim.
+pub async fn claim_blocking(
+    netns: Option<String>,
+    row: String,
+    me: Claimant,
+) -> Result<NodeClaim, ClaimError> {
+    let row_for_error = row.clone();
+    tokio::task::spawn_blocking(move || claim(netns.as_deref(), &row, &me))
+        .await
+        .map_err(|e| ClaimError::Io {
+            row: row_for_error,
+            what: "claiming the node off the executor",
+            source: std::io::Error::other(e.to_string()),
+        })?
+}
+
 /// Binds the name, or says who holds it. A holder that exits between the
 /// failed bind and the probe leaves the name free: bind again.
 fn bind_or_describe(name: &str, row: &str) -> Result<UnixListener, ClaimError> {

@@ -272,22 +272,13 @@ pub async fn run_with(
     // the kernel. A second agent on the same node stops at the first,
     // whatever its key directory, naming the holder and having touched
     // nothing; both are held until the process exits.
-    let _node_claim = {
-        let (netns, row, me) = (
-            args.node.xfrm_netns.clone(),
-            row.to_string(),
-            crate::node_claim::claimant("agent", &args.node.key_dir),
-        );
-        tokio::task::spawn_blocking(move || crate::node_claim::claim(netns.as_deref(), &row, &me))
-            .await
-            .map_err(|e| {
-                AgentError::Runtime(crate::Error::Blocking {
-                    what: "claiming the node",
-                    reason: e.to_string(),
-                })
-            })?
-            .map_err(AgentError::NodeClaimed)?
-    };
+    let _node_claim = crate::node_claim::claim_blocking(
+        args.node.xfrm_netns.clone(),
+        row.to_string(),
+        crate::node_claim::claimant("agent", &args.node.key_dir),
+    )
+    .await
+    .map_err(AgentError::NodeClaimed)?;
     let key_dir = args.node.key_dir.clone();
     let owner = tokio::task::spawn_blocking(move || actors::keydir::OwnerLock::acquire(key_dir))
         .await
