@@ -11,6 +11,8 @@
 //! Pure pieces:
 //! - [`clock`] — the injected wall clock ([`clock::TokioClock`] follows
 //!   tokio's pausable time in tests).
+//! - [`keydir_format`] — the key directory's layout, file names and state
+//!   file records (what [`ports::KeyStore`] speaks in).
 //! - [`keydir`] — the key directory: generations, state file, atomic
 //!   writes, owner lock, garbage collection.
 //! - [`pki`] — key generation, the CSR, verification of an issued leaf.
@@ -60,6 +62,7 @@ pub mod gate;
 pub mod identity;
 pub mod ike;
 pub mod keydir;
+pub mod keydir_format;
 pub mod metrics;
 pub mod monitor;
 pub mod ovsdb_writer;

@@ -1,7 +1,7 @@
 //! The side effects the actors need, as small traits the `runtime` crate
 //! implements: the Kubernetes CSR API (kube-rs) and the OVSDB identity keys
 //! (`ovsdb` crate); the key directory ([`KeyStore`], blocking, implemented
-//! here by `keydir::KeyDir`); and (submodule `tunnel`, re-exported here) those of the
+//! here by `keydir::KeyDir`, in the types of `keydir_format`); and (submodule `tunnel`, re-exported here) those of the
 //! tunnel actors: the lease and XFRM guards, the IKE daemon and the
 //! monitor. Fakes for tests live in `testing` (feature `test-util`).
 
@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Result;
-use crate::keydir::{GenerationFile, IdentityPaths, KeyDirState, MovedAside};
+use crate::keydir_format::{GenerationFile, IdentityPaths, KeyDirState, MovedAside};
 
 /// A `certificates.k8s.io/v1` CertificateSigningRequest to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,11 +175,12 @@ pub async fn blocking<T: Send + 'static>(
 }
 
 /// The key directory, as the identity actor uses it once it is open and
-/// locked (`crate::keydir::KeyDir::open`, whose value holds the lock).
+/// locked (`KeyDir::open` of the `keydir` module, whose value holds the
+/// lock).
 ///
 /// Every method blocks (file I/O, fsync): the identity actor calls them only
 /// through [`blocking`], one at a time, never on the async
-/// executor. `crate::keydir::KeyDir` implements it with real files; tests
+/// executor. `keydir::KeyDir` implements it with real files; tests
 /// use it in a temporary directory.
 pub trait KeyStore: Send + Sync + Debug + 'static {
     /// The three OVSDB paths of a generation (no I/O).
