@@ -52,6 +52,7 @@ use kube_ovn_ipsec_api::backoff::BackoffPolicy;
 use kube_ovn_ipsec_api::clock::Clock;
 
 mod actor;
+mod generation;
 mod machine;
 mod mint;
 mod recovery;

@@ -20,6 +20,7 @@ use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_api::status::Reason;
 use kube_ovn_ipsec_api::time::Timestamp;
 
+use super::generation::{Active, Pending};
 use super::mint::{self, MintPlan, Minted, RefreshPlan, StorePlan};
 use super::recovery::{self, Recovered};
 use super::{IdentityConfig, TrustSource};
@@ -28,41 +29,10 @@ use crate::error::{Error, Result};
 use crate::keydir::{
     ActiveRecord, CsrBinding, KeyDirState, MovedAside, PendingStage, RetiredRecord,
 };
-use crate::pki::{PrivateKey, verify_issued};
+use crate::pki::verify_issued;
 use crate::ports::{CsrOutcome, CsrRef, CsrSubmission};
 use crate::status::{IdentityCondition, timestamp};
 use kube_ovn_ipsec_api::backoff::Backoff;
-
-/// The active generation.
-#[derive(Debug, Clone)]
-pub(crate) struct Active {
-    /// Its number.
-    pub generation: u64,
-    /// Its leaf.
-    pub certificate: Certificate,
-    /// Whether the OVSDB writer confirmed OVSDB points at it.
-    pub confirmed: bool,
-    /// Digest of its `ca.pem` (`None` when unreadable): a trust bundle that
-    /// differs gets a trust-only generation.
-    pub ca_digest: Option<Sha256Digest>,
-    /// The CSR its certificate was issued for, when recorded.
-    pub csr: Option<CsrBinding>,
-}
-
-/// A pending generation: its key and CSR.
-#[derive(Debug)]
-pub(crate) struct Pending {
-    /// Its number.
-    pub generation: u64,
-    /// Its key (never logged: `Debug` prints the digest).
-    pub key: PrivateKey,
-    /// The CSR as submitted (empty for a trust-only generation).
-    pub request_pem: String,
-    /// The derived CSR name (empty for a trust-only generation).
-    pub csr_name: String,
-    /// Digest of the `ca.pem` stored with its certificate.
-    pub ca_digest: Option<Sha256Digest>,
-}
 
 /// Where the next generation stands.
 #[derive(Debug)]

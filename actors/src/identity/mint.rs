@@ -19,7 +19,7 @@ use kube_ovn_ipsec_api::names::k8s;
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 
 use super::IdentityConfig;
-use super::machine::Pending;
+use super::generation::Pending;
 use crate::error::Result;
 use crate::keydir::{GenerationFile, KeyDirState, PendingRecord, PendingStage, files};
 use crate::pki::{KeyType, PrivateKey};

@@ -9,7 +9,7 @@
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_api::time::Timestamp;
 
-use super::machine::{Active, Pending};
+use super::generation::{Active, Pending};
 use crate::error::{Error, Result};
 use crate::keydir::{KeyDirState, MovedAside, PendingRecord, PendingStage, RetiredRecord, files};
 use crate::pki::PrivateKey;

@@ -7,7 +7,7 @@ use kube_ovn_ipsec_api::ident::{Chassis, Uid};
 
 use super::*;
 use crate::keydir::{PendingRecord, STATE_VERSION};
-use crate::pki::KeyType;
+use crate::pki::{KeyType, PrivateKey};
 use crate::testing::{Tamper, TestCa};
 
 const BASE: u64 = 1_800_000_000;
