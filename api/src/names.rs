@@ -34,7 +34,8 @@ pub mod k8s {
     pub const SIGNER_NAME: &str = "kubeovn.io/signer";
     /// The exact CSR `usages` list, in order.
     pub const CSR_USAGES: [&str; 1] = ["ipsec tunnel"];
-    /// Every IPsec CSR name starts with this (see [`crate::csr::csr_name`]).
+    /// Every IPsec CSR name starts with this (the `csr` module derives the
+    /// names, `csr::csr_name`).
     pub const CSR_NAME_PREFIX: &str = "ovn-ipsec-";
     /// Organisation (`O=`) of every IPsec leaf subject.
     pub const SUBJECT_ORGANIZATION: &str = "kube-ovn";
