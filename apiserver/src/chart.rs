@@ -1,6 +1,6 @@
 //! The chart as rendered (`helm/rendered/`, drift-checked against a fresh
 //! render by `scripts/chart-test.py`): the cluster fixture's RBAC and
-//! DaemonSet Pod templates ([`crate::kube_ovn`]) and the lab's agent,
+//! DaemonSet Pod templates (the `kube_ovn` module) and the lab's agent,
 //! cleanup and controller processes are taken from it, so what the tests
 //! exercise is what the chart deploys.
 //!
@@ -19,7 +19,7 @@ use serde_json::Value;
 
 /// The kube-ovn-cni DaemonSet's Pod template as the chart renders it
 /// (SPEC §9). Defined beside the renderer it selects; the cluster fixture
-/// (`crate::kube_ovn`) applies it.
+/// (the `kube_ovn` module) applies it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
     /// IPsec enabled: the `ipsec` agent container beside the CNI server.

@@ -364,10 +364,9 @@ fn sub_struct<'m>(
 
 /// Checks that `obj` decodes into its kind's Go type as far as the fields
 /// this server knows, normalising `null` map and list elements to `""` as
-/// the real decoding does. The error is Go's message, for
-/// [`ApiError::undecodable`](crate::error::ApiError::undecodable) (a create
-/// or update body) or [`ApiError::invalid_patch`](crate::error::ApiError::invalid_patch)
-/// (a patch's result).
+/// the real decoding does. The error is Go's message, which the caller
+/// wraps in the API error of an undecodable body (a create or update) or
+/// of an invalid patch (a patch's result).
 pub fn decode(def: &ResourceDef, obj: &mut Value) -> Result<(), String> {
     // Custom resources have their CRD's schema, not a Go type.
     if !def.builtin {
