@@ -3,7 +3,7 @@
 //! receiving end of one monitor. Cheap to clone; all clones share one socket.
 //!
 //! The handle is the request/response API only. What this project builds on
-//! it (map columns, `NB_Global.ipsec`) lives in [`crate::helpers`].
+//! it (map columns, `NB_Global.ipsec`) lives in the `helpers` module.
 
 use std::collections::BTreeMap;
 use std::fmt;
