@@ -67,7 +67,7 @@ impl std::fmt::Debug for XfrmHandle {
 }
 
 /// A blocking netlink socket with its request sequence and receive buffer:
-/// what [`XfrmHandle`] and [`crate::link::LinkHandle`] share.
+/// what [`XfrmHandle`] and the `link` module's `LinkHandle` share.
 pub(crate) struct Netlink {
     socket: Socket,
     seq: u32,
