@@ -4,7 +4,8 @@
 //! - [`protection`]: lease and guards ([`crate::lease`], [`xfrm::guard`]
 //!   over netlink XFRM), the lease's publication and SA observation;
 //! - [`datapath`]: the data-path sample (the lease's SAs per peer,
-//!   `xfrm_stat`, link MTUs) through the same node;
+//!   `xfrm_stat`, link MTUs) through the same node, with the readers of
+//!   the counters and MTUs in `datapath_readers` (the node owns them);
 //! - [`ike`]: the IKE daemon ([`crate::ike`]);
 //! - [`monitor`]: the monitor ([`crate::monitor`], with the acknowledgement
 //!   and the trust bundle installed one file per CA).
@@ -12,6 +13,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 pub mod datapath;
+mod datapath_readers;
 pub mod ike;
 pub mod monitor;
 pub mod protection;

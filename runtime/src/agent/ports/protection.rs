@@ -13,7 +13,7 @@ use xfrm::alloc::OsRandom;
 use xfrm::guard::{GuardEvent, GuardKeeper};
 use xfrm::{Xfrm, XfrmHandle};
 
-use super::datapath::DatapathReaders;
+use super::datapath_readers::DatapathReaders;
 use super::lock;
 use crate::lease::{self, AllocationConfig, Lease, LeaseStore};
 use crate::sa;
