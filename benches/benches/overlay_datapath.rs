@@ -20,8 +20,7 @@
 // A bench measures real elapsed time against real daemons.
 #![allow(clippy::disallowed_methods)]
 
-#[path = "../../runtime/tests/ike_node/mod.rs"]
-mod ike_node;
+use harness::ike_node;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -21,8 +21,6 @@
 #![allow(clippy::disallowed_methods)]
 
 mod common;
-#[path = "../../runtime/tests/support/mod.rs"]
-mod support;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -38,7 +36,7 @@ use common::{
     policies, read_state, status,
 };
 use kube_ovn_ipsec_runtime::agent::Seams;
-use support::cluster::Cluster;
+use harness::cluster::Cluster;
 
 /// The signer's certificate lifetime: a renewal (and so a pass through
 /// every activation point) every 4–6 s.
@@ -213,6 +211,7 @@ impl Node {
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 #[ignore = "minutes long: scripts/test.sh and scripts/chaos.sh run it on its own"]
 async fn actors_killed_at_every_activation_point_keep_every_invariant() {
+    harness::use_agent_binary!();
     let logs = Logs::default();
     logs.install();
     let seed = common::seed();

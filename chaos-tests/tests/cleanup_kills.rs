@@ -29,13 +29,8 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-#[path = "../../runtime/tests/agent_node/mod.rs"]
-mod agent_node;
+use harness::agent_node;
 mod common;
-#[path = "../../runtime/tests/ike_node/mod.rs"]
-mod ike_node;
-#[path = "../../runtime/tests/support/mod.rs"]
-mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
@@ -60,7 +55,7 @@ use kube_ovn_ipsec_api::pki::Certificate;
 use kube_ovn_ipsec_api::signed;
 use kube_ovn_ipsec_api::time::Timestamp;
 use kube_ovn_ipsec_runtime::cleanup::Point;
-use support::controller_cluster as cc;
+use harness::controller_cluster as cc;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::netns::wait_for;
 
@@ -297,6 +292,7 @@ async fn at_kill(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes long: scripts/test.sh and scripts/chaos.sh run it on its own"]
 async fn cleanup_killed_at_every_release_step_repeats_cleanly_and_leaves_nothing() {
+    harness::use_agent_binary!();
     let script = prerequisites(&[]);
     let dir = tempfile::tempdir().unwrap();
     let api = ApiServer::builder().rbac(true).start().await.unwrap();
@@ -305,7 +301,7 @@ async fn cleanup_killed_at_every_release_step_repeats_cleanly_and_leaves_nothing
     let fx = fxs.remove(0);
     // The controller signs; it coordinates nothing (no OVN addresses): the
     // record is written here, as the controller's disable would.
-    let (controller, _) = support::cluster::start_controller(&api, &admin, &[]).await;
+    let (controller, _) = harness::cluster::start_controller(&api, &admin, &[]).await;
     let mut mesh = IpsecNode::mesh("koi-ck", &[fx.chassis.as_str(), "chassis-peer"]).unwrap();
     let peer = mesh.nodes.pop().unwrap();
     let node = mesh.nodes.pop().unwrap();

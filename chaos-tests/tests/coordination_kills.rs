@@ -50,13 +50,8 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-#[path = "../../runtime/tests/agent_node/mod.rs"]
-mod agent_node;
+use harness::agent_node;
 mod common;
-#[path = "../../runtime/tests/ike_node/mod.rs"]
-mod ike_node;
-#[path = "../../runtime/tests/support/mod.rs"]
-mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -74,8 +69,8 @@ use chaos::report::{Row, print_run};
 use common::{FOREIGN, GuardSampler, foreign, install_foreign, policies, proc_state};
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
-use support::controller_cluster as cc;
-use support::controller_cluster::coordination::{
+use harness::controller_cluster as cc;
+use harness::controller_cluster::coordination::{
     flags_wanting, lease, nb_sb, nb_sb_at, record, status,
 };
 use testbed::ipsec::IpsecNode;
@@ -178,7 +173,7 @@ impl Probe {
             .output();
         match out {
             Ok(o) if o.status.success() => {
-                support::cluster::parse_ovs_map(String::from_utf8_lossy(&o.stdout).trim())
+                harness::cluster::parse_ovs_map(String::from_utf8_lossy(&o.stdout).trim())
             }
             _ => BTreeMap::new(),
         }
@@ -797,7 +792,7 @@ impl Run {
     async fn standby(&self, enable: bool, fault: Fault) -> Option<JoinHandle<()>> {
         let Fault::Leader(_) = fault else { return None };
         let (nb, sb) = (self.e.central.nb.address(), self.e.central.sb.address());
-        let (task, _) = support::cluster::start_controller(
+        let (task, _) = harness::cluster::start_controller(
             &self.e.api,
             &self.e.admin,
             &flags_wanting(enable, &nb, &sb, "controller-1"),
@@ -872,6 +867,7 @@ fn row(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes long: scripts/test.sh and scripts/chaos.sh run it on its own"]
 async fn enable_and_disable_survive_agent_and_leader_kills_at_each_barrier() {
+    harness::use_agent_binary!();
     let t0 = Instant::now();
     let e = env(2).await;
     let chassis: Vec<String> = e.fxs.iter().map(|f| f.chassis.clone()).collect();

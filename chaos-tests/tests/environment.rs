@@ -20,8 +20,6 @@
 #![allow(clippy::disallowed_methods)]
 
 mod common;
-#[path = "../../runtime/tests/support/mod.rs"]
-mod support;
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
@@ -38,7 +36,7 @@ use common::{
     policies, read_state, status, wait_ready,
 };
 use kube_ovn_ipsec_runtime::agent::Seams;
-use support::cluster::Cluster;
+use harness::cluster::Cluster;
 
 /// The signer's certificate lifetime: a renewal every 4–6 s.
 const LIFETIME: Duration = Duration::from_secs(10);
@@ -336,6 +334,7 @@ impl Node {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "minutes long: scripts/test.sh and scripts/chaos.sh run it on its own"]
 async fn api_faults_clock_jumps_and_a_full_disk_keep_every_invariant() {
+    harness::use_agent_binary!();
     for p in ["mount", "umount"] {
         testbed::require_program(p).unwrap();
     }

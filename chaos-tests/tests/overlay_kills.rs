@@ -60,14 +60,8 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-#[path = "../../runtime/tests/agent_node/mod.rs"]
-mod agent_node;
+use harness::agent_node;
 mod common;
-#[path = "../../runtime/tests/ike_node/mod.rs"]
-#[allow(unused)]
-mod ike_node;
-#[path = "../../runtime/tests/support/mod.rs"]
-mod support;
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
@@ -86,7 +80,7 @@ use kube_ovn_ipsec_api::clock::SystemClock;
 use kube_ovn_ipsec_api::test_util::SplitMix64;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use support::controller_cluster as cc;
+use harness::controller_cluster as cc;
 use testbed::guest::HostFeatures;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::overlay::{self, Capture, Pinger, VSwitchd};
@@ -427,6 +421,7 @@ impl World {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn charon_monitor_and_agent_killed_under_encrypted_traffic_leak_no_plaintext() {
+    harness::use_agent_binary!();
     let features = HostFeatures::probe();
     if !features.complete() {
         println!(

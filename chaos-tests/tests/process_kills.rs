@@ -25,15 +25,9 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-#[path = "../../runtime/tests/agent_node/mod.rs"]
 #[allow(unused)]
-mod agent_node;
+use harness::agent_node;
 mod common;
-#[path = "../../runtime/tests/ike_node/mod.rs"]
-#[allow(unused)]
-mod ike_node;
-#[path = "../../runtime/tests/support/mod.rs"]
-mod support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -50,7 +44,7 @@ use common::{
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use support::cluster::{CHASSIS, Cluster};
+use harness::cluster::{CHASSIS, Cluster};
 use testbed::ipsec::IpsecNode;
 use testbed::netns::wait_for;
 
@@ -104,9 +98,9 @@ impl Node {
         .unwrap();
         let ns = node.netns().name().to_string();
         install_foreign(&ns);
-        let appctl = support::cluster::write_capability_standins(&cluster.standins);
+        let appctl = harness::cluster::write_capability_standins(&cluster.standins);
         let mut flags =
-            support::cluster::real_runtime_flags(&node, &cluster.standins, &appctl, script);
+            harness::cluster::real_runtime_flags(&node, &cluster.standins, &appctl, script);
         flags.extend(["--guard-readback-ms", "200"].map(String::from));
         let key_dir = cluster.dir.path().join("keys");
         let port = Cluster::free_port();
@@ -264,6 +258,7 @@ fn spawn(cluster: &Cluster, key_dir: &Path, port: u16, flags: &[String], stop: &
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "minutes long: scripts/test.sh and scripts/chaos.sh run it on its own"]
 async fn agent_charon_and_monitor_killed_at_every_activation_point_keep_every_invariant() {
+    harness::use_agent_binary!();
     let script = prerequisites(&["python3"]);
     let seed = common::seed();
     let rounds = env_u64("CHAOS_ROUNDS", 1) as usize;

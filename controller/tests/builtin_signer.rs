@@ -2,7 +2,7 @@
 // Test helpers outside #[test] fns panic on failure on purpose.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use harness::controller_cluster as common;
 
 use common::*;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;

@@ -10,7 +10,7 @@
 // A blocking CLI against a real server in real time: wall-clock deadlines.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use harness::controller_cluster as common;
 
 use std::path::Path;
 use std::process::Command;

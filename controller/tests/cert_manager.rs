@@ -7,7 +7,7 @@
 // Test helpers outside #[test] fns panic on failure on purpose.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use harness::controller_cluster as common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

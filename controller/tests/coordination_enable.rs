@@ -22,7 +22,7 @@
 // Against real daemons in real time: deadlines are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use harness::controller_cluster as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -34,7 +34,7 @@
 // Real processes against real daemons in real time: deadlines are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use harness::controller_cluster as common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command};

@@ -15,7 +15,7 @@
 // A real server and a real binary in real time: wall-clock deadlines.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use harness::controller_cluster as common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

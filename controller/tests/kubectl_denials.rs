@@ -13,7 +13,7 @@
 // time: the deadlines are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use harness::controller_cluster as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

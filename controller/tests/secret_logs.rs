@@ -18,7 +18,7 @@
 // Real processes in real time: wall-clock deadlines.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use harness::controller_cluster as common;
 
 use kube_ovn_ipsec_api::logsafe::LogCapture;
 use std::io::{BufRead, BufReader};

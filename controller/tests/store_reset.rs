@@ -8,7 +8,7 @@
 // Against a real server in real time: deadlines are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use harness::controller_cluster as common;
 
 use std::time::{Duration, Instant};
 

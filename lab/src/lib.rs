@@ -25,10 +25,11 @@
 //!   dispatcher (`up`, `status`, `down`, and `apiserver` to run the
 //!   embedded API server on its own).
 
-pub mod cluster;
-pub mod emulated_ovn_controller;
 pub mod lifecycle;
-pub mod node;
 pub mod state;
 pub mod summary;
 pub mod up;
+
+pub use harness::control_plane as cluster;
+pub use harness::node;
+pub use harness::ovn_controller as emulated_ovn_controller;

@@ -1,5 +1,5 @@
 //! The lab's parts together on this machine's kernel: the control plane
-//! (`lab::cluster`) and two simulated nodes (`lab::node`), each running the
+//! (`harness::control_plane`) and two simulated nodes (`harness::node`), each running the
 //! agent binary with the real strongSwan and the patched monitor. The
 //! controller's enable reaches `Enabled` on the agents' signed receipts,
 //! with both nodes armed (their leases published) and NB and SB true.
@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
-use lab::cluster::{Binaries, ControlPlane};
-use lab::node::SimNode;
+use harness::control_plane::{Binaries, ControlPlane};
+use harness::node::SimNode;
 use lab::state::NETNS_PREFIX;
 use testbed::ipsec::IpsecNode;
 

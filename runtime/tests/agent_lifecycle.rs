@@ -3,17 +3,16 @@
 //! generation 1 active → renewal → generation 2 active, the unrelated
 //! `other_config` key intact, no PEM in `/status` or the logs, clean exit on
 //! SIGTERM. The runtime actors run against the cluster's stand-ins
-//! (`support::cluster`), so readyz means the full SPEC §5 rule.
+//! (`harness::cluster`), so readyz means the full SPEC §5 rule.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod support;
 
 use std::time::{Duration, Instant};
 
-use support::cluster::{Cluster, http_get};
+use harness::cluster::{Cluster, http_get};
 
 async fn status(port: u16) -> Option<serde_json::Value> {
     let (code, body) = http_get(port, "/status").await?;
@@ -68,6 +67,7 @@ async fn wait_generation(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_start_activates_then_renews_keeping_other_keys() {
+    harness::use_agent_binary!();
     // 12 s certificates (requested: the API minimum of 600 s): renewal lands
     // 4.8–7.2 s after issuance.
     let cluster = Cluster::start(Duration::from_secs(12)).await;
@@ -78,7 +78,7 @@ async fn cold_start_activates_then_renews_keeping_other_keys() {
     let t = Instant::now();
     let s1 = wait_generation(&cluster, port, 1, Duration::from_secs(60)).await;
     println!("generation 1 active and ready after {:?}", t.elapsed());
-    assert_eq!(s1["chassis"], support::cluster::CHASSIS);
+    assert_eq!(s1["chassis"], harness::cluster::CHASSIS);
     assert_eq!(s1["nodeUID"], cluster.node_uid.as_str());
     let g1 = s1["generation"].as_u64().unwrap();
     // readyz covers the runtime (stand-ins here): guards read back from the
@@ -164,6 +164,7 @@ async fn cold_start_activates_then_renews_keeping_other_keys() {
 /// fresh identity is requested and activated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_state_file_is_moved_aside_with_an_event() {
+    harness::use_agent_binary!();
     use std::os::unix::fs::DirBuilderExt;
 
     let cluster = Cluster::start(Duration::from_secs(3600)).await;
@@ -200,7 +201,7 @@ async fn corrupt_state_file_is_moved_aside_with_an_event() {
         .await;
     assert_eq!(
         event.involved_object.name.as_deref(),
-        Some(support::cluster::NODE)
+        Some(harness::cluster::NODE)
     );
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert!(
@@ -218,6 +219,7 @@ async fn corrupt_state_file_is_moved_aside_with_an_event() {
 /// CSR exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn csr_refused_by_the_api_is_reported_as_an_api_error() {
+    harness::use_agent_binary!();
     use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use kube::api::{Api, ListParams, PostParams};
@@ -364,6 +366,7 @@ fn node_snapshot(cluster: &Cluster, key_dir: &std::path::Path) -> NodeSnapshot {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_agent_on_the_same_key_directory_exits_having_touched_nothing() {
+    harness::use_agent_binary!();
     let cluster = Cluster::start(Duration::from_secs(600)).await;
     let key_dir = cluster.dir.path().join("keys");
     let port = Cluster::free_port();
@@ -431,6 +434,7 @@ async fn a_second_agent_on_the_same_key_directory_exits_having_touched_nothing()
 /// SIGKILL, so no goodbye), its claim is taken over at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_agent_with_another_key_directory_refuses_naming_the_holder() {
+    harness::use_agent_binary!();
     let cluster = Cluster::start(Duration::from_secs(600)).await;
     let key_dir = cluster.dir.path().join("keys");
     let port = Cluster::free_port();
@@ -501,6 +505,7 @@ async fn a_second_agent_with_another_key_directory_refuses_naming_the_holder() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ovsdb_drift_is_restored_and_reported() {
+    harness::use_agent_binary!();
     let cluster = Cluster::start(Duration::from_secs(600)).await;
     let key_dir = cluster.dir.path().join("keys");
     let port = Cluster::free_port();
@@ -596,6 +601,7 @@ async fn status_and_readyz_name(cluster: &Cluster, port: u16, reason: &str, with
 /// guards"), on `/status` and `/readyz` alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_readyz_name_ovsdb_down_and_a_corrupt_lease_file() {
+    harness::use_agent_binary!();
     let mut cluster = Cluster::start(Duration::from_secs(600)).await;
     let key_dir = cluster.dir.path().join("keys");
     let port = Cluster::free_port();
@@ -630,6 +636,7 @@ async fn status_and_readyz_name_ovsdb_down_and_a_corrupt_lease_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_conf_db_gets_the_agents_keys_back() {
+    harness::use_agent_binary!();
     let mut cluster = Cluster::start(Duration::from_secs(600)).await;
     let key_dir = cluster.dir.path().join("keys");
     let port = Cluster::free_port();
@@ -659,7 +666,7 @@ async fn a_replaced_conf_db_gets_the_agents_keys_back() {
             "set",
             "Open_vSwitch",
             ".",
-            &format!("external_ids:system-id={}", support::cluster::CHASSIS),
+            &format!("external_ids:system-id={}", harness::cluster::CHASSIS),
         ])
         .unwrap();
     let t = Instant::now();
@@ -700,6 +707,7 @@ async fn a_replaced_conf_db_gets_the_agents_keys_back() {
 /// on a leaf that chains to the controller's CA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_controller_signs_the_agent_with_a_pod_bound_token() {
+    harness::use_agent_binary!();
     use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
     use kube::api::Api;
     use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};

@@ -19,7 +19,6 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod support;
 
 use std::path::Path;
 use std::process::Child;
@@ -30,7 +29,7 @@ use kube::api::{Api, ListParams};
 use kube_ovn_ipsec_runtime::lease::LeaseStore;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::{Pid, getpgid};
-use support::cluster::{Cluster, http_get};
+use harness::cluster::{Cluster, http_get};
 use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode};
 use xfrm::model::{Family, Policy, compare_guard};
 use xfrm::{Xfrm, XfrmHandle};
@@ -78,6 +77,7 @@ fn assert_nothing_created(cluster: &Cluster, key_dir: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capability_missing_refuses_before_any_key_csr_or_lease() {
+    harness::use_agent_binary!();
     let t0 = Instant::now();
     let ovn_controller = testbed::require_program("ovn-controller").unwrap();
     let appctl = testbed::require_program("ovs-appctl").unwrap();
@@ -431,6 +431,7 @@ async fn outage(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_ike_daemon_and_monitor_restart_with_guards_in_place() {
+    harness::use_agent_binary!();
     for p in ["ipsec", "ovs-appctl", "nsenter", "ip", "python3"] {
         testbed::require_program(p).unwrap();
     }
@@ -439,17 +440,17 @@ async fn real_ike_daemon_and_monitor_restart_with_guards_in_place() {
     let cluster = Cluster::start(Duration::from_secs(3600)).await;
     let node = IpsecNode::new(
         "koi-rt-agent",
-        support::cluster::CHASSIS,
+        harness::cluster::CHASSIS,
         [10, 78, 0, 1].into(),
     )
     .unwrap();
     // ovs-appctl for the monitor, the stand-in's marker for the
     // (not running here) patched ovn-controller.
-    let appctl = support::cluster::write_capability_standins(&cluster.standins);
+    let appctl = harness::cluster::write_capability_standins(&cluster.standins);
 
     let key_dir = cluster.dir.path().join("keys");
     let port = Cluster::free_port();
-    let mut flags = support::cluster::real_runtime_flags(
+    let mut flags = harness::cluster::real_runtime_flags(
         &node,
         &cluster.standins,
         &appctl,

@@ -19,7 +19,7 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod ike_node;
+use harness::ike_node;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -21,9 +21,7 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod agent_node;
-mod ike_node;
-mod support;
+use harness::agent_node;
 
 use std::time::{Duration, Instant};
 
@@ -35,7 +33,7 @@ use kube_ovn_ipsec_api::clock::SystemClock;
 use kube_ovn_ipsec_api::names::k8s;
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_runtime::ike::CA_FILE_PREFIX;
-use support::controller_cluster as cc;
+use harness::controller_cluster as cc;
 use testbed::ipsec::IpsecNode;
 use testbed::netns::wait_for;
 
@@ -46,6 +44,7 @@ fn ca_file(ca: &Certificate) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_driven_rotation_moves_every_node_without_an_authentication_failure() {
+    harness::use_agent_binary!();
     let script = prerequisites(&[]);
     let t0 = Instant::now();
     let dir = tempfile::tempdir().unwrap();
@@ -53,7 +52,7 @@ async fn a_controller_driven_rotation_moves_every_node_without_an_authentication
     let admin = api.client(ADMIN_TOKEN).await.unwrap();
     let (fxs, _) = cc::populate(&api, &admin, 2).await;
     let (controller, first_pem) =
-        support::cluster::start_controller(&api, &admin, &["--ca-reload", "1s"]).await;
+        harness::cluster::start_controller(&api, &admin, &["--ca-reload", "1s"]).await;
     let old = TrustBundle::from_pem(first_pem.as_bytes())
         .unwrap()
         .certificates()[0]

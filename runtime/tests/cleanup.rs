@@ -24,9 +24,8 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod agent_node;
-mod ike_node;
-mod support;
+use harness::agent_node;
+use harness::ike_node;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -47,7 +46,7 @@ use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::names::{exit_code, k8s, ovs};
 use kube_ovn_ipsec_api::signed;
 use kube_ovn_ipsec_api::time::Timestamp;
-use support::controller_cluster as cc;
+use harness::controller_cluster as cc;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::netns::wait_for;
 
@@ -131,6 +130,7 @@ fn guards_present(node: &IpsecNode, mark: u32) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_prove() {
+    harness::use_agent_binary!();
     let script = prerequisites(&[]);
     let dir = tempfile::tempdir().unwrap();
     let api = ApiServer::builder().rbac(true).start().await.unwrap();
@@ -138,7 +138,7 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
     let (fxs, ds_uid) = cc::populate(&api, &admin, 1).await;
     let fx = &fxs[0];
     // The controller signs; it coordinates nothing (no OVN addresses).
-    let (controller, _) = support::cluster::start_controller(&api, &admin, &[]).await;
+    let (controller, _) = harness::cluster::start_controller(&api, &admin, &[]).await;
     let mut mesh = IpsecNode::mesh("koi-cu", &[fx.chassis.as_str(), "chassis-peer"]).unwrap();
     let peer = mesh.nodes.pop().unwrap();
     let node = mesh.nodes.pop().unwrap();

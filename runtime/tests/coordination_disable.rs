@@ -29,9 +29,7 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod agent_node;
-mod ike_node;
-mod support;
+use harness::agent_node;
 
 use std::time::{Duration, Instant};
 
@@ -42,8 +40,8 @@ use agent_node::{
 };
 use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
 use kube_ovn_ipsec_api::names::k8s;
-use support::controller_cluster as cc;
-use support::controller_cluster::coordination::{nb_sb, record, status};
+use harness::controller_cluster as cc;
+use harness::controller_cluster::coordination::{nb_sb, record, status};
 use testbed::ipsec::{IpsecNode, Tunnel};
 
 use CoordinationPhase::{Cleanup, Disabled, Disabling, Enabled, Release};
@@ -112,6 +110,7 @@ fn tunnels(nodes: &[AgentNode]) -> Vec<(usize, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_agents_disable_to_nothing_of_ours_and_enable_again() {
+    harness::use_agent_binary!();
     let t0 = Instant::now();
     let mut e = env(3).await;
     let chassis: Vec<String> = e.fxs.iter().map(|f| f.chassis.clone()).collect();

@@ -20,9 +20,7 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod agent_node;
-mod ike_node;
-mod support;
+use harness::agent_node;
 
 use std::time::{Duration, Instant};
 
@@ -31,12 +29,13 @@ use agent_node::{
     start_node,
 };
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
-use support::controller_cluster as cc;
-use support::controller_cluster::coordination::{nb_sb, record, status};
+use harness::controller_cluster as cc;
+use harness::controller_cluster::coordination::{nb_sb, record, status};
 use testbed::ipsec::IpsecNode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
+    harness::use_agent_binary!();
     let t0 = Instant::now();
     let e = env(3).await;
     let (admin, central, fxs) = (&e.admin, &e.central, &e.fxs);
@@ -158,6 +157,7 @@ async fn three_agents_arm_before_the_nb_flip_and_the_cluster_reaches_enabled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_joining_an_enabled_cluster_arms_on_its_own_and_is_admitted() {
+    harness::use_agent_binary!();
     let t0 = Instant::now();
     let e = env(2).await;
     let (admin, central) = (&e.admin, &e.central);

@@ -44,9 +44,7 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod agent_node;
-mod ike_node;
-mod support;
+use harness::agent_node;
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -55,8 +53,8 @@ use agent_node::{AgentNode, prerequisites, start_node};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
-use support::controller_cluster as cc;
-use support::controller_cluster::coordination::{flags, nb_sb, record};
+use harness::controller_cluster as cc;
+use harness::controller_cluster::coordination::{flags, nb_sb, record};
 use testbed::guest::HostFeatures;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::overlay::{self, Capture, CaptureSummary, Pinger, VSwitchd};
@@ -121,6 +119,7 @@ fn any_intent(n: &AgentNode) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp() {
+    harness::use_agent_binary!();
     let features = HostFeatures::probe();
     if !features.complete() {
         println!(
@@ -209,7 +208,7 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     // The controller, with enable wanted.
     let (nb, sb) = (central.nb.address(), central.sb.address());
     let (controller, _) =
-        support::cluster::start_controller(&api, &admin, &flags(&nb, &sb, "controller-0")).await;
+        harness::cluster::start_controller(&api, &admin, &flags(&nb, &sb, "controller-0")).await;
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {

@@ -42,7 +42,6 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -57,7 +56,7 @@ use kube::Api;
 use kube::api::ListParams;
 use kube_ovn_ipsec_api::test_util::SplitMix64;
 use ovsdb::{MapChanges, MapColumn};
-use support::cluster::{Cluster, http_get};
+use harness::cluster::{Cluster, http_get};
 
 const IDENTITY_KEYS: [&str; 3] = ["private_key", "certificate", "ca_cert"];
 
@@ -672,6 +671,7 @@ async fn run_once(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_anywhere_in_the_identity_flow_keeps_one_key_one_generation() {
+    harness::use_agent_binary!();
     let started = Instant::now();
     let seed: u64 = std::env::var("CRASH_SEED")
         .ok()

@@ -41,9 +41,7 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod agent_node;
-mod ike_node;
-mod support;
+use harness::agent_node;
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -52,7 +50,7 @@ use std::time::{Duration, Instant};
 use agent_node::{AgentNode, connect, env, start_node};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
-use support::cluster::http_get;
+use harness::cluster::http_get;
 use testbed::guest::HostFeatures;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::overlay::{self, Pinger, VSwitchd};
@@ -238,6 +236,7 @@ fn df_ping(from: &IpsecNode, to: Ipv4Addr, size: u32) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_names_the_cause_of_a_broken_data_path() {
+    harness::use_agent_binary!();
     let features = HostFeatures::probe();
     if !features.complete() {
         println!(

@@ -10,7 +10,7 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod ike_node;
+use harness::ike_node;
 
 use kube_ovn_ipsec_api::strongswan::{ConnDirection, MonitorConn};
 use std::path::Path;

@@ -36,7 +36,7 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-mod ike_node;
+use harness::ike_node;
 
 use std::net::Ipv4Addr;
 use std::path::Path;

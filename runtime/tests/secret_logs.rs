@@ -107,6 +107,7 @@ async fn follow_trust(client: kube::Client, for_how_long: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_objects_and_tokens_leave_no_pem_and_no_token_in_the_agents_log() {
+    harness::use_agent_binary!();
     let capture = LogCapture::default();
     let writer = capture.clone();
     tracing_subscriber::registry()
@@ -229,6 +230,7 @@ fn static_token_kubeconfig(dir: &Path, name: &str, token: &str) -> PathBuf {
 /// file and not the token (kube-rs' own would quote it, or panic).
 #[tokio::test]
 async fn a_broken_kubeconfig_token_is_refused_without_quoting_it() {
+    harness::use_agent_binary!();
     let dir = tempfile::tempdir().unwrap();
     for (name, token, expected) in [
         (

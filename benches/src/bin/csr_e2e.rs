@@ -9,9 +9,7 @@
 #![allow(clippy::disallowed_methods)]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-// The cluster fixture is the controller's integration-test harness.
-#[path = "../../../controller/tests/common/mod.rs"]
-mod common;
+use harness::controller_cluster as common;
 
 use std::time::{Duration, Instant};
 

@@ -44,13 +44,9 @@
 #![allow(clippy::disallowed_methods)]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-// The cluster fixture is the controller's integration-test harness.
-#[path = "../../../controller/tests/common/mod.rs"]
-mod common;
+use harness::controller_cluster as common;
 
-// Identities, responders and watches shared with `enable_cohort`.
-#[path = "../cohort.rs"]
-mod cohort;
+use harness::cohort;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicUsize;

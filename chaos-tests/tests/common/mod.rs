@@ -3,9 +3,6 @@
 //! the foreign policies, the reads of a node (XFRM, `/status`, OVSDB,
 //! `state.json`), the guard sampler of invariant 2 and the checks after a
 //! fault (invariants 1, 3, 5 and 7).
-//!
-//! Needs the test crate to declare `mod support;` (the runtime tests'
-//! fixtures).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
@@ -20,7 +17,7 @@ use chaos::check;
 use tokio::sync::oneshot;
 use xfrm::Xfrm;
 
-use crate::support::cluster::{Cluster, NODE, http_get};
+use harness::cluster::{Cluster, NODE, http_get};
 
 /// The high half of the marks of the foreign policies each node's
 /// namespace holds: state this project did not create, which must survive

@@ -31,13 +31,20 @@ pub use apiserver::kube_ovn::{CNI_SA, CONTROLLER_SA, HASH, NS, Shape};
 /// One node of the test cluster (the library's [`apiserver::kube_ovn::CniNode`]).
 pub type NodeFx = apiserver::kube_ovn::CniNode;
 
+/// The test cluster, with the controller running in-process until
+/// [`Cluster::stop`] (or drop).
 pub struct Cluster {
+    /// The embedded API server (RBAC on).
     pub server: ApiServerHandle,
+    /// The cluster admin's client.
     pub admin: Client,
+    /// The nodes, each with its CNI Pod and token.
     pub nodes: Vec<NodeFx>,
+    /// The kube-ovn-cni DaemonSet's UID.
     pub ds_uid: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// The controller's metrics.
     pub metrics: Arc<controller::metrics::Metrics>,
 }
 
@@ -243,6 +250,7 @@ impl Cluster {
         }
     }
 
+    /// Stops the controller and waits for its task.
     pub async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
@@ -293,8 +301,11 @@ pub fn request_pem(key: &rcgen::KeyPair, chassis: &str) -> Vec<u8> {
 /// How a CSR ended.
 #[derive(Debug, PartialEq)]
 pub enum Outcome {
+    /// Issued: the certificate's PEM.
     Issued(Vec<u8>),
+    /// Denied: the condition's message.
     Denied(String),
+    /// Failed: the condition's message.
     Failed(String),
 }
 

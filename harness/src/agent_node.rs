@@ -4,7 +4,8 @@
 //! (strongSwan, the patched monitor), and the helpers that tie two such
 //! nodes together as the patched ovn-controller would.
 //!
-//! Needs the test crate to declare `mod ike_node;` and `mod support;`.
+//! The agent binary is the calling test crate's
+//! ([`crate::use_agent_binary!`]).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
@@ -14,9 +15,9 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use crate::ike_node::{Outcome, initiate, start_ovsdb, tear_down};
-use crate::support::cluster::http_get;
-use crate::support::controller_cluster as cc;
-use crate::support::controller_cluster::coordination::flags;
+use crate::cluster::http_get;
+use crate::controller_cluster as cc;
+use crate::controller_cluster::coordination::flags;
 use apiserver::chart;
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::names::ovs;
@@ -39,11 +40,16 @@ pub const AUTH_FAILURES: [&str; 4] = [
 pub struct AgentNode {
     // Field order is drop order: the agent, then the database, then the
     // namespaces and files.
+    /// The agent process (`kube-ovn-ipsec run`).
     pub agent: Child,
     _ovsdb: Supervised,
+    /// The node's namespaces, files and strongSwan configuration.
     pub node: IpsecNode,
+    /// The agent's key directory.
     pub key_dir: PathBuf,
+    /// The agent's status port on 127.0.0.1.
     pub port: u16,
+    /// The agent's log file (appended across respawns).
     pub log: PathBuf,
     /// Environment the agent process gets beyond the chart's (kept for a
     /// respawn).
@@ -74,10 +80,12 @@ impl AgentNode {
         (code == 200).then(|| serde_json::from_str(&body).ok())?
     }
 
+    /// Whether `/readyz` answers 200.
     pub async fn ready(&self) -> bool {
         http_get(self.port, "/readyz").await.map(|(c, _)| c) == Some(200)
     }
 
+    /// The agent's log so far.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -163,7 +171,7 @@ pub fn prerequisites(more: &[&str]) -> &'static Path {
         testbed::require_program(p).unwrap();
     }
     assert!(Path::new(DEBIAN_MONITOR_SCRIPT).exists());
-    testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap()
+    testbed::ipsec::patched_monitor_script(&std::env::temp_dir()).unwrap()
 }
 
 /// Starts node `node`'s ovsdb-server and its agent as `fx`'s Pod.
@@ -201,7 +209,7 @@ pub fn start_node_with(
     .unwrap();
     node.vsctl(&["add-br", "br-int"]).unwrap();
     let key_dir = dir.join(&fx.name).join("keys");
-    let port = crate::support::cluster::Cluster::free_port();
+    let port = crate::cluster::Cluster::free_port();
     let log = dir.join(&fx.name).join("agent.log");
     let agent = spawn_agent(
         &node, fx, api, dir, script, extra, &key_dir, port, &log, &env,
@@ -275,7 +283,7 @@ fn spawn_agent(
     let kubeconfig = own.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig, &fx.token).unwrap();
     let standins = own.join("standins");
-    let appctl = crate::support::cluster::write_capability_standins(&standins);
+    let appctl = crate::cluster::write_capability_standins(&standins);
     let container = chart::Rendered::of(cc::Shape::Ipsec)
         .and_then(|r| r.container(chart::CONTAINER_AGENT))
         .unwrap();
@@ -297,12 +305,12 @@ fn spawn_agent(
         .set("coordination", Some("off"));
     // RSA node keys (the default): ovs-monitor-ipsec writes the key into
     // ipsec.secrets as `: RSA`, which charon cannot load for an ECDSA key.
-    let runtime = crate::support::cluster::real_runtime_flags(node, &standins, &appctl, script);
+    let runtime = crate::cluster::real_runtime_flags(node, &standins, &appctl, script);
     let runtime: Vec<&str> = runtime.iter().map(String::as_str).collect();
     set_flags(&mut agent, &runtime);
     set_flags(&mut agent, extra);
     agent
-        .command(crate::support::cluster::agent_binary())
+        .command(crate::binaries::agent())
         .env("RUST_LOG", "info")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(std::process::Stdio::null())
@@ -408,6 +416,8 @@ pub fn both_ways_establish(a: &AgentNode, b: &AgentNode, when: &str) {
     }
 }
 
+/// Asserts that no node's charon logged an authentication failure
+/// ([`AUTH_FAILURES`]).
 pub fn no_auth_failures(nodes: &[&AgentNode]) {
     for n in nodes {
         let log = n.node.charon_log();
@@ -443,13 +453,21 @@ pub const AGENT_FLAGS: [&str; 4] = ["--coordination", "cluster", "--pod-template
 /// OVN central, the real controller.
 pub struct Env {
     // Field order is drop order: the controller before what it talks to.
+    /// The in-process controller (aborted on drop).
     pub controller: tokio::task::JoinHandle<()>,
+    /// The cluster admin's client.
     pub admin: kube::Client,
+    /// The embedded API server (RBAC on).
     pub api: apiserver::ApiServerHandle,
+    /// OVN NB and SB with ovn-northd.
     pub central: OvnCentral,
+    /// The cluster's nodes, each with its CNI Pod and token.
     pub fxs: Vec<cc::NodeFx>,
+    /// The kube-ovn-cni DaemonSet's UID.
     pub ds_uid: String,
+    /// The patched ovs-monitor-ipsec the nodes run.
     pub script: &'static Path,
+    /// Where each node's files live (`<dir>/<node>/`).
     pub dir: tempfile::TempDir,
 }
 
@@ -460,6 +478,7 @@ impl Drop for Env {
     }
 }
 
+/// [`env_with`] without extra controller flags.
 pub async fn env(nodes: usize) -> Env {
     env_with(nodes, &[]).await
 }
@@ -477,7 +496,7 @@ pub async fn env_with(nodes: usize, controller_flags: &[&str]) -> Env {
     let mut controller_args = flags(&nb, &sb, "controller-0");
     controller_args.extend_from_slice(controller_flags);
     let (controller, _) =
-        crate::support::cluster::start_controller(&api, &admin, &controller_args).await;
+        crate::cluster::start_controller(&api, &admin, &controller_args).await;
     Env {
         controller,
         admin,
@@ -496,10 +515,10 @@ pub async fn env_with(nodes: usize, controller_flags: &[&str]) -> Env {
 pub async fn restart_controller(e: &mut Env, enable: bool) {
     e.controller.abort();
     let (nb, sb) = (e.central.nb.address(), e.central.sb.address());
-    let (controller, _) = crate::support::cluster::start_controller(
+    let (controller, _) = crate::cluster::start_controller(
         &e.api,
         &e.admin,
-        &crate::support::controller_cluster::coordination::flags_wanting(
+        &crate::controller_cluster::coordination::flags_wanting(
             enable,
             &nb,
             &sb,
@@ -514,9 +533,13 @@ pub async fn restart_controller(e: &mut Env, enable: bool) {
 /// its admin client, the DaemonSet's UID and the directory under which
 /// each node's kubeconfig is written (`<dir>/<node>/kubeconfig`).
 pub struct Rollout<'a> {
+    /// The API server.
     pub api: &'a apiserver::ApiServerHandle,
+    /// Its admin client.
     pub admin: &'a kube::Client,
+    /// The DaemonSet's UID (the new Pod's owner).
     pub ds_uid: &'a str,
+    /// Where the nodes' kubeconfigs are written.
     pub dir: &'a Path,
 }
 
@@ -660,7 +683,7 @@ pub fn cleanup_command(
         .set("xfrm-netns", Some(node.netns().name()))
         .set("wait", Some(&wait_secs.to_string()))
         .set("poll-ms", Some("200"));
-    let mut cmd = cleanup.command(crate::support::cluster::agent_binary());
+    let mut cmd = cleanup.command(crate::binaries::agent());
     cmd.env("RUST_LOG", "info");
     cmd
 }
@@ -675,7 +698,7 @@ pub fn ovs_map(node: &IpsecNode, column: &str) -> std::collections::BTreeMap<Str
     let raw = node
         .vsctl(&["get", "Open_vSwitch", ".", column])
         .unwrap_or_default();
-    crate::support::cluster::parse_ovs_map(raw.trim())
+    crate::cluster::parse_ovs_map(raw.trim())
 }
 
 /// One key in each of `external_ids` and `other_config` that nothing of

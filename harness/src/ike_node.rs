@@ -302,6 +302,7 @@ pub const IKE_TIMEOUT: Duration = Duration::from_secs(20);
 /// What one initiation attempt from one node to another came to.
 #[derive(Debug)]
 pub enum Outcome {
+    /// The IKE_SA that was established.
     Established(IkeSa),
     /// The initiator could not verify the responder, or was told
     /// AUTHENTICATION_FAILED: the log line that says so.

@@ -5,7 +5,7 @@
 //! measures (peak RSS, CPU).
 //!
 //! Included by each bench binary next to the controller's test fixture
-//! (`crate::common`), which it builds on.
+//! (`crate::controller_cluster`), which it builds on.
 
 // Each binary uses a part of what is here; the rest is dead in that binary.
 #![allow(dead_code)]
@@ -40,8 +40,8 @@ use controller::coordination::evidence::{CsrFacts, PodFacts};
 use controller::coordination::leader::LEASE_NAME as LEASE;
 use controller::coordination::run::{CONFIGMAP as RECORD, RECEIPT_ANNOTATION};
 
-use crate::common::coordination::Identity;
-use crate::common::{Cluster, HASH, NS, NodeFx, Outcome, csr_object, outcome, request_pem};
+use crate::controller_cluster::coordination::Identity;
+use crate::controller_cluster::{Cluster, HASH, NS, NodeFx, Outcome, csr_object, outcome, request_pem};
 
 /// `--coordination-period` of every coordinating controller in the benches.
 pub const PERIOD: Duration = Duration::from_secs(1);

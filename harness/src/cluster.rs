@@ -53,8 +53,11 @@ pub const CHASSIS: &str = "chassis-a";
 /// The Pod the agent runs as (`--pod-name`, `--pod-uid`) on `--node-name`.
 #[derive(Clone, Debug)]
 pub struct AgentPod {
+    /// The Node the Pod runs on.
     pub node: String,
+    /// The Pod's name.
     pub name: String,
+    /// The Pod's UID.
     pub uid: String,
 }
 
@@ -67,7 +70,7 @@ pub async fn start_controller(
     admin: &kube::Client,
     flags: &[&str],
 ) -> (JoinHandle<()>, String) {
-    use crate::support::controller_cluster as cc;
+    use crate::controller_cluster as cc;
     let controller_token = cc::mint_token(admin, cc::CONTROLLER_SA, None).await;
     let controller_client = api.client(&controller_token).await.unwrap();
     let config = {
@@ -198,24 +201,11 @@ pub struct AgentProcess<'a> {
     pub env: &'a [(&'a str, &'a str)],
 }
 
-/// The agent binary these tests run: the runtime crate's own, or — where
-/// the chaos suite includes these fixtures — the same command line with
-/// its fault points (`kube-ovn-ipsec-chaos`, which without `CHAOS_STOP_AT`
-/// is the agent binary).
-pub fn agent_binary() -> &'static Path {
-    // `option_env!`: each crate that includes this module builds only one
-    // of the two.
-    let bin = option_env!("CARGO_BIN_EXE_kube-ovn-ipsec-chaos")
-        .or(option_env!("CARGO_BIN_EXE_kube-ovn-ipsec"))
-        .expect("the agent binary is built only for the runtime and chaos crates' tests");
-    Path::new(bin)
-}
-
 /// Starts `kube-ovn-ipsec run` as described by `a`: with
 /// `--coordination off` (armed at start, as these single-node tests need)
 /// unless `extra` names `--coordination` itself.
 pub fn spawn_agent_process(a: &AgentProcess<'_>) -> Child {
-    let mut cmd = Command::new(agent_binary());
+    let mut cmd = Command::new(crate::binaries::agent());
     cmd.args(["run", "--node-name", &a.pod.node]);
     if !a.extra.contains(&"--coordination") {
         cmd.args(["--coordination", "off"]);
@@ -265,14 +255,20 @@ fn node_ovsdb(dir: &Path, chassis: &str) -> OvsdbServer {
 
 /// Everything one agent needs, running.
 pub struct Cluster {
+    /// The cluster's files (key directory, logs, kubeconfig).
     pub dir: tempfile::TempDir,
+    /// The embedded API server.
     pub api: ApiServerHandle,
+    /// The node's Open_vSwitch ovsdb-server.
     pub ovs: OvsdbServer,
     /// The agent's credentials: the admin's, or (with the real controller)
     /// its Pod-bound ServiceAccount token.
     pub kubeconfig: PathBuf,
+    /// The Node's UID.
     pub node_uid: String,
+    /// The Pod the agent runs as.
     pub pod: AgentPod,
+    /// The signer's CA certificate (the trust bundle).
     pub ca_pem: String,
     /// The agent's network namespace (its guards live there).
     pub netns: testbed::netns::Netns,
@@ -528,7 +524,7 @@ impl Cluster {
     /// Pod-bound token, minted the same way. No admin credential reaches
     /// the agent or the controller.
     pub async fn start_with_controller() -> Cluster {
-        use crate::support::controller_cluster as cc;
+        use crate::controller_cluster as cc;
         let dir = tempfile::tempdir().unwrap();
         // The controller signs on the system clock: this clock moves the
         // API server's tokens only.
