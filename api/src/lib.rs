@@ -32,6 +32,8 @@
 //!   and the MTU arithmetic of the encrypted overlay.
 //! * [`backoff`] — the 1 s … 30 s restart/retry schedule, reset after 60 s
 //!   healthy (actors, processes, renewals, OVSDB reconnects).
+//! * [`conflict`] — the one read-modify-replace loop retried on a write
+//!   conflict (the caller says what a conflict is).
 //! * [`strongswan`] — `ipsec statusall` and `listcerts` output, parsed (the
 //!   agent's probe and the testbed's waits read it the same way).
 //! * [`coordination`] — the coordination record, phase state machine,
@@ -59,6 +61,7 @@
 pub mod backoff;
 pub mod canonical;
 pub mod clock;
+pub mod conflict;
 pub mod coordination;
 pub mod csr;
 pub mod datapath;

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use kube_ovn_ipsec_api::clock::Clock;
+use kube_ovn_ipsec_api::conflict::replace_on_conflict;
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 
 use crate::error::{Error, Result};
@@ -24,6 +25,15 @@ use crate::{names, secret};
 /// An `api` PKI error as the controller reports a bad trust bundle.
 fn bundle_error(e: kube_ovn_ipsec_api::Error) -> Error {
     Error::TrustBundleInvalid(e.to_string())
+}
+
+/// How many times a write of the trust bundle is tried against concurrent
+/// writers (another replica, an operator edit) before giving up.
+const BUNDLE_WRITE_ATTEMPTS: u32 = 5;
+
+/// Every write of the trust bundle lost to a concurrent writer.
+fn bundle_kept_changing(_last: Error) -> Error {
+    Error::TrustBundleInvalid("trust bundle kept changing under concurrent writes".into())
 }
 
 /// Which CA the controller signs with, and where its objects live.
@@ -58,7 +68,7 @@ pub async fn ensure_ca(
                     tracing::info!(namespace = %ns, "generated the IPsec CA");
                     ca
                 }
-                Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
+                Err(e) if e.is_conflict() => {
                     ca_from_secret(ns, &secret::get(client, ns, names::CA_SECRET).await?)?
                 }
                 Err(e) => return Err(e),
@@ -149,29 +159,32 @@ pub fn plan_retire(
 pub async fn announce_signing_ca(client: &Client, namespace: &str, ca: &Certificate) -> Result<()> {
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let fingerprint = ca.digest().to_hex();
-    // Bounded retry on write conflicts with another writer of the bundle.
-    for _ in 0..5 {
-        let mut cm = maps.get(names::TRUST_CONFIGMAP).await?;
-        let annotations = cm.metadata.annotations.get_or_insert_with(BTreeMap::new);
-        if annotations.get(names::SIGNING_CA_ANNOTATION) == Some(&fingerprint) {
-            return Ok(());
-        }
-        annotations.insert(names::SIGNING_CA_ANNOTATION.into(), fingerprint.clone());
-        match maps
-            .replace(names::TRUST_CONFIGMAP, &PostParams::default(), &cm)
-            .await
-        {
-            Ok(_) => {
-                tracing::info!(signing_ca = %fingerprint, "announced the signing CA to the nodes");
-                return Ok(());
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(e) => return Err(e.into()),
-        }
+    let announced = replace_on_conflict(BUNDLE_WRITE_ATTEMPTS, Error::is_conflict, || {
+        mark_signing_ca(&maps, &fingerprint)
+    })
+    .await
+    .map_err(|e| e.or_exhausted(bundle_kept_changing))?;
+    if announced {
+        tracing::info!(signing_ca = %fingerprint, "announced the signing CA to the nodes");
     }
-    Err(Error::TrustBundleInvalid(
-        "trust bundle kept changing under concurrent writes".into(),
-    ))
+    Ok(())
+}
+
+/// One read-modify-replace of [`announce_signing_ca`]: whether it wrote
+/// (`false`: the mark was already `fingerprint`).
+async fn mark_signing_ca(maps: &Api<ConfigMap>, fingerprint: &str) -> Result<bool> {
+    let mut cm = maps.get(names::TRUST_CONFIGMAP).await?;
+    let annotations = cm.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    if annotations
+        .get(names::SIGNING_CA_ANNOTATION)
+        .is_some_and(|mark| mark == fingerprint)
+    {
+        return Ok(false);
+    }
+    annotations.insert(names::SIGNING_CA_ANNOTATION.into(), fingerprint.to_owned());
+    maps.replace(names::TRUST_CONFIGMAP, &PostParams::default(), &cm)
+        .await?;
+    Ok(true)
 }
 
 /// Reads the trust bundle ConfigMap (cert-manager mode: provided by the operator).
@@ -192,47 +205,43 @@ async fn ensure_in_bundle(
     ca: &Certificate,
 ) -> Result<TrustBundle> {
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    // Bounded retry on write conflicts with another replica or an operator edit.
-    for _ in 0..5 {
-        match maps.get_opt(names::TRUST_CONFIGMAP).await? {
-            None => {
-                let bundle =
-                    TrustBundle::from_certificates(vec![ca.clone()]).map_err(bundle_error)?;
-                let mut cm = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(names::TRUST_CONFIGMAP.into()),
-                        namespace: Some(namespace.into()),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                };
-                write_bundle(&mut cm, &bundle);
-                match maps.create(&PostParams::default(), &cm).await {
-                    Ok(_) => return Ok(bundle),
-                    Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            Some(mut cm) => {
-                let mut bundle = bundle_from_configmap(&cm)?;
-                if !bundle.add(ca.clone()).map_err(bundle_error)? {
-                    return Ok(bundle);
-                }
-                write_bundle(&mut cm, &bundle);
-                match maps
-                    .replace(names::TRUST_CONFIGMAP, &PostParams::default(), &cm)
-                    .await
-                {
-                    Ok(_) => return Ok(bundle),
-                    Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
+    replace_on_conflict(BUNDLE_WRITE_ATTEMPTS, Error::is_conflict, || {
+        add_to_bundle(&maps, namespace, ca)
+    })
+    .await
+    .map_err(|e| e.or_exhausted(bundle_kept_changing))
+}
+
+/// One read-modify-write of [`ensure_in_bundle`]: the bundle ConfigMap
+/// created with `ca` alone, or `ca` added to it (no write when it is
+/// already in).
+async fn add_to_bundle(
+    maps: &Api<ConfigMap>,
+    namespace: &str,
+    ca: &Certificate,
+) -> Result<TrustBundle> {
+    let Some(mut cm) = maps.get_opt(names::TRUST_CONFIGMAP).await? else {
+        let bundle = TrustBundle::from_certificates(vec![ca.clone()]).map_err(bundle_error)?;
+        let mut cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(names::TRUST_CONFIGMAP.into()),
+                namespace: Some(namespace.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        write_bundle(&mut cm, &bundle);
+        maps.create(&PostParams::default(), &cm).await?;
+        return Ok(bundle);
+    };
+    let mut bundle = bundle_from_configmap(&cm)?;
+    if !bundle.add(ca.clone()).map_err(bundle_error)? {
+        return Ok(bundle);
     }
-    Err(Error::TrustBundleInvalid(
-        "trust bundle kept changing under concurrent writes".into(),
-    ))
+    write_bundle(&mut cm, &bundle);
+    maps.replace(names::TRUST_CONFIGMAP, &PostParams::default(), &cm)
+        .await?;
+    Ok(bundle)
 }
 
 fn bundle_from_configmap(cm: &ConfigMap) -> Result<TrustBundle> {

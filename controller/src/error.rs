@@ -58,6 +58,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether this is the API server's `409 Conflict`: a write lost to a
+    /// concurrent writer (a stale resourceVersion, or a create of a name
+    /// that now exists), which a read-modify-replace answers by reading
+    /// again.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(e) if is_conflict(e))
+    }
+
     /// A short, stable label for metrics (`error` label values).
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -75,6 +83,12 @@ impl Error {
             Error::Coordination(_) => "coordination",
         }
     }
+}
+
+/// Whether a Kubernetes API error is `409 Conflict` (see
+/// [`Error::is_conflict`]).
+pub fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
 /// Why a cert-manager result is not copied into the CSR.

@@ -32,6 +32,7 @@ use actors::keydir::{self, ActiveRecord, OwnerLock};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::{Api, Client};
 use kube_ovn_ipsec_api::clock::{self, Clock, SystemClock};
+use kube_ovn_ipsec_api::conflict::replace_on_conflict;
 use kube_ovn_ipsec_api::coordination::{CoordinationRecord, ReleaseReceipt, ReleaseStatus};
 use kube_ovn_ipsec_api::digest::Sha256Digest;
 use kube_ovn_ipsec_api::ident::Uid;
@@ -774,26 +775,28 @@ async fn publish_receipt(
         .map_err(|e| CleanupError::NotSafe(e.to_string()))?;
     let nodes: Api<Node> = Api::all(client.clone());
     // A concurrent writer of the Node makes the conditional patch fail:
-    // read again and retry a few times.
-    let mut last = String::new();
-    for _ in 0..5 {
-        match annotate_node(
-            &nodes,
-            &node.node_name,
-            k8s::ANNOTATION_RELEASE_RECEIPT,
-            &annotation,
-        )
-        .await
-        {
-            Ok(()) => {
-                tracing::info!(epoch = record.epoch, "release receipt published");
-                return Ok(());
-            }
-            Err(e) => last = e.to_string(),
-        }
+    // read again and retry a few times. Any failure counts as such a
+    // conflict: `annotate_node` keeps only the text of the API's answer,
+    // and a passing API hiccup deserves the same few tries.
+    replace_on_conflict(
+        5,
+        |_| true,
+        || publish_once(&nodes, &node.node_name, &annotation),
+    )
+    .await
+    .map_err(|e| failed("publishing the release receipt")(e.into_inner().to_string()))?;
+    tracing::info!(epoch = record.epoch, "release receipt published");
+    Ok(())
+}
+
+/// One conditional write of the release receipt annotation; a failed one
+/// pauses briefly, giving the concurrent writer time to finish.
+async fn publish_once(nodes: &Api<Node>, node: &str, annotation: &str) -> actors::Result<()> {
+    let published = annotate_node(nodes, node, k8s::ANNOTATION_RELEASE_RECEIPT, annotation).await;
+    if published.is_err() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    Err(failed("publishing the release receipt")(last))
+    published
 }
 
 /// The lease file and the SA observations go last: while they exist a

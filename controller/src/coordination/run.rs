@@ -27,6 +27,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use kube_ovn_ipsec_api::clock::{Clock, timestamp};
+use kube_ovn_ipsec_api::conflict::replace_on_conflict;
 use kube_ovn_ipsec_api::coordination::{Challenge, CoordinationPhase, CoordinationRecord};
 use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::names::k8s;
@@ -41,7 +42,7 @@ use super::leader::{Elector, Role};
 use super::machine::{
     Decision, LiveDaemonSet, Observation, Verdict, decide, node_status, retirements_done,
 };
-use crate::error::{Error, Result};
+use crate::error::{self, Error, Result};
 use crate::{ca, live, names};
 
 /// ConfigMap holding the record (key [`STATE_KEY`]) and the status.
@@ -506,7 +507,7 @@ impl Coordinator {
             };
             return match maps.create(&PostParams::default(), &cm).await {
                 Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                Err(e) if error::is_conflict(&e) => Ok(()),
                 Err(e) => Err(e.into()),
             };
         };
@@ -535,7 +536,7 @@ impl Coordinator {
         }
         match maps.replace(CONFIGMAP, &PostParams::default(), &map).await {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(e) if error::is_conflict(&e) => {
                 tracing::info!("the coordination record changed under this pass; observing again");
                 Ok(())
             }
@@ -790,50 +791,71 @@ pub async fn request_retirement(
     uid: Option<Uid>,
 ) -> Result<String> {
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    for _ in 0..5 {
-        let Some(mut map) = maps.get_opt(CONFIGMAP).await? else {
-            return Err(Error::Config(format!(
-                "no {namespace}/{CONFIGMAP}: IPsec was never enabled, there is no cohort to retire from"
-            )));
-        };
-        let mut requests = retire_requests(Some(&map)).unwrap_or_default();
-        let frozen = map
-            .data
-            .as_ref()
-            .and_then(|d| d.get(STATE_KEY))
-            .and_then(|s| CoordinationRecord::decode(s.as_bytes()).ok())
-            .and_then(|r| r.targets.get(node).cloned());
-        let told = match &uid {
-            None => {
-                requests.remove(node);
-                format!("withdrew the retirement request for {node}")
-            }
-            Some(uid) => {
-                requests.insert(node.to_owned(), uid.clone());
-                match &frozen {
-                    Some(f) if f == uid => format!(
-                        "requested: retire {node} (UID {uid}); the leader carries it out on its next pass"
-                    ),
-                    Some(f) => format!(
-                        "requested, but the cohort froze {node} with UID {f}, not {uid}: \
-                         the leader will refuse it (see `status`)"
-                    ),
-                    None => format!(
-                        "requested, but {node} is not a target now: the leader will refuse it (see `status`)"
-                    ),
-                }
-            }
-        };
-        set_retire_requests(&mut map, &requests)?;
-        match maps.replace(CONFIGMAP, &PostParams::default(), &map).await {
-            Ok(_) => return Ok(told),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(e) => return Err(e.into()),
+    replace_on_conflict(5, Error::is_conflict, || {
+        record_retirement(&maps, namespace, node, uid.as_ref())
+    })
+    .await
+    .map_err(|e| {
+        e.or_exhausted(|_| {
+            Error::Config(format!(
+                "{namespace}/{CONFIGMAP} kept changing under the request; try again"
+            ))
+        })
+    })
+}
+
+/// One read-modify-replace of [`request_retirement`]: the request for
+/// `node` set (or withdrawn) on the ConfigMap as read; what to tell the
+/// operator.
+async fn record_retirement(
+    maps: &Api<ConfigMap>,
+    namespace: &str,
+    node: &str,
+    uid: Option<&Uid>,
+) -> Result<String> {
+    let Some(mut map) = maps.get_opt(CONFIGMAP).await? else {
+        return Err(Error::Config(format!(
+            "no {namespace}/{CONFIGMAP}: IPsec was never enabled, there is no cohort to retire from"
+        )));
+    };
+    let mut requests = retire_requests(Some(&map)).unwrap_or_default();
+    let frozen = map
+        .data
+        .as_ref()
+        .and_then(|d| d.get(STATE_KEY))
+        .and_then(|s| CoordinationRecord::decode(s.as_bytes()).ok())
+        .and_then(|r| r.targets.get(node).cloned());
+    let told = match uid {
+        None => {
+            requests.remove(node);
+            format!("withdrew the retirement request for {node}")
         }
+        Some(uid) => {
+            requests.insert(node.to_owned(), uid.clone());
+            retirement_told(node, uid, frozen.as_ref())
+        }
+    };
+    set_retire_requests(&mut map, &requests)?;
+    maps.replace(CONFIGMAP, &PostParams::default(), &map)
+        .await?;
+    Ok(told)
+}
+
+/// What the operator is told of a request to retire `node` frozen with
+/// `uid`, given the UID the cohort froze for it (`None`: not a target).
+fn retirement_told(node: &str, uid: &Uid, frozen: Option<&Uid>) -> String {
+    match frozen {
+        Some(f) if f == uid => format!(
+            "requested: retire {node} (UID {uid}); the leader carries it out on its next pass"
+        ),
+        Some(f) => format!(
+            "requested, but the cohort froze {node} with UID {f}, not {uid}: \
+             the leader will refuse it (see `status`)"
+        ),
+        None => format!(
+            "requested, but {node} is not a target now: the leader will refuse it (see `status`)"
+        ),
     }
-    Err(Error::Config(format!(
-        "{namespace}/{CONFIGMAP} kept changing under the request; try again"
-    )))
 }
 
 fn csr_facts(csr: &CertificateSigningRequest) -> CsrFacts {
