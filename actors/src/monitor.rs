@@ -8,22 +8,30 @@
 //! key directory records it; on start it gets the identity active now
 //! ([`crate::bus::IdentityPort::subscribe_with_current`]), so a restarted
 //! monitor acknowledges it again. For each generation not yet acknowledged
-//! it reads the identity keys OVSDB points at, has the monitor and the IKE
-//! daemon read back ([`RunningMonitor::acknowledge`]) and sets
+//! it reads the identity keys OVSDB points at, has the IKE port install the
+//! trust bundle they name ([`IkePort::install_trust`], once per bundle and
+//! incarnation), has the monitor and the IKE daemon read back
+//! ([`RunningMonitor::acknowledge`], which only reads) and sets
 //! `configurationApplied` and the acknowledged trust digest on the board
-//! only for a matching read-back. The monitor rewrites the IKE daemon's
-//! configuration asynchronously, so a mismatch is retried every
-//! `ack_retry` until it matches or a newer generation replaces it.
+//! only for a matching read-back. The install comes first, in the same
+//! step, because the read-back checks the CAs the daemon loaded. The
+//! monitor rewrites the IKE daemon's configuration asynchronously, so a
+//! mismatch is retried every `ack_retry` until it matches or a newer
+//! generation replaces it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube_ovn_ipsec_api::digest::Sha256Digest;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::bus::{Bus, IdentityEvent};
+use crate::error::Result;
 use crate::gate::ProtectionGate;
 use crate::metrics::Metrics;
-use crate::ports::{MonitorPort, OvsdbIdentity, RunningMonitor};
+use crate::ports::{
+    Acknowledgement, IkePort, MonitorPort, OvsdbIdentity, OvsdbIdentityKeys, RunningMonitor,
+};
 use crate::process_watch::{ProcessConfig, ProcessWatch, StartPatience, WatchArgs};
 use crate::status::{RuntimeComponent, StatusBoard};
 
@@ -34,6 +42,8 @@ pub struct MonitorArgs {
     pub gate: ProtectionGate,
     /// Starts the monitor.
     pub port: Arc<dyn MonitorPort>,
+    /// Installs the trust bundle for the IKE daemon before a read-back.
+    pub ike: Arc<dyn IkePort>,
     /// Reads the identity keys OVSDB points at.
     pub ovsdb: Arc<dyn OvsdbIdentity>,
     /// Where `runtimeHealthy` and the acknowledgement go.
@@ -70,6 +80,11 @@ pub enum MonitorMsg {
 #[derive(Debug)]
 pub struct MonitorState {
     monitor: ProcessWatch<dyn RunningMonitor, MonitorMsg>,
+    ike: Arc<dyn IkePort>,
+    /// The trust bundle this incarnation installed for the IKE daemon. A
+    /// restarted monitor starts with none and installs again, so a CA
+    /// directory changed while no monitor ran is put right.
+    installed_trust: Option<Sha256Digest>,
     ovsdb: Arc<dyn OvsdbIdentity>,
     board: StatusBoard,
     ack_retry: Duration,
@@ -84,6 +99,16 @@ impl MonitorState {
     /// The active generation while it still awaits acknowledgement.
     fn pending(&self) -> Option<u64> {
         self.active.filter(|g| self.acknowledged != Some(*g))
+    }
+
+    /// Installs the trust bundle `keys` name for the IKE daemon (unless
+    /// this incarnation did already), then reads the monitor and the
+    /// daemon back.
+    async fn read_back(&mut self, keys: &OvsdbIdentityKeys) -> Result<Acknowledgement> {
+        if let Some(digest) = self.ike.install_trust(keys, self.installed_trust).await? {
+            self.installed_trust = Some(digest);
+        }
+        self.monitor.process().acknowledge(keys).await
     }
 }
 
@@ -102,7 +127,7 @@ impl MonitorActor {
             return;
         };
         let outcome = match state.ovsdb.read().await {
-            Ok(keys) => state.monitor.process().acknowledge(&keys).await,
+            Ok(keys) => state.read_back(&keys).await,
             Err(e) => Err(e),
         };
         match outcome {
@@ -166,6 +191,8 @@ impl Actor for MonitorActor {
         tracing::info!(pid = monitor.pid(), "ovs-monitor-ipsec started");
         Ok(MonitorState {
             monitor,
+            ike: args.ike,
+            installed_trust: None,
             ovsdb: args.ovsdb,
             board: args.board,
             ack_retry: args.ack_retry,

@@ -147,7 +147,7 @@ pub fn tunnel_child_specs(a: &AgentTreeArgs, ports: TunnelPorts) -> Vec<ChildSpe
     };
     let ike = IkeArgs {
         gate: a.gate.clone(),
-        port: ports.ike,
+        port: ports.ike.clone(),
         board: a.board.clone(),
         metrics: a.metrics.clone(),
         config: ports.process_config,
@@ -156,6 +156,7 @@ pub fn tunnel_child_specs(a: &AgentTreeArgs, ports: TunnelPorts) -> Vec<ChildSpe
     let monitor = MonitorArgs {
         gate: a.gate.clone(),
         port: ports.monitor,
+        ike: ports.ike,
         ovsdb: a.ovsdb.clone(),
         board: a.board.clone(),
         metrics: a.metrics.clone(),

@@ -148,11 +148,24 @@ pub trait RunningProcess: Send + Debug {
     }
 }
 
-/// Starts the IKE daemon.
+/// The IKE daemon: starts it, and installs the trust bundle it checks
+/// peers' certificates against.
 #[async_trait]
 pub trait IkePort: Send + Sync + Debug + 'static {
     /// Starts a fresh daemon in the foreground.
     async fn start(&self) -> Result<Box<dyn RunningProcess>>;
+    /// Installs the trust bundle OVSDB names (`keys.ca_cert`, read with
+    /// the certificate `keys.certificate` it belongs to) into the daemon's
+    /// CA directory, one file per CA, and has the daemon reread its CA
+    /// certificates — unless `installed`, the bundle digest the caller
+    /// installed last, is that bundle's already. Returns the digest of the
+    /// bundle now installed; `None` when OVSDB names no certificate or CA
+    /// (nothing to install; the acknowledgement reports it).
+    async fn install_trust(
+        &self,
+        keys: &OvsdbIdentityKeys,
+        installed: Option<Sha256Digest>,
+    ) -> Result<Option<Sha256Digest>>;
 }
 
 /// The monitor's and the IKE daemon's view of the active identity.
@@ -171,8 +184,8 @@ pub struct Acknowledgement {
 pub trait RunningMonitor: RunningProcess {
     /// Reads the monitor back (`tunnels/show`) and the IKE daemon's loaded
     /// certificates and compares them with the identity OVSDB points at
-    /// (`keys`). Installs the trust bundle (one file per CA) first when it
-    /// changed or the monitor is new.
+    /// (`keys`). Only reads: the caller has the trust bundle installed
+    /// first ([`IkePort::install_trust`]).
     async fn acknowledge(&mut self, keys: &OvsdbIdentityKeys) -> Result<Acknowledgement>;
 }
 

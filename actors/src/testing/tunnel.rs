@@ -1,7 +1,10 @@
 //! Fakes of the tunnel actors' ports: output protection whose guards a
 //! test can make vanish or conflict, and processes a test can kill or make
-//! fail their probe. Every call is recorded with tokio's (pausable) time.
+//! fail their probe. Every call is recorded with tokio's (pausable) time;
+//! trust installs and read-backs also with a step number shared by every
+//! fake, so a test can order calls made on different fakes.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -216,6 +219,14 @@ impl ProtectionPort for FakeProtection {
     }
 }
 
+/// The step counter shared by every fake process: paused time gives calls
+/// of one instant the same timestamp, a step number orders them.
+static STEP: AtomicU64 = AtomicU64::new(0);
+
+fn next_step() -> u64 {
+    STEP.fetch_add(1, Ordering::Relaxed)
+}
+
 #[derive(Debug, Default)]
 struct ProcInner {
     next_pid: u32,
@@ -226,7 +237,10 @@ struct ProcInner {
     probe_fails: bool,
     refuse_start: bool,
     ack: Option<Sha256Digest>,
-    acks: u32,
+    /// Steps of the monitor read-backs.
+    read_backs: Vec<u64>,
+    /// Steps of the trust installs that wrote (not the skipped ones).
+    trust_installs: Vec<u64>,
 }
 
 /// A fake foreground process (for [`IkePort`] and [`MonitorPort`]) and
@@ -284,7 +298,17 @@ impl FakeProcess {
     }
     /// Read-backs so far.
     pub fn acks(&self) -> u32 {
-        self.lock().acks
+        self.lock().read_backs.len() as u32
+    }
+    /// The steps of the read-backs so far (see [`FakeProcess::trust_installs`]).
+    pub fn read_backs(&self) -> Vec<u64> {
+        self.lock().read_backs.clone()
+    }
+    /// The steps of the trust installs that wrote so far (skipped ones,
+    /// of a bundle the caller had installed, are not counted); comparable
+    /// with another fake's [`FakeProcess::read_backs`].
+    pub fn trust_installs(&self) -> Vec<u64> {
+        self.lock().trust_installs.clone()
     }
 
     fn start_one(&self) -> Result<FakeRunning> {
@@ -359,7 +383,7 @@ impl RunningProcess for FakeRunning {
 impl RunningMonitor for FakeRunning {
     async fn acknowledge(&mut self, keys: &OvsdbIdentityKeys) -> Result<Acknowledgement> {
         let mut i = self.lock();
-        i.acks += 1;
+        i.read_backs.push(next_step());
         let applied = keys.certificate.is_some() && i.ack.is_some();
         Ok(Acknowledgement {
             configuration_applied: applied,
@@ -377,6 +401,27 @@ impl RunningMonitor for FakeRunning {
 impl IkePort for FakeProcess {
     async fn start(&self) -> Result<Box<dyn RunningProcess>> {
         Ok(Box::new(self.start_one()?))
+    }
+
+    /// The bundle's digest is that of the CA file's bytes (the tests' key
+    /// directories are real); nothing is written anywhere.
+    async fn install_trust(
+        &self,
+        keys: &OvsdbIdentityKeys,
+        installed: Option<Sha256Digest>,
+    ) -> Result<Option<Sha256Digest>> {
+        let (Some(_), Some(ca)) = (&keys.certificate, &keys.ca_cert) else {
+            return Ok(None);
+        };
+        let bundle = std::fs::read(ca).map_err(|e| Error::Process {
+            process: self.name,
+            reason: format!("fake reads {ca}: {e}"),
+        })?;
+        let digest = Sha256Digest::of(&bundle);
+        if installed != Some(digest) {
+            self.lock().trust_installs.push(next_step());
+        }
+        Ok(Some(digest))
     }
 }
 

@@ -231,6 +231,41 @@ async fn killed_monitor_restarts_on_backoff_and_reacknowledges() {
     );
 }
 
+/// The monitor actor has the trust bundle installed for the IKE daemon
+/// before the read-back that checks it: once per bundle while a monitor
+/// runs (a retried read-back does not install again), and again by a
+/// restarted monitor.
+#[tokio::test(start_paused = true)]
+async fn the_trust_bundle_is_installed_before_the_read_back_once_per_monitor() {
+    let h = harness().await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    let installs = h.ike.trust_installs();
+    let read_backs = h.monitor.read_backs();
+    assert_eq!(installs.len(), 1, "one bundle, one monitor: {installs:?}");
+    assert!(
+        installs[0] < read_backs[0],
+        "installed at step {}, read back at step {}",
+        installs[0],
+        read_backs[0]
+    );
+
+    // A restarted monitor whose read-back does not match: it installs
+    // once, then retries the read-back alone.
+    h.monitor.set_ack(None);
+    let before = h.monitor.read_backs().len();
+    h.monitor.kill();
+    until("three read-backs", Duration::from_secs(10), || {
+        h.monitor.read_backs().len() >= before + 3
+    })
+    .await;
+    let installs = h.ike.trust_installs();
+    assert_eq!(installs.len(), 2, "{installs:?}");
+    assert!(installs[1] < h.monitor.read_backs()[before]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn failing_probe_restarts_and_unacknowledged_monitor_is_not_ready() {
     let h = harness().await;

@@ -1,12 +1,16 @@
-//! [`IkePort`] over the IKE daemon ([`crate::ike`]).
+//! [`IkePort`] over the IKE daemon ([`crate::ike`]): start it, and install
+//! the trust bundle into its CA directory one file per CA.
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 
-use actors::ports::{IkePort, RunningProcess};
+use actors::ports::{IkePort, OvsdbIdentityKeys, RunningProcess, blocking};
 use async_trait::async_trait;
+use kube_ovn_ipsec_api::digest::Sha256Digest;
 
 use super::process_err;
 use crate::ike::{IkeConfig, IkeDaemon};
+use crate::monitor::ActiveIdentity;
 use crate::process::Launcher;
 
 /// [`IkePort`] over [`IkeDaemon`].
@@ -20,6 +24,31 @@ pub struct IkeAdapter {
     /// before each start ([`crate::pidfile::clear`]): starter refuses to
     /// start over them, and a live daemon's must never just be deleted.
     pub stale_pidfiles: Vec<PathBuf>,
+}
+
+/// Runs the control command `ipsec <cmd>` against the running daemon and
+/// returns its output; a non-zero exit is an error. The monitor adapter
+/// reads the daemon's certificates through it too.
+pub(super) async fn ipsec(
+    config: &IkeConfig,
+    launcher: &Launcher,
+    cmd: &str,
+) -> actors::Result<String> {
+    let (status, out) = launcher
+        .output(
+            config.ipsec.clone(),
+            [OsString::from(cmd)],
+            config.command_timeout,
+        )
+        .await
+        .map_err(|e| process_err("ike", e))?;
+    if !status.success() {
+        return Err(actors::Error::Process {
+            process: "ike",
+            reason: format!("`ipsec {cmd}` exited with {status}"),
+        });
+    }
+    Ok(out)
 }
 
 #[derive(Debug)]
@@ -63,5 +92,42 @@ impl IkePort for IkeAdapter {
         let d = IkeDaemon::start(self.config.clone(), self.launcher.clone())
             .map_err(|e| process_err("ike", e))?;
         Ok(Box::new(RunningIke(d)))
+    }
+
+    async fn install_trust(
+        &self,
+        keys: &OvsdbIdentityKeys,
+        installed: Option<Sha256Digest>,
+    ) -> actors::Result<Option<Sha256Digest>> {
+        let (Some(cert), Some(ca)) = (&keys.certificate, &keys.ca_cert) else {
+            return Ok(None);
+        };
+        // The digest the acknowledgement compares: the bundle as read with
+        // its certificate, so an unreadable identity installs nothing.
+        let active = ActiveIdentity::load(Path::new(cert), Path::new(ca))
+            .map_err(|e| process_err("ike", e))?;
+        if installed == Some(active.trust_digest) {
+            return Ok(installed);
+        }
+        // strongSwan loads only the first CA of a PEM file, the monitor's
+        // `cacert=` included: every CA gets a file of its own.
+        let dir = self.config.cacerts_dir.clone();
+        let bundle = PathBuf::from(ca);
+        let done = blocking(move || {
+            crate::ike::read_trust_bundle(&bundle)
+                .and_then(|b| crate::ike::install_trust_bundle(&dir, &b))
+                .map_err(|e| process_err("ike", e))
+        })
+        .await?;
+        ipsec(&self.config, &self.launcher, "rereadcacerts").await?;
+        tracing::info!(
+            dir = %self.config.cacerts_dir.display(),
+            cas = done.files.len(),
+            written = done.written.len(),
+            removed = done.removed.len(),
+            trust_digest = %active.trust_digest,
+            "trust bundle installed for the IKE daemon, one file per CA"
+        );
+        Ok(Some(active.trust_digest))
     }
 }

@@ -6,9 +6,10 @@
 //! - [`datapath`]: the data-path sample (the lease's SAs per peer,
 //!   `xfrm_stat`, link MTUs) through the same node, with the readers of
 //!   the counters and MTUs in `datapath_readers` (the node owns them);
-//! - [`ike`]: the IKE daemon ([`crate::ike`]);
-//! - [`monitor`]: the monitor ([`crate::monitor`], with the acknowledgement
-//!   and the trust bundle installed one file per CA).
+//! - [`ike`]: the IKE daemon ([`crate::ike`]), and the trust bundle
+//!   installed into its CA directory one file per CA;
+//! - [`monitor`]: the monitor ([`crate::monitor`], with the acknowledgement,
+//!   which only reads).
 
 use std::sync::{Mutex, MutexGuard};
 

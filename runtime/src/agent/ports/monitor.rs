@@ -1,14 +1,13 @@
 //! [`MonitorPort`] over ovs-monitor-ipsec ([`crate::monitor`]): start,
-//! probe, stop, and the acknowledgement of the active generation.
+//! probe, stop, and the acknowledgement of the active generation, which
+//! only reads (the IKE port installs the trust bundle it checks).
 
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use actors::ports::{
-    Acknowledgement, MonitorPort, OvsdbIdentityKeys, RunningMonitor, RunningProcess, blocking,
+    Acknowledgement, MonitorPort, OvsdbIdentityKeys, RunningMonitor, RunningProcess,
 };
 use async_trait::async_trait;
-use kube_ovn_ipsec_api::digest::Sha256Digest;
 use kube_ovn_ipsec_api::strongswan::parse_listcerts;
 
 use super::process_err;
@@ -28,8 +27,8 @@ pub struct MonitorAdapter {
     /// Where (namespaces) they run.
     pub launcher: Launcher,
     /// Whether the monitor script carries the project's patch (reported;
-    /// the trust bundle is installed one file per CA either way, since
-    /// even the patched monitor's `cacert=` loads only its first CA).
+    /// the IKE port installs the trust bundle one file per CA either way,
+    /// since even the patched monitor's `cacert=` loads only its first CA).
     pub patch: MonitorPatch,
 }
 
@@ -38,29 +37,11 @@ struct RunningMon {
     monitor: Monitor,
     pid: u32,
     adapter: MonitorAdapter,
-    /// The trust digest of the bundle last installed into the CA directory.
-    installed_trust: Option<Sha256Digest>,
 }
 
 impl RunningMon {
     async fn ipsec(&self, cmd: &str) -> actors::Result<String> {
-        let (status, out) = self
-            .adapter
-            .launcher
-            .output(
-                self.adapter.ike.ipsec.clone(),
-                [OsString::from(cmd)],
-                self.adapter.ike.command_timeout,
-            )
-            .await
-            .map_err(|e| process_err("ike", e))?;
-        if !status.success() {
-            return Err(actors::Error::Process {
-                process: "ike",
-                reason: format!("`ipsec {cmd}` exited with {status}"),
-            });
-        }
-        Ok(out)
+        super::ike::ipsec(&self.adapter.ike, &self.adapter.launcher, cmd).await
     }
 }
 
@@ -100,28 +81,6 @@ impl RunningMonitor for RunningMon {
         };
         let active = ActiveIdentity::load(Path::new(cert), Path::new(ca))
             .map_err(|e| process_err("monitor", e))?;
-        if self.installed_trust != Some(active.trust_digest) {
-            // strongSwan loads only the first CA of a PEM file, the
-            // monitor's `cacert=` included: every CA gets a file of its own.
-            let dir = self.adapter.ike.cacerts_dir.clone();
-            let bundle = PathBuf::from(ca);
-            let installed = blocking(move || {
-                crate::ike::read_trust_bundle(&bundle)
-                    .and_then(|b| crate::ike::install_trust_bundle(&dir, &b))
-                    .map_err(|e| process_err("ike", e))
-            })
-            .await?;
-            self.ipsec("rereadcacerts").await?;
-            tracing::info!(
-                dir = %self.adapter.ike.cacerts_dir.display(),
-                cas = installed.files.len(),
-                written = installed.written.len(),
-                removed = installed.removed.len(),
-                trust_digest = %active.trust_digest,
-                "trust bundle installed for the IKE daemon, one file per CA"
-            );
-            self.installed_trust = Some(active.trust_digest);
-        }
         let tunnels = self
             .monitor
             .tunnels()
@@ -148,7 +107,6 @@ impl MonitorPort for MonitorAdapter {
             monitor: m,
             pid,
             adapter: self.clone(),
-            installed_trust: None,
         }))
     }
 }
