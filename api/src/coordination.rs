@@ -55,7 +55,10 @@
 //!   `"kube-ovn IPsec coordination release receipt v1\0"`
 //!
 //! so neither can be replayed as the other. Both are capped at
-//! [`defaults::RECEIPT_MAX_BYTES`] (8 KiB) as annotation strings.
+//! [`defaults::RECEIPT_MAX_BYTES`] (8 KiB) as annotation strings. Their
+//! shared fields are one [`ReceiptHead`] view ([`NodeReceipt::head`]), so
+//! the checks both kinds go through are written once; each keeps its own
+//! struct so that its JSON, which is what gets signed, stays as it is.
 //!
 //! Freshness: a [`Receipt`] must be observed within
 //! [`defaults::RECEIPT_MAX_AGE_SECS`] and not in the future. A
@@ -467,6 +470,47 @@ pub fn check_freshness(
     Ok(())
 }
 
+/// The fields every kind of receipt carries, borrowed from one: what it
+/// answers, which node and Pod signed it with which CSR's certificate,
+/// and what that node saw. The two kinds differ only in what follows
+/// (the status they report and, for a release, the challenge and the
+/// certificate itself); this view lets the checks they share be written
+/// once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiptHead<'a> {
+    /// The record's `generation` it answers.
+    pub generation: u64,
+    /// The record's `epoch` it answers.
+    pub epoch: u64,
+    /// The record's `phase` it answers.
+    pub phase: CoordinationPhase,
+    /// The Node's name.
+    pub node_name: &'a str,
+    /// The Node's UID.
+    pub node_uid: &'a Uid,
+    /// The Pod that wrote it.
+    pub pod_uid: &'a Uid,
+    /// Name of the CSR that issued the signing certificate.
+    pub csr_name: &'a str,
+    /// UID of that CSR.
+    pub csr_uid: &'a Uid,
+    /// The Pod's template hash.
+    pub template_hash: &'a str,
+    /// Digest of the trust bundle the node holds.
+    pub trust_hash: &'a Sha256Digest,
+    /// When the node observed what it reports.
+    pub observed: Timestamp,
+    /// Digest of the certificate it is signed with, from its status.
+    pub certificate_digest: &'a Sha256Digest,
+}
+
+/// A node's signed coordination receipt of either kind: [`Receipt`] (the
+/// `Prepare`/`Arm` barriers) or [`ReleaseReceipt`] (`Release`).
+pub trait NodeReceipt: SignedPayload {
+    /// The fields both kinds carry.
+    fn head(&self) -> ReceiptHead<'_>;
+}
+
 /// What a node reports about itself in a [`Receipt`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -544,39 +588,57 @@ impl SignedPayload for Receipt {
     const MAX_ENCODED_LEN: usize = defaults::RECEIPT_MAX_BYTES;
 }
 
-/// Checks the fields every receipt kind shares against the record.
-#[allow(clippy::too_many_arguments)]
-fn check_common(
-    record: &CoordinationRecord,
-    generation: u64,
-    epoch: u64,
-    phase: CoordinationPhase,
-    node_name: &str,
-    node_uid: &Uid,
-    template_hash: &str,
-    trust_hash: Option<&Sha256Digest>,
-) -> Result<()> {
+impl NodeReceipt for Receipt {
+    fn head(&self) -> ReceiptHead<'_> {
+        ReceiptHead {
+            generation: self.generation,
+            epoch: self.epoch,
+            phase: self.phase,
+            node_name: &self.node_name,
+            node_uid: &self.node_uid,
+            pod_uid: &self.pod_uid,
+            csr_name: &self.csr_name,
+            csr_uid: &self.csr_uid,
+            template_hash: &self.template_hash,
+            trust_hash: &self.trust_hash,
+            observed: self.observed,
+            certificate_digest: &self.status.certificate_digest,
+        }
+    }
+}
+
+/// Whether the record's trust hash is compared with the receipt's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trust {
+    /// The receipt must name the frozen trust.
+    Compared,
+    /// The trust may have rotated since the cohort was frozen.
+    Ignored,
+}
+
+/// Checks the fields every receipt kind shares against the record:
+/// generation, epoch, phase, node in the cohort with this UID, template
+/// hash and, when `trust` says so, trust hash.
+fn check_common(record: &CoordinationRecord, head: ReceiptHead<'_>, trust: Trust) -> Result<()> {
     let mismatch = |field| Err(Error::ReceiptMismatch { field });
-    if generation != record.generation {
+    if head.generation != record.generation {
         return mismatch("generation");
     }
-    if epoch != record.epoch {
+    if head.epoch != record.epoch {
         return mismatch("epoch");
     }
-    if phase != record.phase {
+    if head.phase != record.phase {
         return mismatch("phase");
     }
-    match record.targets.get(node_name) {
+    match record.targets.get(head.node_name) {
         None => return mismatch("nodeName"),
-        Some(uid) if uid != node_uid => return mismatch("nodeUID"),
+        Some(uid) if uid != head.node_uid => return mismatch("nodeUID"),
         Some(_) => {}
     }
-    if record.template_hash.as_deref() != Some(template_hash) {
+    if record.template_hash.as_deref() != Some(head.template_hash) {
         return mismatch("templateHash");
     }
-    if let Some(t) = trust_hash
-        && record.trust_hash.as_ref() != Some(t)
-    {
+    if trust == Trust::Compared && record.trust_hash.as_ref() != Some(head.trust_hash) {
         return mismatch("trustHash");
     }
     Ok(())
@@ -589,16 +651,7 @@ impl Receipt {
     /// flags the phase's barrier needs. Pod liveness, the CSR binding and the
     /// certificate chain are the caller's, against live objects.
     pub fn check_against(&self, record: &CoordinationRecord, now: Timestamp) -> Result<()> {
-        check_common(
-            record,
-            self.generation,
-            self.epoch,
-            self.phase,
-            &self.node_name,
-            &self.node_uid,
-            &self.template_hash,
-            Some(&self.trust_hash),
-        )?;
+        check_common(record, self.head(), Trust::Compared)?;
         check_freshness(self.observed, now, Some(defaults::RECEIPT_MAX_AGE_SECS))?;
         if !self.status.satisfies(self.phase) {
             return Err(Error::ReceiptMismatch { field: "status" });
@@ -681,6 +734,25 @@ impl SignedPayload for ReleaseReceipt {
     const MAX_ENCODED_LEN: usize = defaults::RECEIPT_MAX_BYTES;
 }
 
+impl NodeReceipt for ReleaseReceipt {
+    fn head(&self) -> ReceiptHead<'_> {
+        ReceiptHead {
+            generation: self.generation,
+            epoch: self.epoch,
+            phase: self.phase,
+            node_name: &self.node_name,
+            node_uid: &self.node_uid,
+            pod_uid: &self.pod_uid,
+            csr_name: &self.csr_name,
+            csr_uid: &self.csr_uid,
+            template_hash: &self.template_hash,
+            trust_hash: &self.trust_hash,
+            observed: self.observed,
+            certificate_digest: &self.status.certificate_digest,
+        }
+    }
+}
+
 impl ReleaseReceipt {
     /// The record-side checks of a *verified* release receipt: generation,
     /// epoch, phase `Release`, node in the cohort with this UID, template
@@ -692,16 +764,7 @@ impl ReleaseReceipt {
         if self.phase != CoordinationPhase::Release {
             return Err(Error::ReceiptMismatch { field: "phase" });
         }
-        check_common(
-            record,
-            self.generation,
-            self.epoch,
-            self.phase,
-            &self.node_name,
-            &self.node_uid,
-            &self.template_hash,
-            None,
-        )?;
+        check_common(record, self.head(), Trust::Ignored)?;
         if record.challenge != Some(self.challenge) {
             return Err(Error::ReceiptMismatch { field: "challenge" });
         }

@@ -40,13 +40,18 @@
 //! [`ReleaseReceipt::check_against`]: generation, epoch, phase `Release`,
 //! node and UID, template hash, challenge, not in the future, every step
 //! done.
+//!
+//! Both kinds are judged by one implementation: the binding checks, then
+//! the record-side checks named as Event reasons, written over a private
+//! trait that [`Receipt`] and [`ReleaseReceipt`] implement with what
+//! tells them apart (how the signing certificate is found and the CSR
+//! bound, what the Pod must show, what a refusal adds).
 
 use std::collections::BTreeMap;
 
 use kube_ovn_ipsec_api::coordination::{
-    CoordinationPhase, CoordinationRecord, Receipt, ReleaseReceipt,
+    CoordinationPhase, CoordinationRecord, NodeReceipt, Receipt, ReleaseReceipt,
 };
-use kube_ovn_ipsec_api::digest::Sha256Digest;
 use kube_ovn_ipsec_api::ident::{Chassis, Uid};
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_api::signed::{self, SignedPayload, Unverified};
@@ -153,7 +158,8 @@ enum Doc {
     Release,
 }
 
-/// A check both kinds of receipt go through.
+/// A check of what a receipt is, whose key signed it and whom it binds,
+/// which both kinds of receipt go through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Check {
     Malformed,
@@ -169,6 +175,39 @@ enum Check {
     PodMismatch,
     PodNotLive,
     TemplateMismatch,
+}
+
+/// A record-side check (what the verified receipt says against the
+/// record), as its Event reason tells them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// Observed too long ago, or in the future.
+    Fresh,
+    /// The status does not show what the phase needs.
+    Status,
+    /// Another challenge than the record's.
+    Challenge,
+    /// Another generation, epoch or phase than the record's.
+    Epoch,
+    /// Any other field (node, UID, hashes).
+    Other,
+}
+
+impl Claim {
+    /// Which record-side check `e` (from a `check_against`) failed.
+    fn of(e: &kube_ovn_ipsec_api::Error) -> Claim {
+        match e {
+            kube_ovn_ipsec_api::Error::ReceiptNotFresh { .. } => Claim::Fresh,
+            kube_ovn_ipsec_api::Error::ReceiptMismatch { field: "status" } => Claim::Status,
+            kube_ovn_ipsec_api::Error::ReceiptMismatch { field: "challenge" } => Claim::Challenge,
+            kube_ovn_ipsec_api::Error::ReceiptMismatch { field }
+                if *field == "epoch" || *field == "generation" || *field == "phase" =>
+            {
+                Claim::Epoch
+            }
+            _ => Claim::Other,
+        }
+    }
 }
 
 impl Doc {
@@ -209,30 +248,204 @@ impl Doc {
         }
     }
 
+    /// The Event reason of a record-side `claim` for this annotation. A
+    /// receipt carries no challenge and a release no freshness limit,
+    /// hence `Stale` for the one and `InFuture` for the other.
+    fn claim(self, claim: Claim) -> &'static str {
+        match self {
+            Doc::Receipt => match claim {
+                Claim::Fresh => "ReceiptStale",
+                Claim::Status => "ReceiptNotReady",
+                Claim::Epoch => "ReceiptEpochMismatch",
+                Claim::Challenge | Claim::Other => "ReceiptMismatch",
+            },
+            Doc::Release => match claim {
+                Claim::Fresh => "ReleaseReceiptInFuture",
+                Claim::Status => "ReleaseReceiptIncomplete",
+                Claim::Challenge => "ReleaseReceiptChallengeMismatch",
+                Claim::Epoch => "ReleaseReceiptEpochMismatch",
+                Claim::Other => "ReleaseReceiptMismatch",
+            },
+        }
+    }
+
+    /// How a refusal's message calls this annotation.
+    fn noun(self) -> &'static str {
+        match self {
+            Doc::Receipt => "receipt",
+            Doc::Release => "release receipt",
+        }
+    }
+
     fn refuse(self, check: Check, message: impl Into<String>) -> Verdict {
         refused(self.name(check), message)
     }
 }
 
+/// What tells the two kinds of receipt apart in their judgement: the
+/// annotation, the Pod's facts, how the signing certificate is found and
+/// the CSR bound, what the Pod must show beyond being the bound one, and
+/// what a record-side refusal adds. The judgement itself ([`binding`],
+/// [`record_verdict`]) is written once over it.
+trait Judged: NodeReceipt + SignedPayload + Sized {
+    /// The annotation this kind is read from.
+    const DOC: Doc;
+    /// What is read about the Pod the receipt names.
+    type Pod;
+
+    /// The facts every receipt's Pod is checked for.
+    fn pod_facts(pod: &Self::Pod) -> &PodFacts;
+
+    /// The receipt, once its signature verifies with the certificate this
+    /// kind is signed with and the CSR it names binds it as this kind
+    /// requires.
+    fn signed(
+        receipt: Unverified<Self>,
+        trust: &TrustBundle,
+        node: NodeFacts<'_>,
+        csr: Option<&CsrFacts>,
+        now: Timestamp,
+    ) -> Result<Self, Verdict>;
+
+    /// What the bound Pod must show besides (nothing, unless overridden).
+    fn pod_done(&self, _pod: Option<&Self::Pod>) -> Result<(), Verdict> {
+        Ok(())
+    }
+
+    /// What a refusal of record-side `claim` adds to the check's message
+    /// (nothing, unless overridden).
+    fn detail(&self, _claim: Claim, _record: &CoordinationRecord) -> String {
+        String::new()
+    }
+}
+
+impl Judged for Receipt {
+    const DOC: Doc = Doc::Receipt;
+    type Pod = PodFacts;
+
+    fn pod_facts(pod: &PodFacts) -> &PodFacts {
+        pod
+    }
+
+    /// The signer is the certificate the live CSR issued; the CSR was
+    /// requested by the Pod the receipt names, for this node.
+    fn signed(
+        receipt: Unverified<Self>,
+        trust: &TrustBundle,
+        node: NodeFacts<'_>,
+        csr: Option<&CsrFacts>,
+        now: Timestamp,
+    ) -> Result<Self, Verdict> {
+        let doc = Self::DOC;
+        let claimed = receipt.peek();
+        let named = (claimed.csr_name.as_str(), &claimed.csr_uid);
+        let (cert, csr) = signer(doc, trust, node, csr, named, now)?;
+        let receipt = verified(receipt, &cert)?;
+        // Whom it binds: the CSR's requester is the receipt's Pod (which
+        // the shared Pod check then finds live, the frozen DaemonSet's,
+        // from the frozen template, on this node).
+        if csr.requester_pod_uid.as_deref() != Some(receipt.pod_uid.as_str()) {
+            return Err(doc.refuse(
+                Check::PodMismatch,
+                format!(
+                    "CSR {} was requested by Pod {:?}, the receipt names Pod {}",
+                    receipt.csr_name, csr.requester_pod_uid, receipt.pod_uid
+                ),
+            ));
+        }
+        csr_for_node(doc, csr, &receipt.csr_name, node)?;
+        Ok(receipt)
+    }
+}
+
+impl Judged for ReleaseReceipt {
+    const DOC: Doc = Doc::Release;
+    type Pod = CleanupPodFacts;
+
+    fn pod_facts(pod: &CleanupPodFacts) -> &PodFacts {
+        &pod.pod
+    }
+
+    /// The signer is the certificate the receipt carries: the CSR that
+    /// issued it is usually gone by now (kube-controller-manager deletes
+    /// issued CSRs an hour after approval). While the CSR still exists it
+    /// must be the one that issued this very certificate, for this node;
+    /// its requester is the node's old agent Pod, not the cleanup Pod the
+    /// receipt names.
+    fn signed(
+        receipt: Unverified<Self>,
+        trust: &TrustBundle,
+        node: NodeFacts<'_>,
+        csr: Option<&CsrFacts>,
+        now: Timestamp,
+    ) -> Result<Self, Verdict> {
+        let doc = Self::DOC;
+        let carried = receipt.peek().certificate.as_bytes();
+        let cert = certified(doc, trust, node, carried, now)?;
+        let receipt = verified(receipt, &cert)?;
+        if let Some(csr) = csr {
+            issued_by(doc, csr, &receipt, &cert, node)?;
+        }
+        Ok(receipt)
+    }
+
+    /// The cleanup init container ran to a successful end.
+    fn pod_done(&self, pod: Option<&CleanupPodFacts>) -> Result<(), Verdict> {
+        let init = pod.and_then(|p| p.cleanup_init.as_ref());
+        match init_refusal(&self.pod_uid, init) {
+            Some(v) => Err(v),
+            None => Ok(()),
+        }
+    }
+
+    /// Which cycle and challenge it answers: what an operator needs to
+    /// tell a stale receipt (the cleanup must run again) from a foreign
+    /// one.
+    fn detail(&self, claim: Claim, record: &CoordinationRecord) -> String {
+        let short = |c: Option<&kube_ovn_ipsec_api::coordination::Challenge>| {
+            c.and_then(|c| c.to_string().get(..12).map(str::to_owned))
+                .unwrap_or_else(|| "none".into())
+        };
+        match claim {
+            Claim::Epoch => format!(
+                " (the receipt answers generation {} epoch {} {}; the record is generation {} \
+                 epoch {} {})",
+                self.generation,
+                self.epoch,
+                self.phase,
+                record.generation,
+                record.epoch,
+                record.phase
+            ),
+            Claim::Challenge => format!(
+                " (the receipt answers challenge {}…, the record's is {}…)",
+                short(Some(&self.challenge)),
+                short(record.challenge.as_ref())
+            ),
+            _ => String::new(),
+        }
+    }
+}
+
 /// Decodes a signed annotation without trusting it. `None`:
 /// [`Verdict::Missing`].
-fn decode<T: SignedPayload>(doc: Doc, annotation: Option<&str>) -> Result<Unverified<T>, Verdict> {
+fn decode<R: Judged>(annotation: Option<&str>) -> Result<Unverified<R>, Verdict> {
     let Some(a) = annotation else {
         return Err(Verdict::Missing);
     };
-    signed::decode::<T>(a).map_err(|e| doc.refuse(Check::Malformed, e.to_string()))
+    signed::decode::<R>(a).map_err(|e| R::DOC.refuse(Check::Malformed, e.to_string()))
 }
 
 /// Decodes a receipt annotation without trusting it, to learn which CSR
 /// and Pod to fetch. `None` annotation: [`Verdict::Missing`].
 pub fn peek(annotation: Option<&str>) -> Result<Unverified<Receipt>, Verdict> {
-    decode(Doc::Receipt, annotation)
+    decode(annotation)
 }
 
 /// Decodes a release receipt annotation without trusting it, to learn
 /// which CSR and Pod to fetch. `None` annotation: [`Verdict::Missing`].
 pub fn peek_release(annotation: Option<&str>) -> Result<Unverified<ReleaseReceipt>, Verdict> {
-    decode(Doc::Release, annotation)
+    decode(annotation)
 }
 
 /// Whether a Node's annotations say it may hold this project's state: its
@@ -317,17 +530,13 @@ fn certified(
 }
 
 /// The signature verifies with `cert`, and the signed status names that
-/// very certificate (`digest` reads it from the payload).
-fn verified<T: SignedPayload>(
-    doc: Doc,
-    receipt: Unverified<T>,
-    cert: &Certificate,
-    digest: impl Fn(&T) -> &Sha256Digest,
-) -> Result<T, Verdict> {
+/// very certificate.
+fn verified<R: Judged>(receipt: Unverified<R>, cert: &Certificate) -> Result<R, Verdict> {
+    let doc = R::DOC;
     let receipt = receipt
         .verify(cert)
         .map_err(|e| doc.refuse(Check::SignatureInvalid, e.to_string()))?;
-    if *digest(&receipt) != cert.digest() {
+    if *receipt.head().certificate_digest != cert.digest() {
         return Err(doc.refuse(
             Check::CertificateMismatch,
             "the receipt's status names another certificate than its CSR's",
@@ -353,6 +562,40 @@ fn csr_for_node(
         ));
     }
     Ok(())
+}
+
+/// The CSR a release receipt names, where it still exists: the one with
+/// the UID the receipt names, which issued `cert`, for this node.
+fn issued_by(
+    doc: Doc,
+    csr: &CsrFacts,
+    receipt: &ReleaseReceipt,
+    cert: &Certificate,
+    node: NodeFacts<'_>,
+) -> Result<(), Verdict> {
+    if csr.uid != receipt.csr_uid.as_str() {
+        return Err(doc.refuse(
+            Check::CsrMismatch,
+            format!(
+                "CSR {} has UID {}, the receipt names {}",
+                receipt.csr_name, csr.uid, receipt.csr_uid
+            ),
+        ));
+    }
+    let issued = csr
+        .certificate_pem
+        .as_deref()
+        .and_then(|pem| Certificate::from_pem(pem).ok());
+    if issued.map(|c| c.digest()) != Some(cert.digest()) {
+        return Err(doc.refuse(
+            Check::CertificateMismatch,
+            format!(
+                "CSR {} did not issue the certificate the receipt carries",
+                receipt.csr_name
+            ),
+        ));
+    }
+    csr_for_node(doc, csr, &receipt.csr_name, node)
 }
 
 /// The Pod `pod_uid` is live on this node, the frozen DaemonSet's, from
@@ -391,6 +634,35 @@ fn bound_pod<'p>(
     Ok(pod)
 }
 
+/// The checks of what a receipt is, whose key signed it and whom it
+/// binds, for either kind: it names this node, its signature and CSR
+/// hold ([`Judged::signed`]), the Pod it names is live on this node from
+/// the frozen DaemonSet and template, and that Pod shows what this kind
+/// needs ([`Judged::pod_done`]). The verified receipt when they pass.
+fn binding<R: Judged>(
+    record: &CoordinationRecord,
+    trust: &TrustBundle,
+    node: NodeFacts<'_>,
+    receipt: Unverified<R>,
+    csr: Option<&CsrFacts>,
+    pod: Option<&R::Pod>,
+    now: Timestamp,
+) -> Result<R, Verdict> {
+    let doc = R::DOC;
+    let named = receipt.peek().head().node_name;
+    if named != node.name {
+        return Err(doc.refuse(
+            Check::NodeMismatch,
+            format!("the {} names node {named}", doc.noun()),
+        ));
+    }
+    let receipt = R::signed(receipt, trust, node, csr, now)?;
+    let facts = pod.map(R::pod_facts);
+    bound_pod(doc, record, node, facts, receipt.head().pod_uid)?;
+    receipt.pod_done(pod)?;
+    Ok(receipt)
+}
+
 /// Judges `receipt` (from [`peek`]) for `node` against the stored record,
 /// the trust, and the CSR and Pod it names as they are live now, as
 /// `answer`.
@@ -411,44 +683,6 @@ pub fn judge(
     }
 }
 
-/// [`judge`]'s checks of the signer and the binding; the verified receipt
-/// when they pass.
-fn binding(
-    record: &CoordinationRecord,
-    trust: &TrustBundle,
-    node: NodeFacts<'_>,
-    receipt: Unverified<Receipt>,
-    csr: Option<&CsrFacts>,
-    pod: Option<&PodFacts>,
-    now: Timestamp,
-) -> Result<Receipt, Verdict> {
-    let doc = Doc::Receipt;
-    let claimed = receipt.peek();
-    if claimed.node_name != node.name {
-        return Err(doc.refuse(
-            Check::NodeMismatch,
-            format!("the receipt names node {}", claimed.node_name),
-        ));
-    }
-    let named = (claimed.csr_name.as_str(), &claimed.csr_uid);
-    let (cert, csr) = signer(doc, trust, node, csr, named, now)?;
-    let receipt = verified(doc, receipt, &cert, |r| &r.status.certificate_digest)?;
-    // Whom it binds: the CSR's requester is the receipt's Pod, that Pod is
-    // the frozen DaemonSet's, from the frozen template, live on this node.
-    if csr.requester_pod_uid.as_deref() != Some(receipt.pod_uid.as_str()) {
-        return Err(doc.refuse(
-            Check::PodMismatch,
-            format!(
-                "CSR {} was requested by Pod {:?}, the receipt names Pod {}",
-                receipt.csr_name, csr.requester_pod_uid, receipt.pod_uid
-            ),
-        ));
-    }
-    csr_for_node(doc, csr, &receipt.csr_name, node)?;
-    bound_pod(doc, record, node, pod, &receipt.pod_uid)?;
-    Ok(receipt)
-}
-
 /// Judges a release receipt (from [`peek_release`]) for `node` against the
 /// stored `Release` record, the trust, and the CSR and cleanup Pod it
 /// names as they are live now (see the module doc for how it differs
@@ -462,69 +696,9 @@ pub fn judge_release(
     pod: Option<&CleanupPodFacts>,
     now: Timestamp,
 ) -> Verdict {
-    match release_binding(record, trust, node, receipt, csr, pod, now) {
+    match binding(record, trust, node, receipt, csr, pod, now) {
         Ok(receipt) => release_claims(record, &receipt, now),
         Err(v) => v,
-    }
-}
-
-/// [`judge_release`]'s checks of the signer, the binding and the init
-/// container; the verified release receipt when they pass.
-fn release_binding(
-    record: &CoordinationRecord,
-    trust: &TrustBundle,
-    node: NodeFacts<'_>,
-    receipt: Unverified<ReleaseReceipt>,
-    csr: Option<&CsrFacts>,
-    pod: Option<&CleanupPodFacts>,
-    now: Timestamp,
-) -> Result<ReleaseReceipt, Verdict> {
-    let doc = Doc::Release;
-    let claimed = receipt.peek();
-    if claimed.node_name != node.name {
-        return Err(doc.refuse(
-            Check::NodeMismatch,
-            format!("the release receipt names node {}", claimed.node_name),
-        ));
-    }
-    // The signer is the certificate the receipt carries: the CSR that
-    // issued it is usually gone by now (kube-controller-manager deletes
-    // issued CSRs an hour after approval).
-    let cert = certified(doc, trust, node, claimed.certificate.as_bytes(), now)?;
-    let receipt = verified(doc, receipt, &cert, |r| &r.status.certificate_digest)?;
-    // While the CSR still exists it must be the one that issued this very
-    // certificate, for this node; its requester is the node's old agent
-    // Pod, not the cleanup Pod the receipt names.
-    if let Some(csr) = csr {
-        if csr.uid != receipt.csr_uid.as_str() {
-            return Err(doc.refuse(
-                Check::CsrMismatch,
-                format!(
-                    "CSR {} has UID {}, the receipt names {}",
-                    receipt.csr_name, csr.uid, receipt.csr_uid
-                ),
-            ));
-        }
-        let issued = csr
-            .certificate_pem
-            .as_deref()
-            .and_then(|pem| Certificate::from_pem(pem).ok());
-        if issued.map(|c| c.digest()) != Some(cert.digest()) {
-            return Err(doc.refuse(
-                Check::CertificateMismatch,
-                format!(
-                    "CSR {} did not issue the certificate the receipt carries",
-                    receipt.csr_name
-                ),
-            ));
-        }
-        csr_for_node(doc, csr, &receipt.csr_name, node)?;
-    }
-    bound_pod(doc, record, node, pod.map(|p| &p.pod), &receipt.pod_uid)?;
-    let init = pod.and_then(|p| p.cleanup_init.as_ref());
-    match init_refusal(&receipt.pod_uid, init) {
-        Some(v) => Err(v),
-        None => Ok(receipt),
     }
 }
 
@@ -557,6 +731,22 @@ fn init_refusal(pod_uid: &Uid, init: Option<&InitState>) -> Option<Verdict> {
     }
 }
 
+/// The outcome of a verified receipt's record-side checks (`checked`, its
+/// `check_against` against `record` or the barrier it is judged as), each
+/// failure named as its Event reason.
+fn record_verdict<R: Judged>(
+    record: &CoordinationRecord,
+    receipt: &R,
+    checked: kube_ovn_ipsec_api::Result<()>,
+) -> Verdict {
+    let Err(e) = checked else {
+        return Verdict::Satisfied;
+    };
+    let claim = Claim::of(&e);
+    let detail = receipt.detail(claim, record);
+    refused(R::DOC.claim(claim), format!("{e}{detail}"))
+}
+
 /// The record-side checks of a verified release receipt
 /// ([`ReleaseReceipt::check_against`], what [`judge_release`] ends with),
 /// each failure named as its Event reason.
@@ -565,49 +755,7 @@ pub fn release_claims(
     receipt: &ReleaseReceipt,
     now: Timestamp,
 ) -> Verdict {
-    let Err(e) = receipt.check_against(record, now) else {
-        return Verdict::Satisfied;
-    };
-    let check = match &e {
-        kube_ovn_ipsec_api::Error::ReceiptNotFresh { .. } => "ReleaseReceiptInFuture",
-        kube_ovn_ipsec_api::Error::ReceiptMismatch { field: "status" } => {
-            "ReleaseReceiptIncomplete"
-        }
-        kube_ovn_ipsec_api::Error::ReceiptMismatch { field: "challenge" } => {
-            "ReleaseReceiptChallengeMismatch"
-        }
-        kube_ovn_ipsec_api::Error::ReceiptMismatch { field }
-            if *field == "epoch" || *field == "generation" || *field == "phase" =>
-        {
-            "ReleaseReceiptEpochMismatch"
-        }
-        _ => "ReleaseReceiptMismatch",
-    };
-    // Which cycle and challenge it answers is what an operator needs to
-    // tell a stale receipt (the cleanup must run again) from a foreign one.
-    let short = |c: Option<&kube_ovn_ipsec_api::coordination::Challenge>| {
-        c.and_then(|c| c.to_string().get(..12).map(str::to_owned))
-            .unwrap_or_else(|| "none".into())
-    };
-    let detail = match check {
-        "ReleaseReceiptEpochMismatch" => format!(
-            " (the receipt answers generation {} epoch {} {}; the record is generation {} \
-             epoch {} {})",
-            receipt.generation,
-            receipt.epoch,
-            receipt.phase,
-            record.generation,
-            record.epoch,
-            record.phase
-        ),
-        "ReleaseReceiptChallengeMismatch" => format!(
-            " (the receipt answers challenge {}…, the record's is {}…)",
-            short(Some(&receipt.challenge)),
-            short(record.challenge.as_ref())
-        ),
-        _ => String::new(),
-    };
-    refused(check, format!("{e}{detail}"))
+    record_verdict(record, receipt, receipt.check_against(record, now))
 }
 
 /// The record-side checks of a verified receipt, as `answer` (what
@@ -625,52 +773,45 @@ pub fn claims(
     receipt: &Receipt,
     now: Timestamp,
 ) -> Verdict {
-    let checked = match answer {
-        Answer::Barrier => receipt.check_against(record, now),
-        Answer::Admission { node, uid } => {
-            if record.phase != CoordinationPhase::Enabled {
-                return refused(
-                    "ReceiptEpochMismatch",
-                    format!(
-                        "nodes are admitted only while Enabled, not {}",
-                        record.phase
-                    ),
-                );
-            }
-            let prepared = receipt.phase == CoordinationPhase::Prepare;
-            let mut barrier = record.clone();
-            barrier.phase = if prepared {
-                CoordinationPhase::Prepare
-            } else {
-                CoordinationPhase::Arm
-            };
-            barrier.targets = BTreeMap::from([(node.to_owned(), uid.clone())]);
-            match receipt.check_against(&barrier, now) {
-                Ok(()) if prepared => {
-                    return refused(
-                        "ReceiptNotReady",
-                        "prepared for admission (identity and capability); \
-                         waiting for its Arm receipt",
-                    );
-                }
-                other => other,
-            }
-        }
-    };
-    if let Err(e) = checked {
-        let check = match &e {
-            kube_ovn_ipsec_api::Error::ReceiptNotFresh { .. } => "ReceiptStale",
-            kube_ovn_ipsec_api::Error::ReceiptMismatch { field: "status" } => "ReceiptNotReady",
-            kube_ovn_ipsec_api::Error::ReceiptMismatch { field }
-                if *field == "epoch" || *field == "generation" || *field == "phase" =>
-            {
-                "ReceiptEpochMismatch"
-            }
-            _ => "ReceiptMismatch",
-        };
-        return refused(check, e.to_string());
+    match answer {
+        Answer::Barrier => record_verdict(record, receipt, receipt.check_against(record, now)),
+        Answer::Admission { node, uid } => admission(record, node, uid, receipt, now),
     }
-    Verdict::Satisfied
+}
+
+/// [`claims`] for a node asking to be admitted (see there).
+fn admission(
+    record: &CoordinationRecord,
+    node: &str,
+    uid: &Uid,
+    receipt: &Receipt,
+    now: Timestamp,
+) -> Verdict {
+    if record.phase != CoordinationPhase::Enabled {
+        return refused(
+            "ReceiptEpochMismatch",
+            format!(
+                "nodes are admitted only while Enabled, not {}",
+                record.phase
+            ),
+        );
+    }
+    let prepared = receipt.phase == CoordinationPhase::Prepare;
+    let mut barrier = record.clone();
+    barrier.phase = if prepared {
+        CoordinationPhase::Prepare
+    } else {
+        CoordinationPhase::Arm
+    };
+    barrier.targets = BTreeMap::from([(node.to_owned(), uid.clone())]);
+    match receipt.check_against(&barrier, now) {
+        Ok(()) if prepared => refused(
+            "ReceiptNotReady",
+            "prepared for admission (identity and capability); \
+             waiting for its Arm receipt",
+        ),
+        checked => record_verdict(record, receipt, checked),
+    }
 }
 
 #[cfg(test)]
