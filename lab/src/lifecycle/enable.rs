@@ -1,0 +1,119 @@
+//! The enable step: the agents and the controller (enable-ipsec=true)
+//! started, then watched until the flip — each node's identity issued, its
+//! guards armed, its runtime up, NB_Global.ipsec and SB_Global.ipsec true.
+//! NB turning true while a node is not yet armed fails the step: the
+//! controller must not flip before every node can protect its traffic.
+
+use std::time::{Duration, Instant};
+
+use kube_ovn_ipsec_api::coordination::CoordinationPhase;
+
+use super::context::{Run, Step, fail};
+use super::readings::nb_sb;
+use super::rows::update_row;
+use super::world::World;
+
+/// Agents, controller, the barriers, the flip.
+pub(super) async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
+    run.begin("enable");
+    for (i, sim) in w.nodes.iter_mut().enumerate() {
+        sim.start_agent(
+            &w.bins.agent,
+            &w.cp.nodes[i],
+            &w.cp.api,
+            &w.monitor,
+            &harness::node::AgentOptions::lab(w.lifetime),
+        )?;
+    }
+    run.line(
+        "enable",
+        "-",
+        format!(
+            "agents started (kube-ovn-ipsec run, certificate lifetime {} s); controller started with enable-ipsec=true",
+            w.lifetime
+        ),
+    );
+    w.cp.start_controller(&w.bins.controller, true)?;
+    let n = w.nodes.len();
+    let (mut issued, mut armed, mut up) = (vec![false; n], vec![false; n], vec![false; n]);
+    let mut last_phase = None;
+    let mut nb_seen = false;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        if let Some(r) = w.cp.record().await?
+            && last_phase != Some(r.phase)
+        {
+            run.line("record", "-", r.phase);
+            if matches!(r.phase, CoordinationPhase::Prepare | CoordinationPhase::Arm) {
+                run.phase(r.phase.as_str());
+            }
+            last_phase = Some(r.phase);
+        }
+        for i in 0..n {
+            let Some(s) = w.nodes[i].parsed_status().await else {
+                continue;
+            };
+            let name = w.cp.nodes[i].name.clone();
+            if !issued[i] && s.generation.is_some() {
+                issued[i] = true;
+                w.issued_generation[i] = s.generation.unwrap_or_default();
+                run.line(
+                    "identity issued",
+                    &name,
+                    format!(
+                        "generation {}, expires {}",
+                        s.generation.unwrap_or_default(),
+                        s.expires.map(|e| e.to_string()).unwrap_or_default()
+                    ),
+                );
+            }
+            if !armed[i] && s.protection_armed {
+                armed[i] = true;
+                let lease = w.nodes[i]
+                    .lease()
+                    .map(|(m, r)| format!("lease mark {m:#x} reqid {r} published"))
+                    .unwrap_or_default();
+                run.line("guards armed", &name, lease);
+            }
+            if !up[i] && s.runtime_healthy {
+                up[i] = true;
+                run.line(
+                    "runtime up",
+                    &name,
+                    "strongSwan and ovs-monitor-ipsec healthy",
+                );
+            }
+            update_row(&mut run.summary.nodes[i], &s);
+        }
+        let (nb, sb) = nb_sb(&w.cp);
+        // SB true implies NB was: a read of NB that failed under load must
+        // not skip the check.
+        if (nb || sb) && !nb_seen {
+            nb_seen = true;
+            if let Some(i) = armed.iter().position(|a| !a) {
+                return fail(format!(
+                    "NB_Global.ipsec turned true while {} was not armed",
+                    w.cp.nodes[i].name
+                ));
+            }
+            run.line(
+                "NB true",
+                "-",
+                "every node armed: the controller flipped NB_Global.ipsec",
+            );
+        }
+        if sb {
+            run.phase("enable flip");
+            run.line("SB true", "-", "ovn-northd copied it to SB_Global.ipsec");
+            break;
+        }
+        if Instant::now() > deadline {
+            return fail(format!(
+                "SB_Global.ipsec not true in 600 s (record {last_phase:?}); see controller.log and each node's agent.log"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    run.done("enable");
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! The intent step, right after the flip: the emulated ovn-controller
+//! gives every node's tunnels their IPsec intent (remote name, outbound
+//! mark, reqid from the node's published lease), and each tunnel is checked
+//! to carry all three. A node without a lease at the flip fails the step:
+//! the controller flipped before that node was ready.
+
+use std::time::Instant;
+
+use kube_ovn_ipsec_api::names::ovs;
+
+use super::context::{Run, Step, fail};
+use super::world::World;
+use crate::emulated_ovn_controller as ovn;
+
+/// Gives every tunnel its intent; returns when the flip was taken to have
+/// happened, which the SAs step reads `Enabled` against.
+pub(super) fn intent(run: &mut Run<'_>, w: &mut World) -> Step<Instant> {
+    run.begin("intent");
+    let flipped = Instant::now();
+    let n = w.nodes.len();
+    for i in 0..n {
+        if !ovn::give_intent(&w.nodes, &w.nodes[i])? {
+            return fail(format!(
+                "{} has no lease published at the flip",
+                w.cp.nodes[i].name
+            ));
+        }
+    }
+    for i in 0..n {
+        let j = (i + 1) % n;
+        let opts = ovn::tunnel_options(&w.nodes[i], &w.nodes[j])?;
+        for key in [
+            ovs::OPTION_REMOTE_NAME,
+            ovs::OPTION_IPSEC_MARK_OUT,
+            ovs::OPTION_IPSEC_REQID,
+        ] {
+            if !opts.contains(key) {
+                return fail(format!(
+                    "{}'s tunnel {} lacks {key}: {opts}",
+                    w.cp.nodes[i].name,
+                    ovn::tunnel_name(&w.nodes[j])
+                ));
+            }
+        }
+        run.line(
+            "tunnels",
+            &w.cp.nodes[i].name.clone(),
+            format!("emulated ovn-controller gave intent: {opts}"),
+        );
+    }
+    run.done("intent");
+    Ok(flipped)
+}

@@ -1,0 +1,58 @@
+//! Reply windows: how long each pod pair takes to answer again after a
+//! change (the tunnels first built, the intent given, the intent removed).
+//! The enable and disable windows in the summary are these figures, so
+//! they are measured one way, concurrently across pairs.
+
+use std::time::Duration;
+
+use testbed::overlay;
+
+use super::context::{Run, Step, fail};
+use super::pod::pod_ip;
+use super::world::World;
+use crate::node::SimNode;
+
+/// Each pair's window in ms, printed as `step`: from now (just after
+/// `since`) to pod `b`'s first (`kind`: encrypted or plaintext) reply to
+/// pod `a`; a pair with none within `limit` fails the step.
+pub(super) fn pair_windows(
+    run: &mut Run<'_>,
+    w: &World,
+    step: &str,
+    limit: Duration,
+    kind: &str,
+    since: &str,
+) -> Step<Vec<u64>> {
+    let mut out = Vec::new();
+    let windows = first_replies(&w.nodes, &w.pairs, limit);
+    for (win, &(a, b)) in windows.iter().zip(&w.pairs) {
+        let Some(d) = win else {
+            return fail(format!(
+                "pod {a} gets no {kind} reply from pod {b} within {} s of {since}",
+                limit.as_secs()
+            ));
+        };
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        run.line(
+            step,
+            &format!("{a}<->{b}"),
+            format!("first {kind} reply {ms} ms after {since}"),
+        );
+        out.push(ms);
+    }
+    Ok(out)
+}
+
+/// Per pair `(a, b)`, concurrently: how long until pod `b` first answers
+/// pod `a` (`None`: not within `limit`).
+pub(super) fn first_replies(
+    nodes: &[SimNode],
+    pairs: &[(usize, usize)],
+    limit: Duration,
+) -> Vec<Option<Duration>> {
+    let probes: Vec<_> = pairs
+        .iter()
+        .map(|&(a, b)| (nodes[a].node.netns(), pod_ip(b)))
+        .collect();
+    overlay::first_replies(&probes, limit)
+}

@@ -1,0 +1,31 @@
+//! Everything a run keeps alive from the nodes step to its end: the
+//! control plane, the nodes with their daemons, the probe streams, and
+//! what the later steps compare against (the XFRM state before any agent,
+//! each agent's first certificate generation). Its field order is its drop
+//! order, which is what tears the lab down in a safe sequence.
+
+use std::path::PathBuf;
+
+use testbed::overlay::VSwitchd;
+use testbed::probe::ProbeStream;
+
+use crate::cluster::{Binaries, ControlPlane};
+use crate::node::SimNode;
+
+/// Everything the run keeps alive until its end.
+pub(super) struct World {
+    // Field order is drop order: the probes, then ovs-vswitchd before its
+    // database, the nodes, the control plane.
+    pub(super) probes: Vec<ProbeStream>,
+    pub(super) _vswitchds: Vec<VSwitchd>,
+    pub(super) nodes: Vec<SimNode>,
+    pub(super) cp: ControlPlane,
+    pub(super) pairs: Vec<(usize, usize)>,
+    pub(super) before: Vec<String>,
+    pub(super) bins: Binaries,
+    pub(super) monitor: PathBuf,
+    pub(super) lifetime: u32,
+    /// Each agent's first generation (renewal is a later one).
+    pub(super) issued_generation: Vec<u64>,
+    pub(super) _mesh: testbed::ipsec::Mesh,
+}
