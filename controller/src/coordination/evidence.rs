@@ -57,8 +57,6 @@ use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_api::signed::{self, SignedPayload, Unverified};
 use kube_ovn_ipsec_api::time::Timestamp;
 
-use super::machine::Verdict;
-
 /// The CSR a receipt names, as read from the API.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CsrFacts {
@@ -140,6 +138,35 @@ pub enum Answer<'a> {
         /// The Node's live UID.
         uid: &'a Uid,
     },
+}
+
+/// What one node's receipt annotation came to for the stored record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// A receipt for this record's generation, epoch and phase, verified
+    /// end to end and satisfying the phase's barrier.
+    Satisfied,
+    /// No receipt annotation.
+    Missing,
+    /// A receipt that does not satisfy the barrier: `check` names the
+    /// check (an Event reason), `message` says what was found.
+    Refused {
+        /// The check that failed, e.g. `ReceiptEpochMismatch`.
+        check: &'static str,
+        /// What the check found.
+        message: String,
+    },
+}
+
+impl Verdict {
+    /// Why this node holds the barrier, for status and Events.
+    pub fn waiting_reason(&self) -> Option<String> {
+        match self {
+            Verdict::Satisfied => None,
+            Verdict::Missing => Some("no receipt yet".into()),
+            Verdict::Refused { check, message } => Some(format!("{check}: {message}")),
+        }
+    }
 }
 
 fn refused(check: &'static str, message: impl Into<String>) -> Verdict {

@@ -116,6 +116,10 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 
+// Defined with the judgement that produces it; re-exported here, where
+// the decision consumes it, so `machine::Verdict` keeps naming it.
+pub use super::evidence::Verdict;
+
 /// The live kube-ovn-cni DaemonSet, as the decision needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveDaemonSet {
@@ -128,35 +132,6 @@ pub struct LiveDaemonSet {
     /// `ipsec` container: the chart's shape with IPsec disabled, which the
     /// disable waits for before it records `Cleanup`.
     pub cleanup_shape: bool,
-}
-
-/// What one node's receipt annotation came to for the stored record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// A receipt for this record's generation, epoch and phase, verified
-    /// end to end and satisfying the phase's barrier.
-    Satisfied,
-    /// No receipt annotation.
-    Missing,
-    /// A receipt that does not satisfy the barrier: `check` names the
-    /// check (an Event reason), `message` says what was found.
-    Refused {
-        /// The check that failed, e.g. `ReceiptEpochMismatch`.
-        check: &'static str,
-        /// What the check found.
-        message: String,
-    },
-}
-
-impl Verdict {
-    /// Why this node holds the barrier, for status and Events.
-    pub fn waiting_reason(&self) -> Option<String> {
-        match self {
-            Verdict::Satisfied => None,
-            Verdict::Missing => Some("no receipt yet".into()),
-            Verdict::Refused { check, message } => Some(format!("{check}: {message}")),
-        }
-    }
 }
 
 /// Everything one pass observed.
