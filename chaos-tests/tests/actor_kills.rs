@@ -35,8 +35,8 @@ use common::{
     FOREIGN, GuardSampler, InProcessAgent, Logs, after_fault, env_u64, generation, install_foreign,
     policies, read_state, status,
 };
-use kube_ovn_ipsec_runtime::agent::Seams;
 use harness::cluster::Cluster;
+use kube_ovn_ipsec_runtime::agent::Seams;
 
 /// The signer's certificate lifetime: a renewal (and so a pass through
 /// every activation point) every 4–6 s.

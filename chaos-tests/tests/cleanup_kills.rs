@@ -44,6 +44,7 @@ use chaos::check;
 use chaos::inject::{STOPPED, StopFile};
 use chaos::report::{Row, print_run};
 use common::until_stopped;
+use harness::controller_cluster as cc;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube_ovn_ipsec_api::coordination::{
@@ -55,7 +56,6 @@ use kube_ovn_ipsec_api::pki::Certificate;
 use kube_ovn_ipsec_api::signed;
 use kube_ovn_ipsec_api::time::Timestamp;
 use kube_ovn_ipsec_runtime::cleanup::Point;
-use harness::controller_cluster as cc;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::netns::wait_for;
 
@@ -205,18 +205,19 @@ impl Fixture {
     async fn arm_and_crash(&self, n: &mut AgentNode, first: bool) -> (u32, u32) {
         if !first {
             n.respawn(
+                harness::binaries::agent(),
                 &self.fx,
                 &self.api,
-                self.dir.path(),
                 self.script,
                 &["--sa-observe-period", "1"],
-            );
+            )
+            .unwrap();
         }
         n.wait("armed and active", Duration::from_secs(90), |s| {
             s["protectionArmed"] == true
         })
         .await;
-        let (mark, reqid) = n.lease();
+        let (mark, reqid) = n.lease().expect("a published lease");
         let tunnel = Tunnel {
             mark,
             reqid,

@@ -60,19 +60,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent_node::{
-    AgentNode, Env, add_unrelated_keys, env, kill_tree_of, only_unrelated_left, roll_to_cleanup,
+    AgentNode, Env, add_unrelated_keys, env, kill_tree, only_unrelated_left, roll_to_cleanup,
     roll_to_ipsec, start_node_with, xfrm_dump,
 };
 use chaos::check;
 use chaos::inject::{StopFile, receipt_point};
 use chaos::report::{Row, print_run};
 use common::{FOREIGN, GuardSampler, foreign, install_foreign, policies, proc_state};
-use kube_ovn_ipsec_api::coordination::CoordinationPhase;
-use kube_ovn_ipsec_api::names::ovs;
 use harness::controller_cluster as cc;
 use harness::controller_cluster::coordination::{
     flags_wanting, lease, nb_sb, nb_sb_at, record, status,
 };
+use kube_ovn_ipsec_api::coordination::CoordinationPhase;
+use kube_ovn_ipsec_api::names::ovs;
 use testbed::ipsec::IpsecNode;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -526,7 +526,7 @@ impl Run {
         let i = self
             .nodes
             .iter()
-            .position(|n| proc_state(n.agent.id()) == Some('T'))?;
+            .position(|n| n.agent_pid().and_then(proc_state) == Some('T'))?;
         let name = self.e.fxs[i].name.clone();
         let probe = Probe::of(&self.nodes[i], &name);
         let ns = probe.ns.clone();
@@ -548,7 +548,7 @@ impl Run {
         }
         let at = Instant::now();
         let n = &mut self.nodes[i];
-        kill_tree_of(&mut n.agent);
+        kill_tree(n);
         let flags = [
             "--coordination",
             "cluster",
@@ -556,12 +556,13 @@ impl Run {
             self.hash.as_str(),
         ];
         n.respawn(
+            harness::binaries::agent(),
             &self.e.fxs[i],
             &self.e.api,
-            self.e.dir.path(),
             self.e.script,
             &flags,
-        );
+        )
+        .unwrap();
         Some((at, i))
     }
 

@@ -35,8 +35,8 @@ use common::{
     FOREIGN, GuardSampler, InProcessAgent, Logs, after_fault, generation, install_foreign,
     policies, read_state, status, wait_ready,
 };
-use kube_ovn_ipsec_runtime::agent::Seams;
 use harness::cluster::Cluster;
+use kube_ovn_ipsec_runtime::agent::Seams;
 
 /// The signer's certificate lifetime: a renewal every 4–6 s.
 const LIFETIME: Duration = Duration::from_secs(10);

@@ -76,11 +76,11 @@ use common::{
     GuardSampler, after_fault, env_u64, generation, guards_and_foreign, install_foreign, live_pid,
     proc_state, restarted,
 };
+use harness::controller_cluster as cc;
 use kube_ovn_ipsec_api::clock::SystemClock;
 use kube_ovn_ipsec_api::test_util::SplitMix64;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use harness::controller_cluster as cc;
 use testbed::guest::HostFeatures;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::overlay::{self, Capture, Pinger, VSwitchd};
@@ -194,7 +194,7 @@ impl World {
             if let Some(i) = self
                 .nodes
                 .iter()
-                .position(|n| proc_state(n.agent.id()) == Some('T'))
+                .position(|n| n.agent_pid().and_then(proc_state) == Some('T'))
             {
                 return Ok((i, rotated));
             }
@@ -269,8 +269,16 @@ impl World {
         match victim {
             ProcessVictim::Agent => {
                 kill_tree(&mut self.nodes[i]);
-                let (fx, dir) = (&self.e.fxs[i], self.e.dir.path());
-                self.nodes[i].respawn(fx, &self.e.api, dir, self.e.script, &AGENT_FLAGS);
+                let fx = &self.e.fxs[i];
+                self.nodes[i]
+                    .respawn(
+                        harness::binaries::agent(),
+                        fx,
+                        &self.e.api,
+                        self.e.script,
+                        &AGENT_FLAGS,
+                    )
+                    .unwrap();
             }
             ProcessVictim::IkeDaemon | ProcessVictim::Monitor => {
                 let file = pidfile(&node.node, victim);
@@ -287,7 +295,7 @@ impl World {
                 }
                 // The agent stopped at the point goes on without it.
                 let _ = kill(
-                    Pid::from_raw(i32::try_from(node.agent.id()).unwrap()),
+                    Pid::from_raw(i32::try_from(node.agent_pid().unwrap()).unwrap()),
                     Signal::SIGCONT,
                 );
             }

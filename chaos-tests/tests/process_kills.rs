@@ -42,9 +42,9 @@ use common::{
     FOREIGN, GuardSampler, after_fault, env_u64, generation, install_foreign, live_pid, policies,
     read_state, restarted, until_stopped, wait_ready,
 };
+use harness::cluster::{CHASSIS, Cluster};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use harness::cluster::{CHASSIS, Cluster};
 use testbed::ipsec::IpsecNode;
 use testbed::netns::wait_for;
 
@@ -98,7 +98,7 @@ impl Node {
         .unwrap();
         let ns = node.netns().name().to_string();
         install_foreign(&ns);
-        let appctl = harness::cluster::write_capability_standins(&cluster.standins);
+        let appctl = harness::cluster::write_capability_standins(&cluster.standins).unwrap();
         let mut flags =
             harness::cluster::real_runtime_flags(&node, &cluster.standins, &appctl, script);
         flags.extend(["--guard-readback-ms", "200"].map(String::from));

@@ -10,20 +10,16 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use crate::ike_node::{Outcome, initiate, start_ovsdb, tear_down};
-use crate::cluster::http_get;
 use crate::controller_cluster as cc;
 use crate::controller_cluster::coordination::flags;
-use apiserver::chart;
+use crate::ike_node::{Outcome, initiate, tear_down};
+use crate::node::{AgentOptions, SimNode, cleanup_process};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::names::ovs;
-use kube_ovn_ipsec_api::pki::Certificate;
-use kube_ovn_ipsec_runtime::ike::CA_FILE_PREFIX;
-use kube_ovn_ipsec_runtime::process::{Launcher, Supervised};
 use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode, Tunnel};
 use testbed::netns::wait_for;
 use testbed::ovs::OvnCentral;
@@ -36,124 +32,9 @@ pub const AUTH_FAILURES: [&str; 4] = [
     "signature validation failed",
 ];
 
-/// One node: its namespaces, its ovsdb-server and its agent.
-pub struct AgentNode {
-    // Field order is drop order: the agent, then the database, then the
-    // namespaces and files.
-    /// The agent process (`kube-ovn-ipsec run`).
-    pub agent: Child,
-    _ovsdb: Supervised,
-    /// The node's namespaces, files and strongSwan configuration.
-    pub node: IpsecNode,
-    /// The agent's key directory.
-    pub key_dir: PathBuf,
-    /// The agent's status port on 127.0.0.1.
-    pub port: u16,
-    /// The agent's log file (appended across respawns).
-    pub log: PathBuf,
-    /// Environment the agent process gets beyond the chart's (kept for a
-    /// respawn).
-    pub env: Vec<(String, String)>,
-}
-
-impl Drop for AgentNode {
-    fn drop(&mut self) {
-        // SIGTERM: the agent stops its IKE daemon and monitor itself.
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.agent.id()).unwrap());
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.agent.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.agent.kill();
-        let _ = self.agent.wait();
-    }
-}
-
-impl AgentNode {
-    /// `/status`, once it answers.
-    pub async fn status(&self) -> Option<serde_json::Value> {
-        let (code, body) = http_get(self.port, "/status").await?;
-        (code == 200).then(|| serde_json::from_str(&body).ok())?
-    }
-
-    /// Whether `/readyz` answers 200.
-    pub async fn ready(&self) -> bool {
-        http_get(self.port, "/readyz").await.map(|(c, _)| c) == Some(200)
-    }
-
-    /// The agent's log so far.
-    pub fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The lease as the agent published it: (mark, reqid).
-    pub fn lease(&self) -> (u32, u32) {
-        let get = |key: &str| -> u32 {
-            let v = self
-                .node
-                .vsctl(&["get", "Open_vSwitch", ".", &format!("external_ids:{key}")])
-                .unwrap();
-            v.trim().trim_matches('"').parse().unwrap()
-        };
-        (
-            get(ovs::EXTERNAL_ID_PROTECTION_MARK),
-            get(ovs::EXTERNAL_ID_PROTECTION_REQID),
-        )
-    }
-
-    /// The leaf OVSDB points the monitor at.
-    pub fn leaf(&self) -> Certificate {
-        let path = self
-            .node
-            .vsctl(&["get", "Open_vSwitch", ".", "other_config:certificate"])
-            .unwrap();
-        let path = path.trim().trim_matches('"');
-        Certificate::from_pem(&std::fs::read(path).unwrap()).unwrap()
-    }
-
-    /// The agent's own CA files in the IKE daemon's cacerts directory.
-    pub fn own_ca_files(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.node.etc_path("ipsec.d/cacerts"))
-            .unwrap()
-            .filter_map(|e| {
-                let name = e.ok()?.file_name().to_string_lossy().into_owned();
-                name.starts_with(CA_FILE_PREFIX).then_some(name)
-            })
-            .collect();
-        v.sort();
-        v
-    }
-
-    /// Waits (bounded) until the agent is ready and `done` holds for its
-    /// status; fails naming `what` with the status and the logs.
-    pub async fn wait(
-        &self,
-        what: &str,
-        timeout: Duration,
-        done: impl Fn(&serde_json::Value) -> bool,
-    ) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let ready = self.ready().await;
-            let status = self.status().await;
-            if ready && status.as_ref().is_some_and(&done) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{}: {what} not within {timeout:?}: {status:?}\nagent log:\n{}\n{}",
-                self.node.chassis(),
-                self.logs(),
-                self.node.diagnostics()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
+/// One node running the agent as a process: the harness's one simulated
+/// node, as the tests start it ([`start_node`]).
+pub type AgentNode = crate::node::SimNode;
 
 /// Requires, by name, the programs every agent node runs (strongSwan,
 /// ovsdb-server and its tools, nsenter, and patch for the monitor) and
@@ -187,7 +68,8 @@ pub fn start_node(
 }
 
 /// [`start_node`], with `env` added to the agent's environment (the chaos
-/// suite's stop file).
+/// suite's stop file): the node's files under `dir/<node>`, the agent
+/// started with [`AgentOptions::test`] and this test crate's binary.
 pub fn start_node_with(
     node: IpsecNode,
     fx: &cc::NodeFx,
@@ -197,160 +79,23 @@ pub fn start_node_with(
     extra: &[&str],
     env: Vec<(String, String)>,
 ) -> AgentNode {
-    let launcher = Launcher::nsenter(node.netns().holder_pid());
-    let ovsdb = start_ovsdb(&node, &launcher);
-    node.vsctl(&["init"]).unwrap();
-    node.vsctl(&[
-        "set",
-        "Open_vSwitch",
-        ".",
-        &format!("external_ids:system-id={}", node.chassis()),
-    ])
+    let mut n = SimNode::prepare_in(node, dir.join(&fx.name)).unwrap();
+    n.start_agent(
+        crate::binaries::agent(),
+        fx,
+        api,
+        script,
+        &AgentOptions::test(extra, env),
+    )
     .unwrap();
-    node.vsctl(&["add-br", "br-int"]).unwrap();
-    let key_dir = dir.join(&fx.name).join("keys");
-    let port = crate::cluster::Cluster::free_port();
-    let log = dir.join(&fx.name).join("agent.log");
-    let agent = spawn_agent(
-        &node, fx, api, dir, script, extra, &key_dir, port, &log, &env,
-    );
-    AgentNode {
-        agent,
-        _ovsdb: ovsdb,
-        node,
-        key_dir,
-        port,
-        log,
-        env,
-    }
-}
-
-impl AgentNode {
-    /// Stops the agent (SIGTERM: it stops its IKE daemon and monitor and
-    /// leaves its guards, as a Pod deletion does) and waits for it.
-    pub fn stop_agent(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.agent.id()).unwrap());
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.agent.wait();
-    }
-
-    /// Starts the agent again as `fx`'s (new) Pod, on the same node, key
-    /// directory and status port: what the DaemonSet rolling the node onto
-    /// a template with the `ipsec` container amounts to.
-    pub fn respawn(
-        &mut self,
-        fx: &cc::NodeFx,
-        api: &apiserver::ApiServerHandle,
-        dir: &Path,
-        script: &Path,
-        extra: &[&str],
-    ) {
-        self.agent = spawn_agent(
-            &self.node,
-            fx,
-            api,
-            dir,
-            script,
-            extra,
-            &self.key_dir,
-            self.port,
-            &self.log,
-            &self.env,
-        );
-    }
-}
-
-/// The chart's `ipsec` container on `node` as `fx`'s Pod (its token in a
-/// kubeconfig under `dir/<node>`; apiserver::chart), with the real runtime
-/// in the node's namespaces: the chart's command, arguments and
-/// environment, and only what a simulated node moves (paths, sockets,
-/// namespaces) or the test asks for in `extra` changed.
-#[allow(clippy::too_many_arguments)]
-fn spawn_agent(
-    node: &IpsecNode,
-    fx: &cc::NodeFx,
-    api: &apiserver::ApiServerHandle,
-    dir: &Path,
-    script: &Path,
-    extra: &[&str],
-    key_dir: &Path,
-    port: u16,
-    log: &Path,
-    env: &[(String, String)],
-) -> Child {
-    let own = dir.join(&fx.name);
-    std::fs::create_dir_all(&own).unwrap();
-    let kubeconfig = own.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig, &fx.token).unwrap();
-    let standins = own.join("standins");
-    let appctl = crate::cluster::write_capability_standins(&standins);
-    let container = chart::Rendered::of(cc::Shape::Ipsec)
-        .and_then(|r| r.container(chart::CONTAINER_AGENT))
-        .unwrap();
-    let mut agent = chart::Process::of(&container, &fx.pod_fields()).unwrap();
-    let sock = format!("unix:{}", node.run_path("openvswitch/db.sock").display());
-    agent
-        .set("key-dir", Some(&key_dir.to_string_lossy()))
-        .set("ovsdb", Some(&sock))
-        .set("status-addr", Some(&format!("127.0.0.1:{port}")))
-        .set("kubeconfig", Some(&kubeconfig.to_string_lossy()))
-        .set("certificate-lifetime", Some("3600"))
-        // Beside the key directory: one per agent (many run on one host).
-        .set(
-            "ctl-socket",
-            Some(&key_dir.with_extension("ctl").to_string_lossy()),
-        )
-        // Armed at start, as the tests without a coordinating controller
-        // need; a test that coordinates says so in `extra`.
-        .set("coordination", Some("off"));
-    // RSA node keys (the default): ovs-monitor-ipsec writes the key into
-    // ipsec.secrets as `: RSA`, which charon cannot load for an ECDSA key.
-    let runtime = crate::cluster::real_runtime_flags(node, &standins, &appctl, script);
-    let runtime: Vec<&str> = runtime.iter().map(String::as_str).collect();
-    set_flags(&mut agent, &runtime);
-    set_flags(&mut agent, extra);
-    agent
-        .command(crate::binaries::agent())
-        .env("RUST_LOG", "info")
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdout(std::process::Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .unwrap(),
-        )
-        .spawn()
-        .unwrap()
-}
-
-/// Applies command-line `flags` (`--flag value`, `--flag=value` or a bare
-/// `--switch`) to `process`, each replacing the chart's or an earlier one.
-fn set_flags(process: &mut chart::Process, flags: &[&str]) {
-    let mut i = 0;
-    while i < flags.len() {
-        let flag = flags[i].strip_prefix("--").unwrap_or_else(|| {
-            panic!("{:?} is not a flag (in {flags:?})", flags[i]);
-        });
-        if let Some((name, value)) = flag.split_once('=') {
-            process.set(name, Some(value));
-            i += 1;
-        } else if let Some(value) = flags.get(i + 1).filter(|v| !v.starts_with("--")) {
-            process.set(flag, Some(value));
-            i += 2;
-        } else {
-            process.set(flag, None);
-            i += 1;
-        }
-    }
+    n
 }
 
 /// Adds each node's tunnel to the other, with its lease, as the patched
 /// ovn-controller would, and waits until the monitor routed the conns.
 pub fn connect(a: &AgentNode, b: &AgentNode) {
     for (n, peer) in [(a, b), (b, a)] {
-        let (mark, reqid) = n.lease();
+        let (mark, reqid) = n.lease().expect("a published lease");
         n.node
             .add_tunnel(&Tunnel {
                 mark,
@@ -367,7 +112,7 @@ pub fn connect(a: &AgentNode, b: &AgentNode) {
 /// `SB_Global.ipsec` turns true, and waits until the conns are routed.
 pub fn reconnect(a: &AgentNode, b: &AgentNode) {
     for (n, peer) in [(a, b), (b, a)] {
-        let (mark, reqid) = n.lease();
+        let (mark, reqid) = n.lease().expect("a published lease");
         n.node
             .protect_tunnel(&Tunnel {
                 mark,
@@ -400,7 +145,11 @@ fn wait_routed(a: &AgentNode, b: &AgentNode) {
 /// An IKE_SA initiated from each side in turn comes up; torn down after.
 pub fn both_ways_establish(a: &AgentNode, b: &AgentNode, when: &str) {
     for (from, to, who) in [(a, b, "A→B"), (b, a, "B→A")] {
-        let (outcome, waited) = initiate(&from.node, from.lease().0, &to.node);
+        let (outcome, waited) = initiate(
+            &from.node,
+            from.lease().expect("a published lease").0,
+            &to.node,
+        );
         let Some(Outcome::Established(sa)) = outcome else {
             panic!(
                 "{when}, {who}: {outcome:?}\n{}\n{}",
@@ -495,8 +244,7 @@ pub async fn env_with(nodes: usize, controller_flags: &[&str]) -> Env {
     let (nb, sb) = (central.nb.address(), central.sb.address());
     let mut controller_args = flags(&nb, &sb, "controller-0");
     controller_args.extend_from_slice(controller_flags);
-    let (controller, _) =
-        crate::cluster::start_controller(&api, &admin, &controller_args).await;
+    let (controller, _) = crate::cluster::start_controller(&api, &admin, &controller_args).await;
     Env {
         controller,
         admin,
@@ -518,12 +266,7 @@ pub async fn restart_controller(e: &mut Env, enable: bool) {
     let (controller, _) = crate::cluster::start_controller(
         &e.api,
         &e.admin,
-        &crate::controller_cluster::coordination::flags_wanting(
-            enable,
-            &nb,
-            &sb,
-            "controller-0",
-        ),
+        &crate::controller_cluster::coordination::flags_wanting(enable, &nb, &sb, "controller-0"),
     )
     .await;
     e.controller = controller;
@@ -631,7 +374,8 @@ pub async fn roll_to_ipsec(e: &mut Env, n: &mut AgentNode, i: usize, hash: &str)
     let fx = &mut e.fxs[i];
     cc::replace_pod(&e.api, &e.admin, &e.ds_uid, fx, i, cc::Shape::Ipsec, hash).await;
     let flags = ["--coordination", "cluster", "--pod-template-hash", hash];
-    n.respawn(fx, &e.api, e.dir.path(), e.script, &flags);
+    n.respawn(crate::binaries::agent(), fx, &e.api, e.script, &flags)
+        .unwrap();
 }
 
 /// Runs the chart's `ipsec-cleanup` init container on `node` as `fx`'s
@@ -668,21 +412,7 @@ pub fn cleanup_command(
     hash: &str,
     wait_secs: u64,
 ) -> std::process::Command {
-    let sock = format!("unix:{}", node.run_path("openvswitch/db.sock").display());
-    let container = chart::Rendered::of(cc::Shape::Cleanup)
-        .and_then(|r| r.container(chart::CONTAINER_CLEANUP))
-        .unwrap();
-    let mut pod = fx.pod_fields();
-    pod.template_hash = hash;
-    let mut cleanup = chart::Process::of(&container, &pod).unwrap();
-    cleanup
-        .set("key-dir", Some(&key_dir.to_string_lossy()))
-        .set("ovsdb", Some(&sock))
-        .set("kubeconfig", Some(&kubeconfig.to_string_lossy()))
-        .set("ike-rundir", Some(&node.run_path("").to_string_lossy()))
-        .set("xfrm-netns", Some(node.netns().name()))
-        .set("wait", Some(&wait_secs.to_string()))
-        .set("poll-ms", Some("200"));
+    let cleanup = cleanup_process(node, fx, key_dir, kubeconfig, Some(hash), wait_secs).unwrap();
     let mut cmd = cleanup.command(crate::binaries::agent());
     cmd.env("RUST_LOG", "info");
     cmd
@@ -783,7 +513,9 @@ pub fn process_tree(root: u32) -> Vec<i32> {
 /// SIGKILLs the agent and everything it started (starter, charon, the
 /// monitor): what a node crash or an OOM kill of the container does.
 pub fn kill_tree(n: &mut AgentNode) {
-    kill_tree_of(&mut n.agent);
+    if let Some(agent) = n.agent_mut() {
+        kill_tree_of(agent);
+    }
 }
 
 /// SIGKILLs `agent` and all its descendants and waits until they are gone.

@@ -294,21 +294,23 @@ fn serial_of(pem: &str) -> String {
         .join(":")
 }
 
-fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+fn script(dir: &Path, name: &str, body: &str) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let p = dir.join(name);
-    std::fs::write(&p, body).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
+    std::fs::write(&p, body)?;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))?;
+    Ok(p)
 }
 
 /// Writes the stand-ins for the patched ovn-controller into `dir`: the
 /// program (`ovn-controller --version`) and an `ovs-appctl` that answers
 /// its `version` with the output-protection marker and passes every other
 /// call to the real `ovs-appctl` (the monitor's control socket), which it
-/// returns.
-pub fn write_capability_standins(dir: &Path) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
+/// returns. The version the agent's capability gate asks for is the
+/// ovn-controller side's ([`crate::ovn_controller`]); its stand-in lives
+/// here, with the other stand-in programs, so the node can write it.
+pub fn write_capability_standins(dir: &Path) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
     let marker = kube_ovn_ipsec_runtime::capability::CAPABILITY_MARKER;
     script(
         dir,
@@ -316,7 +318,7 @@ pub fn write_capability_standins(dir: &Path) -> PathBuf {
         &format!(
             "#!/bin/sh\n# Stand-in for the patched ovn-controller (tests).\nprintf 'ovn-controller 24.03.90 (stand-in)\\n{marker}\\n'\n"
         ),
-    );
+    )?;
     script(
         dir,
         "ovs-appctl-real",
@@ -330,7 +332,7 @@ pub fn write_capability_standins(dir: &Path) -> PathBuf {
 
 /// Writes the stand-in programs into `dir`.
 fn write_standins(dir: &Path, ca_pem: &str) {
-    write_capability_standins(dir);
+    write_capability_standins(dir).unwrap();
     let marker = kube_ovn_ipsec_runtime::capability::CAPABILITY_MARKER;
     // Idle until the agent (our parent) is gone, so a SIGKILLed agent
     // leaves nothing behind.
@@ -343,7 +345,8 @@ fn write_standins(dir: &Path, ca_pem: &str) {
              version) printf 'ovn-controller 24.03.90 (stand-in)\\n{marker}\\n' ;;\n\
              tunnels/show) ;;\n*) echo \"stand-in: $3 unsupported\" >&2; exit 2 ;;\nesac\n"
         ),
-    );
+    )
+    .unwrap();
     script(
         dir,
         "ipsec",
@@ -356,7 +359,8 @@ fn write_standins(dir: &Path, ca_pem: &str) {
              *) exit 1 ;;\nesac\n",
             serial_of(ca_pem)
         ),
-    );
+    )
+    .unwrap();
     script(
         dir,
         "ovs-monitor-ipsec",
@@ -364,7 +368,8 @@ fn write_standins(dir: &Path, ca_pem: &str) {
             "#!/bin/sh\n# Stand-in, not the real class IPsecMonitor (tests).\n\
              # kube-ovn-ipsec: ovs-monitor-ipsec-patch v3\n{idle}"
         ),
-    );
+    )
+    .unwrap();
 }
 
 impl Drop for Cluster {

@@ -41,7 +41,9 @@ use controller::coordination::leader::LEASE_NAME as LEASE;
 use controller::coordination::run::{CONFIGMAP as RECORD, RECEIPT_ANNOTATION};
 
 use crate::controller_cluster::coordination::Identity;
-use crate::controller_cluster::{Cluster, HASH, NS, NodeFx, Outcome, csr_object, outcome, request_pem};
+use crate::controller_cluster::{
+    Cluster, HASH, NS, NodeFx, Outcome, csr_object, outcome, request_pem,
+};
 
 /// `--coordination-period` of every coordinating controller in the benches.
 pub const PERIOD: Duration = Duration::from_secs(1);

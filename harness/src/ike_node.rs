@@ -16,7 +16,7 @@ use kube_ovn_ipsec_api::strongswan::IkeSa;
 use kube_ovn_ipsec_runtime::ike::{IkeConfig, IkeDaemon};
 use kube_ovn_ipsec_runtime::lease::{self, AllocationConfig, Lease, LeaseStore};
 use kube_ovn_ipsec_runtime::monitor::{Monitor, MonitorConfig};
-use kube_ovn_ipsec_runtime::process::{Launcher, ProcessSpec, Supervised};
+use kube_ovn_ipsec_runtime::process::{Launcher, Supervised};
 use testbed::ipsec::{CaFiles, IpsecNode, NodeCert, Tunnel};
 use testbed::netns::wait_for;
 use testbed::overlay::{self, VSwitchd};
@@ -52,35 +52,7 @@ pub struct Node {
 /// (socket `/run/openvswitch/db.sock`, on the host at
 /// `run_path("openvswitch/db.sock")`) and waits for the socket.
 pub fn start_ovsdb(node: &IpsecNode, launcher: &Launcher) -> Supervised {
-    let db = node.dir().join("conf.db");
-    testbed::netns::run(
-        std::process::Command::new("ovsdb-tool")
-            .arg("create")
-            .arg(&db)
-            .arg("/usr/share/openvswitch/vswitch.ovsschema"),
-    )
-    .unwrap();
-    let ovsdb = Supervised::start(
-        &ProcessSpec {
-            name: "ovsdb-server",
-            program: "ovsdb-server".into(),
-            args: vec![
-                db.into_os_string(),
-                "--remote=punix:/run/openvswitch/db.sock".into(),
-                "--unixctl=/run/openvswitch/ovsdb-server.ctl".into(),
-                "--no-chdir".into(),
-            ],
-            log_file: Some(node.dir().join("ovsdb-server.out")),
-        },
-        launcher,
-    )
-    .unwrap();
-    let sock = node.run_path("openvswitch/db.sock");
-    wait_for(Duration::from_secs(10), Duration::from_millis(20), || {
-        sock.exists().then_some(())
-    })
-    .expect("ovsdb-server socket");
-    ovsdb
+    crate::node::start_ovsdb(node, launcher).unwrap()
 }
 
 /// Brings `node` up to where IKE may start: ovsdb-server with the PKI paths

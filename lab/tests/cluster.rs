@@ -10,10 +10,10 @@
 
 use std::time::{Duration, Instant};
 
+use harness::control_plane::{Binaries, ControlPlane};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
-use harness::control_plane::{Binaries, ControlPlane};
 
 async fn until(
     cp: &ControlPlane,

@@ -11,10 +11,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use harness::control_plane::{Binaries, ControlPlane};
+use harness::node::{AgentOptions, SimNode};
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
-use harness::control_plane::{Binaries, ControlPlane};
-use harness::node::SimNode;
 use lab::state::NETNS_PREFIX;
 use testbed::ipsec::IpsecNode;
 
@@ -42,7 +42,7 @@ async fn two_simulated_nodes_reach_enabled_with_the_real_agent_and_controller() 
         SimNode::prepare(b, dir.path()).unwrap(),
     ];
     for (n, cni) in nodes.iter_mut().zip(&cp.nodes) {
-        n.start_agent(&bins.agent, cni, &cp.api, script, 3600)
+        n.start_agent(&bins.agent, cni, &cp.api, script, &AgentOptions::lab(3600))
             .unwrap();
     }
     cp.start_controller(&bins.controller, true).unwrap();

@@ -9,7 +9,6 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-
 use std::time::{Duration, Instant};
 
 use harness::cluster::{Cluster, http_get};

@@ -19,17 +19,16 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-
 use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+use harness::cluster::{Cluster, http_get};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, ListParams};
 use kube_ovn_ipsec_runtime::lease::LeaseStore;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::{Pid, getpgid};
-use harness::cluster::{Cluster, http_get};
 use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode};
 use xfrm::model::{Family, Policy, compare_guard};
 use xfrm::{Xfrm, XfrmHandle};
@@ -446,7 +445,7 @@ async fn real_ike_daemon_and_monitor_restart_with_guards_in_place() {
     .unwrap();
     // ovs-appctl for the monitor, the stand-in's marker for the
     // (not running here) patched ovn-controller.
-    let appctl = harness::cluster::write_capability_standins(&cluster.standins);
+    let appctl = harness::cluster::write_capability_standins(&cluster.standins).unwrap();
 
     let key_dir = cluster.dir.path().join("keys");
     let port = Cluster::free_port();

@@ -27,13 +27,13 @@ use std::time::{Duration, Instant};
 
 use agent_node::{both_ways_establish, connect, no_auth_failures, prerequisites, start_node};
 use apiserver::{ADMIN_TOKEN, ApiServer};
+use harness::controller_cluster as cc;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube_ovn_ipsec_api::clock::SystemClock;
 use kube_ovn_ipsec_api::names::k8s;
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
 use kube_ovn_ipsec_runtime::ike::CA_FILE_PREFIX;
-use harness::controller_cluster as cc;
 use testbed::ipsec::IpsecNode;
 use testbed::netns::wait_for;
 

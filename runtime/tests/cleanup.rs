@@ -37,6 +37,7 @@ use agent_node::{
     start_node, write_record, xfrm_dump,
 };
 use apiserver::{ADMIN_TOKEN, ApiServer};
+use harness::controller_cluster as cc;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube_ovn_ipsec_api::coordination::{
@@ -46,7 +47,6 @@ use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::names::{exit_code, k8s, ovs};
 use kube_ovn_ipsec_api::signed;
 use kube_ovn_ipsec_api::time::Timestamp;
-use harness::controller_cluster as cc;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::netns::wait_for;
 
@@ -156,7 +156,7 @@ async fn cleanup_removes_exactly_the_nodes_own_state_and_refuses_what_it_cannot_
     add_unrelated_keys(&n.node);
     n.wait("armed and active", Duration::from_secs(90), |_| true)
         .await;
-    let (mark, reqid) = n.lease();
+    let (mark, reqid) = n.lease().expect("a published lease");
     println!("lease: mark {mark:#x} reqid {reqid}");
 
     // A protected tunnel, as the patched ovn-controller sets it: the

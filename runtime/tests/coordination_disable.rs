@@ -38,10 +38,10 @@ use agent_node::{
     both_ways_establish, connect, env, no_auth_failures, reconnect, restart_controller,
     roll_to_cleanup, roll_to_ipsec, start_node, xfrm_dump,
 };
-use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
-use kube_ovn_ipsec_api::names::k8s;
 use harness::controller_cluster as cc;
 use harness::controller_cluster::coordination::{nb_sb, record, status};
+use kube_ovn_ipsec_api::coordination::{CoordinationPhase, CoordinationRecord};
+use kube_ovn_ipsec_api::names::k8s;
 use testbed::ipsec::{IpsecNode, Tunnel};
 
 use CoordinationPhase::{Cleanup, Disabled, Disabling, Enabled, Release};

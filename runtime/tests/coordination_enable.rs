@@ -28,9 +28,9 @@ use agent_node::{
     AGENT_FLAGS, AgentNode, both_ways_establish, connect, env, lease_published, no_auth_failures,
     start_node,
 };
-use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use harness::controller_cluster as cc;
 use harness::controller_cluster::coordination::{nb_sb, record, status};
+use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use testbed::ipsec::IpsecNode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,10 +51,10 @@ use std::time::{Duration, Instant};
 
 use agent_node::{AgentNode, prerequisites, start_node};
 use apiserver::{ADMIN_TOKEN, ApiServer};
-use kube_ovn_ipsec_api::coordination::CoordinationPhase;
-use kube_ovn_ipsec_api::names::ovs;
 use harness::controller_cluster as cc;
 use harness::controller_cluster::coordination::{flags, nb_sb, record};
+use kube_ovn_ipsec_api::coordination::CoordinationPhase;
+use kube_ovn_ipsec_api::names::ovs;
 use testbed::guest::HostFeatures;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::overlay::{self, Capture, CaptureSummary, Pinger, VSwitchd};
@@ -265,7 +265,7 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
 
     // The patched ovn-controller's part: intent, with the owner's lease.
     for a in &nodes {
-        let (mark, reqid) = a.lease();
+        let (mark, reqid) = a.lease().expect("a published lease");
         for b in nodes
             .iter()
             .filter(|b| b.node.chassis() != a.node.chassis())
@@ -346,7 +346,7 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
         joined_at.elapsed()
     );
     for (i, a) in nodes.iter().enumerate() {
-        let (mark, reqid) = a.lease();
+        let (mark, reqid) = a.lease().expect("a published lease");
         let peers: Vec<&AgentNode> = if i == j {
             nodes[..j].iter().collect()
         } else {

@@ -42,7 +42,6 @@
 // Against real daemons in real time: deadlines and sleeps are wall-clock.
 #![allow(clippy::disallowed_methods)]
 
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -51,12 +50,12 @@ use std::time::{Duration, Instant};
 use actors::keydir::{self, KeyDirState, PendingStage, files, generation_dir_name};
 use actors::ports::OvsdbIdentityKeys;
 use apiserver::ADMIN_TOKEN;
+use harness::cluster::{Cluster, http_get};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
 use kube::api::ListParams;
 use kube_ovn_ipsec_api::test_util::SplitMix64;
 use ovsdb::{MapChanges, MapColumn};
-use harness::cluster::{Cluster, http_get};
 
 const IDENTITY_KEYS: [&str; 3] = ["private_key", "certificate", "ca_cert"];
 

@@ -48,9 +48,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agent_node::{AgentNode, connect, env, start_node};
+use harness::cluster::http_get;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
-use harness::cluster::http_get;
 use testbed::guest::HostFeatures;
 use testbed::ipsec::{IpsecNode, Tunnel};
 use testbed::overlay::{self, Pinger, VSwitchd};
@@ -323,7 +323,7 @@ async fn the_agent_names_the_cause_of_a_broken_data_path() {
     let keys: Vec<String> = nodes.iter().flat_map(|n| sa_keys(&n.node)).collect();
     assert!(!keys.is_empty(), "no SA keys read from the kernel");
     for n in nodes {
-        let ctl = n.key_dir.with_extension("ctl");
+        let ctl = n.ctl_socket();
         let show = appctl(&ctl, "ipsec/show");
         println!("{}: ipsec/show\n{show}", n.node.chassis());
         for want in [
@@ -511,7 +511,7 @@ async fn the_agent_names_the_cause_of_a_broken_data_path() {
             .unwrap();
     }
     // MTUs are re-read every 30th sample; a refresh re-reads them now.
-    appctl(&a.key_dir.with_extension("ctl"), "ipsec/refresh");
+    appctl(&a.ctl_socket(), "ipsec/refresh");
     let s = a.status().await.unwrap();
     assert_eq!(s["mtu"]["tunnel"], 1442, "{s}");
     println!("pod MTU 1442: {}", s["mtu"]);
@@ -521,7 +521,7 @@ async fn the_agent_names_the_cause_of_a_broken_data_path() {
     assert_eq!(s["mtu"]["overhead"], 92);
     assert_eq!(s["datapathHealthy"], false);
     assert_eq!(s["phase"], "Degraded", "{s}");
-    let show = appctl(&a.key_dir.with_extension("ctl"), "ipsec/show");
+    let show = appctl(&a.ctl_socket(), "ipsec/show");
     assert!(show.contains("set the tunnel (Pod) MTU to 1408"), "{show}");
     // This overlay carries OVN's Geneve option (split_horizon_ovn_option),
     // so the agent's prediction (which assumes it) is the wire's.
