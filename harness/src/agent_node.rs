@@ -18,6 +18,7 @@ use crate::controller_cluster as cc;
 use crate::controller_cluster::coordination::flags;
 use crate::ike_node::{Outcome, initiate, tear_down};
 use crate::node::{AgentOptions, SimNode, cleanup_process};
+use crate::ovn_controller::OvnController;
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::names::ovs;
 use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode, Tunnel};
@@ -92,35 +93,19 @@ pub fn start_node_with(
 }
 
 /// Adds each node's tunnel to the other, with its lease, as the patched
-/// ovn-controller would, and waits until the monitor routed the conns.
+/// ovn-controller would ([`OvnController::connect`]), and waits until the
+/// monitor routed the conns.
 pub fn connect(a: &AgentNode, b: &AgentNode) {
-    for (n, peer) in [(a, b), (b, a)] {
-        let (mark, reqid) = n.lease().expect("a published lease");
-        n.node
-            .add_tunnel(&Tunnel {
-                mark,
-                reqid,
-                ..Tunnel::to(&peer.node, 0)
-            })
-            .unwrap();
-    }
+    OvnController::Emulated.connect(a, b).unwrap();
     wait_routed(a, b);
 }
 
 /// Gives each node's existing tunnel to the other IPsec intent again, with
 /// its (new) lease, as the patched ovn-controller does when
-/// `SB_Global.ipsec` turns true, and waits until the conns are routed.
+/// `SB_Global.ipsec` turns true ([`OvnController::reconnect`]), and waits
+/// until the conns are routed.
 pub fn reconnect(a: &AgentNode, b: &AgentNode) {
-    for (n, peer) in [(a, b), (b, a)] {
-        let (mark, reqid) = n.lease().expect("a published lease");
-        n.node
-            .protect_tunnel(&Tunnel {
-                mark,
-                reqid,
-                ..Tunnel::to(&peer.node, 0)
-            })
-            .unwrap();
-    }
+    OvnController::Emulated.reconnect(a, b).unwrap();
     wait_routed(a, b);
 }
 

@@ -307,7 +307,7 @@ fn script(dir: &Path, name: &str, body: &str) -> std::io::Result<PathBuf> {
 /// its `version` with the output-protection marker and passes every other
 /// call to the real `ovs-appctl` (the monitor's control socket), which it
 /// returns. The version the agent's capability gate asks for is the
-/// ovn-controller side's ([`crate::ovn_controller`]); its stand-in lives
+/// ovn-controller side's (the `ovn_controller` module); its stand-in lives
 /// here, with the other stand-in programs, so the node can write it.
 pub fn write_capability_standins(dir: &Path) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;

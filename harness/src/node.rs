@@ -13,7 +13,7 @@
 //! the test says otherwise, and probes every second.
 //!
 //! The ovn-controller side of the node — the version stand-in the agent's
-//! capability gate asks, and the tunnels — is [`crate::ovn_controller`].
+//! capability gate asks, and the tunnels — is the `ovn_controller` module.
 
 // A node of real processes in real time: blocking waits for sockets and
 // process exits, outside any executor.

@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use testbed::guest::{GuestKernel, HostFeatures, KERNEL_ENV, KernelChoice, run_in_guest_sharing};
 
-use crate::cluster::Binaries;
 use crate::lifecycle::{self, Options, Report};
 use crate::state::{LabLock, LabState, Process, RUN_DIR};
 use crate::summary::Summary;
+use harness::control_plane::Binaries;
 
 /// The live status of the running (or last) lab.
 pub const STATUS_FILE: &str = "status.json";
@@ -54,7 +54,7 @@ pub enum UpError {
     Guest(#[from] testbed::guest::GuestError),
     /// The project's binaries.
     #[error(transparent)]
-    Cluster(#[from] crate::cluster::ClusterError),
+    Cluster(#[from] harness::control_plane::ClusterError),
     /// A file of the lab.
     #[error("{what}: {source}")]
     Io {

@@ -7,8 +7,9 @@
 //!   in `/etc/ipsec.d/cacerts` and in the monitor's `cacert=` alike. With
 //!   the bundle as one file charon trusts only the old CA, B's leaf fails
 //!   authentication at A whoever initiates, and the acknowledgement says so;
-//! - the fix: the agent's own path (`MonitorAdapter`'s acknowledgement)
-//!   installs one file per CA; both CAs are loaded, the IKE_SA comes up
+//! - the fix: the agent's own path (`IkeAdapter::install_trust`, which the
+//!   monitor actor runs before each read-back) installs one file per CA;
+//!   both CAs are loaded, the IKE_SA comes up
 //!   initiated from A and from B, the acknowledgement holds; retiring the
 //!   old CA removes only the agent's file of it.
 //!
@@ -24,10 +25,10 @@ use harness::ike_node;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use actors::ports::{MonitorPort, OvsdbIdentityKeys, RunningMonitor};
+use actors::ports::{IkePort, MonitorPort, OvsdbIdentityKeys, RunningMonitor};
 use ike_node::{Node, Outcome, ike_config, initiate, setup, start_ike, tear_down};
 use kube_ovn_ipsec_api::strongswan::{LoadedCert, parse_listcerts};
-use kube_ovn_ipsec_runtime::agent::ports::MonitorAdapter;
+use kube_ovn_ipsec_runtime::agent::ports::{IkeAdapter, MonitorAdapter};
 use kube_ovn_ipsec_runtime::ike::{self, CA_FILE_PREFIX, LEGACY_TRUST_FILE};
 use kube_ovn_ipsec_runtime::monitor::{self, ActiveIdentity, MonitorConfig, normalize_serial};
 use kube_ovn_ipsec_runtime::monitor_patch::{self, MonitorPatch};
@@ -121,6 +122,21 @@ fn adapter(n: &Node, script: &Path) -> MonitorAdapter {
     }
 }
 
+/// The agent's IKE port for `n` (only its trust install is used here).
+fn ike_adapter(n: &Node) -> IkeAdapter {
+    IkeAdapter {
+        config: ike_config(&n.node),
+        launcher: n.launcher.clone(),
+        stale_pidfiles: Vec::new(),
+    }
+}
+
+/// What the monitor actor does before a read-back: the trust bundle `k`
+/// names installed for the IKE daemon, one file per CA, and reread.
+async fn install_trust(n: &Node, k: &OvsdbIdentityKeys) {
+    ike_adapter(n).install_trust(k, None).await.unwrap();
+}
+
 async fn start_monitor(n: &Node, script: &Path) -> Box<dyn RunningMonitor> {
     let mut m = adapter(n, script).start().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -197,13 +213,16 @@ fn connect(r: &Rotation) {
     }
 }
 
-/// Acknowledges through the agent's port until applied (the monitor
-/// applies a changed `other_config` on its next refresh).
+/// Installs the trust bundle, then acknowledges through the agent's port
+/// until applied (the monitor applies a changed `other_config` on its next
+/// refresh).
 async fn acknowledged(
+    n: &Node,
     m: &mut Box<dyn RunningMonitor>,
     k: &OvsdbIdentityKeys,
 ) -> (actors::ports::Acknowledgement, Duration) {
     let t0 = Instant::now();
+    install_trust(n, k).await;
     loop {
         let ack = m.acknowledge(k).await.unwrap();
         if ack.configuration_applied || t0.elapsed() > Duration::from_secs(10) {
@@ -320,8 +339,9 @@ async fn one_file_bundle_trusts_only_its_first_ca_and_the_second_cas_peer_fails(
     println!("total {:?}", t0.elapsed());
 }
 
-/// The fix through the agent's own path: `MonitorAdapter`'s acknowledgement
-/// installs the bundle one file per CA (patched monitor too); both CAs are
+/// The fix through the agent's own path: the IKE port's trust install,
+/// then `MonitorAdapter`'s acknowledgement; the bundle goes one file per CA
+/// (patched monitor too); both CAs are
 /// loaded, IKE_SAs come up initiated from A and from B, and retiring the
 /// old CA removes only the agent's file of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,9 +371,10 @@ async fn rotation_bundle_is_installed_per_ca_and_peers_of_both_cas_authenticate(
     let ack = monitor::acknowledge(&active, &[], &[], &before, &monitor::digest_file);
     assert!(!ack.configuration_applied, "{ack:?}");
 
-    // The agent's path: acknowledge installs, rereads, then checks.
+    // The agent's path: install and reread (IKE port), then check.
     for (n, m) in [(&r.a, &mut ma), (&r.b, &mut mb)] {
         let t = Instant::now();
+        install_trust(n, &keys(n, &r.bundle)).await;
         let ack = m.acknowledge(&keys(n, &r.bundle)).await.unwrap();
         println!(
             "{}: install + rereadcacerts + acknowledgement {:?}: {ack:?}",
@@ -382,7 +403,7 @@ async fn rotation_bundle_is_installed_per_ca_and_peers_of_both_cas_authenticate(
 
     connect(&r);
     // With tunnels: paths, digests, leaf and every CA.
-    let (ack, waited) = acknowledged(&mut ma, &keys(&r.a, &r.bundle)).await;
+    let (ack, waited) = acknowledged(&r.a, &mut ma, &keys(&r.a, &r.bundle)).await;
     println!("A acknowledged with its tunnel after {waited:?}: {ack:?}");
     assert!(ack.configuration_applied, "{ack:?}");
     // The monitor's `cacert=` loads the bundle's first CA once more:
@@ -419,7 +440,7 @@ async fn rotation_bundle_is_installed_per_ca_and_peers_of_both_cas_authenticate(
     let retired = r.a.node.dir().join("ca-retired.pem");
     write_trust_bundle(&retired, &[&r.new]).unwrap();
     set_ca_cert(&r.a, &retired);
-    let (ack, waited) = acknowledged(&mut ma, &keys(&r.a, &retired)).await;
+    let (ack, waited) = acknowledged(&r.a, &mut ma, &keys(&r.a, &retired)).await;
     println!("A acknowledged the retirement after {waited:?}: {ack:?}");
     assert!(ack.configuration_applied, "{ack:?}");
     assert_eq!(

@@ -7,7 +7,7 @@ use apiserver::kube_ovn;
 
 use super::context::{Run, Step};
 use super::options::Options;
-use crate::cluster::ControlPlane;
+use harness::control_plane::ControlPlane;
 
 /// Starts the control plane for `opts.nodes` nodes.
 pub(super) async fn start(run: &mut Run<'_>, opts: &Options) -> Step<ControlPlane> {

@@ -11,7 +11,6 @@ use super::context::{Run, Step, fail};
 use super::readings::nb_sb;
 use super::windows::pair_windows;
 use super::world::World;
-use crate::emulated_ovn_controller as ovn;
 
 /// The operator turns IPsec off: NB/SB off, intent removed, the disable
 /// window; returns when the operator's intent was given (the step's
@@ -49,7 +48,7 @@ pub(super) async fn disable(run: &mut Run<'_>, w: &mut World) -> Step<Instant> {
         "the controller turned NB_Global.ipsec off",
     );
     for i in 0..w.nodes.len() {
-        ovn::take_intent(&w.nodes, &w.nodes[i])?;
+        w.ovn.take_intent(&w.nodes, &w.nodes[i])?;
     }
     run.line(
         "tunnels",

@@ -10,7 +10,7 @@ use kube_ovn_ipsec_api::names::ovs;
 
 use super::context::{Run, Step, fail};
 use super::world::World;
-use crate::emulated_ovn_controller as ovn;
+use harness::ovn_controller as ovn;
 
 /// Gives every tunnel its intent; returns when the flip was taken to have
 /// happened, which the SAs step reads `Enabled` against.
@@ -19,7 +19,7 @@ pub(super) fn intent(run: &mut Run<'_>, w: &mut World) -> Step<Instant> {
     let flipped = Instant::now();
     let n = w.nodes.len();
     for i in 0..n {
-        if !ovn::give_intent(&w.nodes, &w.nodes[i])? {
+        if !w.ovn.give_intent(&w.nodes, &w.nodes[i])? {
             return fail(format!(
                 "{} has no lease published at the flip",
                 w.cp.nodes[i].name

@@ -58,8 +58,8 @@ pub use pod::pod_ip;
 use context::{Run, Step, fail};
 use world::World;
 
-use crate::cluster::Binaries;
 use crate::summary::Summary;
+use harness::control_plane::Binaries;
 
 /// Runs the lifecycle; the summary says how far it got and, if it
 /// stopped, which step failed and why.

@@ -12,8 +12,8 @@ use super::context::{Run, Step, fail};
 use super::pod::pod_ip;
 use super::readings::{lease_sas, lease_sas_want};
 use super::world::World;
-use crate::emulated_ovn_controller as ovn;
-use crate::node::SimNode;
+use harness::node::SimNode;
+use harness::ovn_controller as ovn;
 
 /// How often the negotiation step tries before it fails the lab.
 const NEGOTIATION_TRIES: u32 = 3;

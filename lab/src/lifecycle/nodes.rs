@@ -11,11 +11,12 @@ use super::context::{Run, Step};
 use super::options::Options;
 use super::pod::pod_ip;
 use super::world::World;
-use crate::cluster::{Binaries, ControlPlane};
-use crate::emulated_ovn_controller::POD_PORT;
-use crate::node::SimNode;
 use crate::state::NETNS_PREFIX;
 use crate::summary::{NodeRow, PairRow};
+use harness::control_plane::{Binaries, ControlPlane};
+use harness::node::POD_PORT;
+use harness::node::SimNode;
+use harness::ovn_controller::OvnController;
 
 /// Brings up a node per chassis of `cp` and stores the run's world in
 /// `world` (so the run's end can report on it even if a later step
@@ -76,6 +77,7 @@ pub(super) fn bring_up<'w>(
         .collect();
     let w = world.insert(World {
         cp,
+        ovn: OvnController::Emulated,
         nodes,
         _vswitchds: vswitchds,
         probes: Vec::new(),

@@ -11,13 +11,12 @@ use super::context::{Run, Step, fail};
 use super::pod::pod_ip;
 use super::windows::first_replies;
 use super::world::World;
-use crate::emulated_ovn_controller as ovn;
 
 /// The overlay before any IPsec: plain tunnels, every pair answering, the
 /// probe streams started.
 pub(super) fn plaintext_overlay(run: &mut Run<'_>, w: &mut World, interval: Duration) -> Step {
     run.begin("plaintext overlay");
-    ovn::plain_mesh(&w.nodes)?;
+    w.ovn.plain_mesh(&w.nodes)?;
     let windows = first_replies(&w.nodes, &w.pairs, Duration::from_secs(90));
     for (win, &(a, b)) in windows.iter().zip(&w.pairs) {
         match win {

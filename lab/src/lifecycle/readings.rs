@@ -9,8 +9,8 @@ use kube_ovn_ipsec_api::coordination::{Receipt, ReleaseReceipt};
 use kube_ovn_ipsec_api::names::k8s;
 use kube_ovn_ipsec_api::signed;
 
-use crate::cluster::ControlPlane;
-use crate::node::SimNode;
+use harness::control_plane::ControlPlane;
+use harness::node::SimNode;
 
 /// The newest receipt on Node `name`, as far as its payload says (for
 /// display only: the controller verifies them).

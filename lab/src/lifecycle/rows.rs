@@ -9,8 +9,8 @@ use super::context::Run;
 use super::readings::{lease_sas, receipt_of};
 use super::tally::tally;
 use super::world::World;
-use crate::node::rss_kib;
 use crate::summary::NodeRow;
+use harness::node::rss_kib;
 
 /// Each node's row from its agent and kernel now.
 pub(super) async fn refresh_rows(run: &mut Run<'_>, w: &World) {

@@ -10,7 +10,7 @@ use testbed::overlay;
 use super::context::{Run, Step, fail};
 use super::pod::pod_ip;
 use super::world::World;
-use crate::node::SimNode;
+use harness::node::SimNode;
 
 /// Each pair's window in ms, printed as `step`: from now (just after
 /// `since`) to pod `b`'s first (`kind`: encrypted or plaintext) reply to

@@ -10,7 +10,7 @@ use testbed::overlay::{self, Capture, CaptureSummary};
 use super::context::{Run, Step, fail};
 use super::pod::pod_ip;
 use super::world::World;
-use crate::node::SimNode;
+use harness::node::SimNode;
 
 /// Every node's pod pings every other while its underlay is captured
 /// (into `<step>.pcap`): every echo answered but the last in flight, and

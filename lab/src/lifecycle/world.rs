@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use testbed::overlay::VSwitchd;
 use testbed::probe::ProbeStream;
 
-use crate::cluster::{Binaries, ControlPlane};
-use crate::node::SimNode;
+use harness::control_plane::{Binaries, ControlPlane};
+use harness::node::SimNode;
+use harness::ovn_controller::OvnController;
 
 /// Everything the run keeps alive until its end.
 pub(super) struct World {
@@ -20,6 +21,8 @@ pub(super) struct World {
     pub(super) _vswitchds: Vec<VSwitchd>,
     pub(super) nodes: Vec<SimNode>,
     pub(super) cp: ControlPlane,
+    /// Who builds the nodes' tunnels.
+    pub(super) ovn: OvnController,
     pub(super) pairs: Vec<(usize, usize)>,
     pub(super) before: Vec<String>,
     pub(super) bins: Binaries,
