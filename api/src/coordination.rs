@@ -588,24 +588,33 @@ impl SignedPayload for Receipt {
     const MAX_ENCODED_LEN: usize = defaults::RECEIPT_MAX_BYTES;
 }
 
-impl NodeReceipt for Receipt {
-    fn head(&self) -> ReceiptHead<'_> {
-        ReceiptHead {
-            generation: self.generation,
-            epoch: self.epoch,
-            phase: self.phase,
-            node_name: &self.node_name,
-            node_uid: &self.node_uid,
-            pod_uid: &self.pod_uid,
-            csr_name: &self.csr_name,
-            csr_uid: &self.csr_uid,
-            template_hash: &self.template_hash,
-            trust_hash: &self.trust_hash,
-            observed: self.observed,
-            certificate_digest: &self.status.certificate_digest,
+/// Both kinds carry the shared fields under the same names (their wire
+/// formats are separate signed documents, each with its own domain), so
+/// one body gives either its [`ReceiptHead`].
+macro_rules! node_receipt_head {
+    ($kind:ty) => {
+        impl NodeReceipt for $kind {
+            fn head(&self) -> ReceiptHead<'_> {
+                ReceiptHead {
+                    generation: self.generation,
+                    epoch: self.epoch,
+                    phase: self.phase,
+                    node_name: &self.node_name,
+                    node_uid: &self.node_uid,
+                    pod_uid: &self.pod_uid,
+                    csr_name: &self.csr_name,
+                    csr_uid: &self.csr_uid,
+                    template_hash: &self.template_hash,
+                    trust_hash: &self.trust_hash,
+                    observed: self.observed,
+                    certificate_digest: &self.status.certificate_digest,
+                }
+            }
         }
-    }
+    };
 }
+
+node_receipt_head!(Receipt);
 
 /// Whether the record's trust hash is compared with the receipt's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -734,24 +743,7 @@ impl SignedPayload for ReleaseReceipt {
     const MAX_ENCODED_LEN: usize = defaults::RECEIPT_MAX_BYTES;
 }
 
-impl NodeReceipt for ReleaseReceipt {
-    fn head(&self) -> ReceiptHead<'_> {
-        ReceiptHead {
-            generation: self.generation,
-            epoch: self.epoch,
-            phase: self.phase,
-            node_name: &self.node_name,
-            node_uid: &self.node_uid,
-            pod_uid: &self.pod_uid,
-            csr_name: &self.csr_name,
-            csr_uid: &self.csr_uid,
-            template_hash: &self.template_hash,
-            trust_hash: &self.trust_hash,
-            observed: self.observed,
-            certificate_digest: &self.status.certificate_digest,
-        }
-    }
-}
+node_receipt_head!(ReleaseReceipt);
 
 impl ReleaseReceipt {
     /// The record-side checks of a *verified* release receipt: generation,

@@ -95,26 +95,27 @@ impl OvnController {
     /// lease; an error when either has none (a tunnel with intent but
     /// without protection is what the patch never builds).
     pub fn connect(self, a: &SimNode, b: &SimNode) -> Result<(), IpsecError> {
-        match self {
-            OvnController::Emulated => {
-                for (n, peer) in [(a, b), (b, a)] {
-                    let tunnel = leased_tunnel(n, peer)?;
-                    n.node.add_tunnel(&tunnel)?;
-                }
-                Ok(())
-            }
-        }
+        self.each_way(a, b, |n, tunnel| n.node.add_tunnel(tunnel))
     }
 
     /// Gives each node's existing tunnel to the other its intent again,
     /// with its (new) lease: what the patch does when `SB_Global.ipsec`
     /// turns true again.
     pub fn reconnect(self, a: &SimNode, b: &SimNode) -> Result<(), IpsecError> {
+        self.each_way(a, b, |n, tunnel| n.node.protect_tunnel(tunnel))
+    }
+
+    /// `write`s each node's leased tunnel to the other, `a`'s first.
+    fn each_way(
+        self,
+        a: &SimNode,
+        b: &SimNode,
+        write: impl Fn(&SimNode, &Tunnel) -> Result<(), IpsecError>,
+    ) -> Result<(), IpsecError> {
         match self {
             OvnController::Emulated => {
                 for (n, peer) in [(a, b), (b, a)] {
-                    let tunnel = leased_tunnel(n, peer)?;
-                    n.node.protect_tunnel(&tunnel)?;
+                    write(n, &leased_tunnel(n, peer)?)?;
                 }
                 Ok(())
             }
