@@ -28,10 +28,13 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use kube_ovn_ipsec_api::clock::{Clock, timestamp};
 use kube_ovn_ipsec_api::conflict::replace_on_conflict;
-use kube_ovn_ipsec_api::coordination::{Challenge, CoordinationPhase, CoordinationRecord};
+use kube_ovn_ipsec_api::coordination::{
+    Challenge, CoordinationPhase, CoordinationRecord, NodeReceipt,
+};
 use kube_ovn_ipsec_api::ident::Uid;
 use kube_ovn_ipsec_api::names::k8s;
 use kube_ovn_ipsec_api::pki::TrustBundle;
+use kube_ovn_ipsec_api::signed::Unverified;
 use serde::Serialize;
 
 use ovsdb::{Datum, OVN_NORTHBOUND, OVN_SOUTHBOUND};
@@ -590,34 +593,24 @@ impl Coordinator {
         let Some(node) = node else {
             return Ok(Verdict::Missing);
         };
-        let name = node.name_any();
-        let name = name.as_str();
-        let annotations = node.annotations();
-        let unverified =
-            match evidence::peek(annotations.get(RECEIPT_ANNOTATION).map(String::as_str)) {
-                Ok(u) => u,
-                Err(v) => return Ok(v),
-            };
-        let claimed = unverified.peek().clone();
-        let csr = Api::<CertificateSigningRequest>::all(self.client.clone())
-            .get_opt(&claimed.csr_name)
-            .await?
-            .map(|c| csr_facts(&c));
-        let pod = pods
-            .iter()
-            .find(|p| p.metadata.uid.as_deref() == Some(claimed.pod_uid.as_str()))
-            .map(pod_facts);
-        let chassis = annotations
-            .get(names::NODE_CHASSIS_ANNOTATION)
-            .map(String::as_str);
+        let facts = self
+            .receipt_facts(node, pods, RECEIPT_ANNOTATION, evidence::peek, pod_facts)
+            .await?;
+        let f = match facts {
+            Ok(f) => f,
+            Err(v) => return Ok(v),
+        };
         Ok(evidence::judge(
             record,
             answer,
             trust,
-            NodeFacts { name, chassis },
-            unverified,
-            csr.as_ref(),
-            pod.as_ref(),
+            NodeFacts {
+                name: &f.name,
+                chassis: f.chassis.as_deref(),
+            },
+            f.unverified,
+            f.csr.as_ref(),
+            f.pod.as_ref(),
             now,
         ))
     }
@@ -636,39 +629,68 @@ impl Coordinator {
         let Some(node) = node else {
             return Ok(Verdict::Missing);
         };
-        let name = node.name_any();
-        let annotations = node.annotations();
-        let annotation = annotations
-            .get(RELEASE_RECEIPT_ANNOTATION)
-            .map(String::as_str);
-        let unverified = match evidence::peek_release(annotation) {
-            Ok(u) => u,
+        let facts = self
+            .receipt_facts(
+                node,
+                pods,
+                RELEASE_RECEIPT_ANNOTATION,
+                evidence::peek_release,
+                cleanup_pod_facts,
+            )
+            .await?;
+        let f = match facts {
+            Ok(f) => f,
             Err(v) => return Ok(v),
         };
-        let claimed = unverified.peek().clone();
-        let csr = Api::<CertificateSigningRequest>::all(self.client.clone())
-            .get_opt(&claimed.csr_name)
-            .await?
-            .map(|c| csr_facts(&c));
-        let pod = pods
-            .iter()
-            .find(|p| p.metadata.uid.as_deref() == Some(claimed.pod_uid.as_str()))
-            .map(cleanup_pod_facts);
-        let chassis = annotations
-            .get(names::NODE_CHASSIS_ANNOTATION)
-            .map(String::as_str);
         Ok(evidence::judge_release(
             record,
             trust,
             NodeFacts {
-                name: &name,
-                chassis,
+                name: &f.name,
+                chassis: f.chassis.as_deref(),
             },
-            unverified,
-            csr.as_ref(),
-            pod.as_ref(),
+            f.unverified,
+            f.csr.as_ref(),
+            f.pod.as_ref(),
             now,
         ))
+    }
+
+    /// What judging `node`'s receipt of either kind (in annotation
+    /// `annotation`, decoded by `peek`) needs from the cluster: the CSR it
+    /// names and, among `pods`, the Pod it names (as `facts` sees it).
+    /// `Ok(Err(verdict))` when the annotation is missing or undecodable.
+    async fn receipt_facts<R: NodeReceipt, P>(
+        &self,
+        node: &Node,
+        pods: &[Pod],
+        annotation: &str,
+        peek: fn(Option<&str>) -> std::result::Result<Unverified<R>, Verdict>,
+        facts: fn(&Pod) -> P,
+    ) -> Result<std::result::Result<ReceiptFacts<R, P>, Verdict>> {
+        let annotations = node.annotations();
+        let unverified = match peek(annotations.get(annotation).map(String::as_str)) {
+            Ok(u) => u,
+            Err(v) => return Ok(Err(v)),
+        };
+        let head = unverified.peek().head();
+        let (csr_name, pod_uid) = (head.csr_name.to_owned(), head.pod_uid.clone());
+        let csr = Api::<CertificateSigningRequest>::all(self.client.clone())
+            .get_opt(&csr_name)
+            .await?
+            .map(|c| csr_facts(&c));
+        let pod = pods
+            .iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(pod_uid.as_str()))
+            .map(facts);
+        let chassis = annotations.get(names::NODE_CHASSIS_ANNOTATION).cloned();
+        Ok(Ok(ReceiptFacts {
+            name: node.name_any(),
+            chassis,
+            unverified,
+            csr,
+            pod,
+        }))
     }
 
     /// One Event per node per change of refusal reason (a target's
@@ -1059,6 +1081,16 @@ pub async fn describe(client: &Client, namespace: &str) -> Result<Description> {
         }
     }
     Ok(Description { text: out, fault })
+}
+
+/// A node's receipt as annotated, with the cluster's facts it is judged
+/// against ([`Coordinator::receipt_facts`]).
+struct ReceiptFacts<R, P> {
+    name: String,
+    chassis: Option<String>,
+    unverified: Unverified<R>,
+    csr: Option<CsrFacts>,
+    pod: Option<P>,
 }
 
 #[cfg(test)]
