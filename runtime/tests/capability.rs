@@ -97,3 +97,65 @@ async fn gate_refuses_debian_ovn_controller_and_a_running_daemon_without_the_mar
     capability::check(&cfg, &Launcher::direct()).await.unwrap();
     assert_eq!(capability::CAPABILITY_MISSING_EXIT_CODE, 3);
 }
+
+/// The ovn-controller patches the image's base applies
+/// (`image/patches/ovn-controller-*.patch`, one per OVN line) speak the
+/// contract's names: the marker the gate looks for, the four lease keys
+/// the agent publishes, the tunnel options it expects, and kube-proxy's
+/// reserved bits the agent always keeps. A renamed key on either side
+/// fails here, not on a node. (The patches' behaviour is proven on the
+/// real ovn-controller by OVN's own test suite case they add.)
+#[test]
+fn the_ovn_controller_patches_use_the_contracts_names() {
+    use kube_ovn_ipsec_api::names::{defaults, ovs};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../image/patches");
+    let mut code = Vec::new();
+    for line in ["23.03", "25.03"] {
+        let file = dir.join(format!("ovn-controller-{line}.patch"));
+        let text =
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        // The lines the patch adds to ovn-controller's sources (not to the
+        // test suite), per file.
+        let mut added = String::new();
+        let mut in_source = false;
+        for l in text.lines() {
+            if let Some(path) = l.strip_prefix("+++ b/") {
+                in_source = path.starts_with("controller/");
+            } else if in_source && l.starts_with('+') {
+                added.push_str(&l[1..]);
+                added.push('\n');
+            }
+        }
+        let want = [
+            format!("#define OVN_IPSEC_OUTPUT_PROTECTION \"{CAPABILITY_MARKER}\""),
+            format!(
+                "#define IPSEC_LEASE_RESERVED_MARK_BITS {:#x}u",
+                defaults::RESERVED_MARK_BITS
+            ),
+        ]
+        .into_iter()
+        .chain(ovs::PROTECTION_KEYS.iter().map(|k| format!("\"{k}\"")))
+        .chain(
+            [
+                ovs::OPTION_EGRESS_PKT_MARK,
+                ovs::OPTION_IPSEC_MARK_OUT,
+                ovs::OPTION_IPSEC_REQID,
+            ]
+            .iter()
+            .map(|o| format!("\"{o}\"")),
+        );
+        for w in want {
+            assert!(added.contains(&w), "{}: adds no {w}", file.display());
+        }
+        // The mark goes out in decimal (ovs-vswitchd reads only base 10) and
+        // as mark/0xffffffff, as the guards match it.
+        assert!(
+            added.contains("\"%\"PRIu32\"/0xffffffff\""),
+            "{}",
+            file.display()
+        );
+        code.push(added);
+    }
+    // One behaviour: both OVN lines get the same code.
+    assert_eq!(code[0], code[1]);
+}
