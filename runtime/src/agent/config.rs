@@ -96,8 +96,9 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 45, value_parser = clap::value_parser!(u64).range(5..=100))]
     pub receipt_refresh: u64,
     /// skb mark bits an IPsec lease never uses (hex `0x…` or decimal):
-    /// kube-proxy's `0xc000` by default; add the bits of anything else on
-    /// the node that marks packets.
+    /// kube-proxy's `0xc000` by default and always (the ovn-controller
+    /// patch refuses a lease mark that uses them); add the bits of anything
+    /// else on the node that marks packets.
     #[arg(
         long,
         env = "OVN_IPSEC_RESERVED_MARK_BITS",
@@ -251,7 +252,10 @@ pub struct RunArgs {
     pub node_netns_pid: Option<u32>,
 }
 
-/// Parses a 32-bit mark mask written as `0x…` hex or decimal.
+/// Parses a 32-bit mark mask written as `0x…` hex or decimal. It must keep
+/// kube-proxy's bits ([`defaults::RESERVED_MARK_BITS`]): the patched ovn-controller
+/// builds no tunnel with a lease mark that uses them, so a mask without
+/// them could allocate a lease no tunnel would ever carry.
 pub fn parse_mark_bits(s: &str) -> Result<u32, String> {
     let t = s.trim();
     let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
@@ -260,6 +264,13 @@ pub fn parse_mark_bits(s: &str) -> Result<u32, String> {
     };
     let bits = parsed.map_err(|_| format!("{s:?} is not a 32-bit mark mask like 0xc000"))?;
     xfrm::alloc::check_reserved_bits(bits)?;
+    if bits & defaults::RESERVED_MARK_BITS != defaults::RESERVED_MARK_BITS {
+        return Err(format!(
+            "{s:?} must include kube-proxy's mark bits {:#x}: the \
+             ovn-controller patch builds no tunnel with a lease mark that uses them",
+            defaults::RESERVED_MARK_BITS
+        ));
+    }
     Ok(bits)
 }
 
@@ -330,7 +341,7 @@ mod tests {
     #[test]
     fn mark_bits_parse_hex_and_decimal_and_refuse_the_rest() {
         assert_eq!(parse_mark_bits("0xc000"), Ok(0xc000));
-        assert_eq!(parse_mark_bits("0XFF"), Ok(0xff));
+        assert_eq!(parse_mark_bits("0XC0FF"), Ok(0xc0ff));
         assert_eq!(parse_mark_bits("49152"), Ok(0xc000));
         for bad in ["", "0x", "-1", "0x1ffffffff", "c000", "0xzz"] {
             let e = parse_mark_bits(bad).unwrap_err();
@@ -343,5 +354,14 @@ mod tests {
             assert!(e.contains("leave no bit"), "{none_left}: {e}");
         }
         assert_eq!(parse_mark_bits("0xfffffffe"), Ok(0xffff_fffe));
+        // kube-proxy's bits cannot be given back: the ovn-controller patch
+        // refuses a lease mark that uses them.
+        for without in ["0xff", "0x4000", "0x8000", "0", "0x10000"] {
+            let e = parse_mark_bits(without).unwrap_err();
+            assert!(
+                e.contains("must include kube-proxy's mark bits 0xc000"),
+                "{without}: {e}"
+            );
+        }
     }
 }
