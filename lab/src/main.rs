@@ -57,6 +57,11 @@ struct UpCli {
     /// `down` removes them.
     #[arg(long)]
     keep_logs: bool,
+    /// A patched ovn-controller (the project's image/patches applied) to
+    /// run on every node instead of the emulation: real chassis in SB, a
+    /// logical switch for the pods, the tunnels ovn-controller builds.
+    #[arg(long, env = harness::ovn_controller::ENV_OVN_CONTROLLER)]
+    ovn_controller: Option<std::path::PathBuf>,
     /// Run here and report on the console (what `up` runs inside the guest).
     #[arg(long, hide = true)]
     in_guest: bool,
@@ -109,6 +114,7 @@ async fn up(cli: UpCli) -> anyhow::Result<()> {
         probe_interval: std::time::Duration::from_millis(cli.probe_interval_ms),
         json: cli.json,
         keep_logs: cli.keep_logs,
+        ovn_controller: cli.ovn_controller.filter(|p| !p.as_os_str().is_empty()),
     };
     if cli.in_guest {
         let summary = lab::up::in_guest(&args, cli.kernel_description, cli.dir).await;

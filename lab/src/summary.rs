@@ -20,6 +20,10 @@ pub const STATUS_PREFIX: &str = "KOI-LAB-STATUS ";
 pub struct Summary {
     /// Which kernel runs the nodes (the host's, or the guest's under qemu).
     pub kernel: String,
+    /// Which ovn-controller builds the tunnels (the patched binary, or the
+    /// emulation).
+    #[serde(default)]
+    pub ovn_controller: String,
     /// The step running now, or the last one.
     pub step: String,
     /// The run got through every step.
@@ -268,6 +272,9 @@ impl Summary {
             secs(f.disable_s),
         );
         let _ = writeln!(s, "kernel: {}", self.kernel);
+        if !self.ovn_controller.is_empty() {
+            let _ = writeln!(s, "ovn-controller: {}", self.ovn_controller);
+        }
         match (&self.failed, self.finished) {
             (Some(f), _) => {
                 let _ = writeln!(s, "FAILED at step `{}`: {}", f.step, f.reason);

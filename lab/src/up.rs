@@ -40,6 +40,9 @@ pub struct UpArgs {
     /// Keep the logs of a run that passed too (a failed run's always
     /// stay); `down` or the next `up` removes them.
     pub keep_logs: bool,
+    /// A patched ovn-controller binary to run on every node (`None`: the
+    /// emulation).
+    pub ovn_controller: Option<PathBuf>,
 }
 
 /// Why `up` could not run the lifecycle at all.
@@ -218,6 +221,7 @@ async fn run_on(
                     .into(),
                 dir: dir.to_path_buf(),
                 logs: dir.to_path_buf(),
+                ovn_controller: args.ovn_controller.clone(),
             };
             lifecycle::run(&opts, &bins, &mut report).await
         }
@@ -259,6 +263,11 @@ async fn run_on(
                 "--probe-interval-ms".into(),
                 args.probe_interval.as_millis().to_string(),
             ];
+            let mut command = command;
+            if let Some(binary) = &args.ovn_controller {
+                command.push("--ovn-controller".into());
+                command.push(binary.display().to_string());
+            }
             let env = vec![
                 (KERNEL_ENV.to_string(), "host".to_string()),
                 ("RUST_LOG".to_string(), "warn".to_string()),
@@ -344,6 +353,7 @@ pub async fn in_guest(args: &UpArgs, kernel: String, share: PathBuf) -> Summary 
         kernel,
         dir: dir.clone(),
         logs: share.clone(),
+        ovn_controller: args.ovn_controller.clone(),
     };
     let mut report = ConsoleReport;
     let bins = match Binaries::beside_current_exe() {

@@ -1,6 +1,6 @@
 //! The disable step: the operator turns IPsec off — the controller
-//! restarted with enable-ipsec=false turns NB and SB off, the emulated
-//! ovn-controller removes every tunnel's intent and marks together, and
+//! restarted with enable-ipsec=false turns NB and SB off, ovn-controller
+//! (real or emulated) removes every tunnel's intent and marks together, and
 //! each pair's disable window (intent removed to first plaintext reply) is
 //! measured. Traffic must come back in plaintext before any node is
 //! cleaned up.
@@ -53,7 +53,7 @@ pub(super) async fn disable(run: &mut Run<'_>, w: &mut World) -> Step<Instant> {
     run.line(
         "tunnels",
         "-",
-        "emulated ovn-controller removed intent and marks together",
+        format!("{} removed intent and marks together", w.ovn.name()),
     );
     let windows = pair_windows(
         run,

@@ -16,13 +16,15 @@ use super::world::World;
 /// Agents, controller, the barriers, the flip.
 pub(super) async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
     run.begin("enable");
+    let mut options = harness::node::AgentOptions::lab(w.lifetime);
+    options.extra = w.ovn.agent_flags();
     for (i, sim) in w.nodes.iter_mut().enumerate() {
         sim.start_agent(
             &w.bins.agent,
             &w.cp.nodes[i],
             &w.cp.api,
             &w.monitor,
-            &harness::node::AgentOptions::lab(w.lifetime),
+            &options,
         )?;
     }
     run.line(

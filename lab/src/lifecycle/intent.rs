@@ -1,6 +1,7 @@
-//! The intent step, right after the flip: the emulated ovn-controller
-//! gives every node's tunnels their IPsec intent (remote name, outbound
-//! mark, reqid from the node's published lease), and each tunnel is checked
+//! The intent step, right after the flip: ovn-controller (real or
+//! emulated) gives every node's tunnels their IPsec intent (remote name,
+//! outbound mark, reqid from the node's published lease), and each tunnel
+//! is checked
 //! to carry all three. A node without a lease at the flip fails the step:
 //! the controller flipped before that node was ready.
 
@@ -10,7 +11,6 @@ use kube_ovn_ipsec_api::names::ovs;
 
 use super::context::{Run, Step, fail};
 use super::world::World;
-use harness::ovn_controller as ovn;
 
 /// Gives every tunnel its intent; returns when the flip was taken to have
 /// happened, which the SAs step reads `Enabled` against.
@@ -28,7 +28,7 @@ pub(super) fn intent(run: &mut Run<'_>, w: &mut World) -> Step<Instant> {
     }
     for i in 0..n {
         let j = (i + 1) % n;
-        let opts = ovn::tunnel_options(&w.nodes[i], &w.nodes[j])?;
+        let opts = w.ovn.tunnel_options(&w.nodes[i], &w.nodes[j])?;
         for key in [
             ovs::OPTION_REMOTE_NAME,
             ovs::OPTION_IPSEC_MARK_OUT,
@@ -38,14 +38,14 @@ pub(super) fn intent(run: &mut Run<'_>, w: &mut World) -> Step<Instant> {
                 return fail(format!(
                     "{}'s tunnel {} lacks {key}: {opts}",
                     w.cp.nodes[i].name,
-                    ovn::tunnel_name(&w.nodes[j])
+                    w.ovn.tunnel_name(&w.nodes[i], &w.nodes[j])?
                 ));
             }
         }
         run.line(
             "tunnels",
             &w.cp.nodes[i].name.clone(),
-            format!("emulated ovn-controller gave intent: {opts}"),
+            format!("{} gave intent: {opts}", w.ovn.name()),
         );
     }
     run.done("intent");

@@ -13,7 +13,6 @@ use super::pod::pod_ip;
 use super::readings::{lease_sas, lease_sas_want};
 use super::world::World;
 use harness::node::SimNode;
-use harness::ovn_controller as ovn;
 
 /// How often the negotiation step tries before it fails the lab.
 const NEGOTIATION_TRIES: u32 = 3;
@@ -25,7 +24,7 @@ const NEGOTIATION_TRIES: u32 = 3;
 pub(super) fn negotiation(run: &mut Run<'_>, w: &mut World) -> Step {
     run.begin("negotiation");
     run.phase("negotiation");
-    let tunnel = ovn::tunnel_name(&w.nodes[1]);
+    let tunnel = w.ovn.tunnel_name(&w.nodes[0], &w.nodes[1])?;
     let mut measured = None;
     // A renewal or a slow guest can leave the pair mid-change when the
     // step starts (the IKE_SA being replaced, or the connections of two

@@ -29,18 +29,26 @@ pub(super) fn bring_up<'w>(
     world: &'w mut Option<World>,
 ) -> Step<&'w mut World> {
     run.begin("nodes");
+    let ovn = match &opts.ovn_controller {
+        Some(binary) => OvnController::real(binary.clone())?,
+        None => OvnController::Emulated,
+    };
+    run.summary.ovn_controller = ovn.describe();
+    run.line("ovn-controller", "-", ovn.describe());
     let chassis: Vec<&str> = cp.nodes.iter().map(|c| c.chassis.as_str()).collect();
     let mut mesh = IpsecNode::mesh(NETNS_PREFIX, &chassis)?;
     let monitor = testbed::ipsec::patched_monitor_script(&opts.dir)?.to_path_buf();
     let mut nodes = Vec::new();
     let mut before = Vec::new();
     let mut vswitchds = Vec::new();
+    let mut ovn_controllers = Vec::new();
     for (i, node) in std::mem::take(&mut mesh.nodes).into_iter().enumerate() {
         node.install_foreign_xfrm()?;
         before.push(node.xfrm_dump()?);
         let sim = SimNode::prepare(node, &opts.dir)?;
         vswitchds.push(VSwitchd::start(&sim.node)?);
         overlay::add_pod(&sim.node, POD_PORT, &format!("{}/24", pod_ip(i)))?;
+        ovn_controllers.extend(ovn.attach(&sim, &cp.central, pod_ip(i))?);
         run.line(
             "nodes",
             &cp.nodes[i].name,
@@ -77,7 +85,8 @@ pub(super) fn bring_up<'w>(
         .collect();
     let w = world.insert(World {
         cp,
-        ovn: OvnController::Emulated,
+        ovn,
+        _ovn_controllers: ovn_controllers,
         nodes,
         _vswitchds: vswitchds,
         probes: Vec::new(),

@@ -25,6 +25,9 @@ pub struct Options {
     /// Where the operator finds the logs of a failed run: `dir`, or in the
     /// guest the host's lab directory they are copied to.
     pub logs: PathBuf,
+    /// A patched ovn-controller binary to run on every node (`None`: the
+    /// emulation plays its part).
+    pub ovn_controller: Option<PathBuf>,
 }
 
 /// Where a run's progress goes.

@@ -11,13 +11,16 @@ use testbed::probe::ProbeStream;
 
 use harness::control_plane::{Binaries, ControlPlane};
 use harness::node::SimNode;
-use harness::ovn_controller::OvnController;
+use harness::ovn_controller::{OvnController, RunningOvnController};
 
 /// Everything the run keeps alive until its end.
 pub(super) struct World {
-    // Field order is drop order: the probes, then ovs-vswitchd before its
-    // database, the nodes, the control plane.
+    // Field order is drop order: the probes, the ovn-controllers, then
+    // ovs-vswitchd before its database, the nodes, the control plane.
     pub(super) probes: Vec<ProbeStream>,
+    /// The real ovn-controllers (none with the emulation): stopped before
+    /// the switches and databases they drive.
+    pub(super) _ovn_controllers: Vec<RunningOvnController>,
     pub(super) _vswitchds: Vec<VSwitchd>,
     pub(super) nodes: Vec<SimNode>,
     pub(super) cp: ControlPlane,
