@@ -67,6 +67,9 @@ pub enum OvnController {
     Real {
         /// The binary (`ovn-controller` with the output-protection patch).
         binary: PathBuf,
+        /// The first line of its `--version`, read once when it was
+        /// checked.
+        version: String,
     },
 }
 
@@ -113,7 +116,8 @@ impl OvnController {
                 ),
             ));
         }
-        Ok(OvnController::Real { binary })
+        let version = version.lines().next().unwrap_or_default().to_owned();
+        Ok(OvnController::Real { binary, version })
     }
 
     /// Which ovn-controller this is, for the lab's report.
@@ -122,12 +126,8 @@ impl OvnController {
             OvnController::Emulated => {
                 "emulated (the harness plays the patched ovn-controller's tunnel management)".into()
             }
-            OvnController::Real { binary } => {
-                let first = version_of(binary)
-                    .ok()
-                    .and_then(|v| v.lines().next().map(str::to_owned))
-                    .unwrap_or_default();
-                format!("real: {} ({first}, patched)", binary.display())
+            OvnController::Real { binary, version } => {
+                format!("real: {} ({version}, patched)", binary.display())
             }
         }
     }
@@ -147,7 +147,7 @@ impl OvnController {
     pub fn agent_flags(&self) -> Vec<String> {
         match self {
             OvnController::Emulated => Vec::new(),
-            OvnController::Real { binary } => vec![
+            OvnController::Real { binary, .. } => vec![
                 "--ovn-controller".into(),
                 binary.display().to_string(),
                 "--ovs-appctl".into(),
@@ -171,7 +171,7 @@ impl OvnController {
     ) -> Result<Option<RunningOvnController>, IpsecError> {
         match self {
             OvnController::Emulated => Ok(None),
-            OvnController::Real { binary } => start_real(binary, n, central, pod_ip).map(Some),
+            OvnController::Real { binary, .. } => start_real(binary, n, central, pod_ip).map(Some),
         }
     }
 
