@@ -68,6 +68,7 @@ pub mod datapath;
 pub mod digest;
 pub mod error;
 pub mod ident;
+pub mod lease;
 pub mod logsafe;
 pub mod names;
 pub mod pki;

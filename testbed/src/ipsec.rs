@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kube_ovn_ipsec_api::lease::PublishedLease;
 use kube_ovn_ipsec_api::names::ovs;
 use kube_ovn_ipsec_api::strongswan::{IkeSa, parse_status};
 use kube_ovn_ipsec_api::test_util::{TestCa, TestKeyAlg};
@@ -209,26 +210,31 @@ pub struct Tunnel {
     pub reqid: u32,
 }
 
+/// The name OVN gives its `n`th tunnel to `chassis`: `ovn-<chassis
+/// without dashes>-<n>`.
+pub fn tunnel_name(chassis: &str, n: u32) -> String {
+    format!("ovn-{}-{n}", chassis.replace('-', ""))
+}
+
 impl Tunnel {
     /// `remote_name` plus the output-protection options, as `ovs-vsctl`
-    /// `options:key=value` arguments. `egress_pkt_mark` is written in
-    /// decimal: ovs-vswitchd parses it with base 10, so a hex mark would
-    /// silently become 0 — unmarked, plaintext Geneve.
+    /// `options:key=value` arguments: the lease's
+    /// [`PublishedLease::intent_options`].
     pub fn protection_options(&self) -> [String; 4] {
-        let [name, pkt_mark, mark_out, reqid] = ovs::TUNNEL_PROTECTION_OPTIONS;
-        [
-            format!("options:{name}={}", self.remote_name),
-            format!("options:{pkt_mark}={}", self.mark),
-            format!("options:{mark_out}={}/0xffffffff", self.mark),
-            format!("options:{reqid}={}", self.reqid),
-        ]
+        let lease = PublishedLease {
+            mark: self.mark,
+            reqid: self.reqid,
+        };
+        lease
+            .intent_options(&self.remote_name)
+            .map(|(key, value)| format!("options:{key}={value}"))
     }
 
     /// The tunnel to `peer` named like OVN names them (`ovn-<chassis
     /// without dashes>-<n>`), with [`DEFAULT_MARK`] and reqid 1.
     pub fn to(peer: &IpsecNode, n: u32) -> Self {
         Self {
-            name: format!("ovn-{}-{n}", peer.chassis.replace('-', "")),
+            name: tunnel_name(&peer.chassis, n),
             remote_ip: peer.ip,
             remote_name: peer.chassis.clone(),
             mark: DEFAULT_MARK,
@@ -246,6 +252,96 @@ impl Tunnel {
             mark: DEFAULT_MARK,
             reqid: 1,
         }
+    }
+}
+
+/// A node's switch as whoever plays ovn-controller writes it: its OVSDB
+/// through `ovs-vsctl` inside the node, and the underlay address its
+/// tunnels start from. Copyable, so a thread can hold it while the node
+/// stays owned elsewhere ([`IpsecNode::switch`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Switch {
+    entry: netns::Entry,
+    local_ip: Ipv4Addr,
+}
+
+impl Switch {
+    /// `ovs-vsctl --db=unix:/run/openvswitch/db.sock --no-wait <args>` in the
+    /// node (ovs-vswitchd may not run, so never wait for it); returns stdout.
+    pub fn vsctl(&self, args: &[&str]) -> Result<String, IpsecError> {
+        let out = self.entry.run(
+            "ovs-vsctl",
+            ["--db=unix:/run/openvswitch/db.sock", "--no-wait"]
+                .iter()
+                .chain(args),
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Adds `tunnel` as a geneve Interface on `br-int` with IPsec intent:
+    /// `remote_name` and the output-protection options the patched
+    /// ovn-controller sets (see [`Tunnel::protection_options`]).
+    pub fn add_tunnel(&self, tunnel: &Tunnel) -> Result<(), IpsecError> {
+        self.add_geneve(&tunnel.name, tunnel.remote_ip, &tunnel.protection_options())
+    }
+
+    /// Adds a geneve Interface `name` to `remote_ip` without IPsec intent
+    /// (no `remote_name`, no marks): what ovn-controller creates while
+    /// `SB_Global.ipsec` is false. Its traffic is plaintext and unmarked.
+    pub fn add_plain_tunnel(&self, name: &str, remote_ip: Ipv4Addr) -> Result<(), IpsecError> {
+        self.add_geneve(name, remote_ip, &[])
+    }
+
+    /// `ovs-vsctl add-port br-int <name>` as a geneve Interface to
+    /// `remote_ip`, with `options` (`options:key=value`) in the same
+    /// transaction.
+    fn add_geneve(
+        &self,
+        name: &str,
+        remote_ip: Ipv4Addr,
+        options: &[String],
+    ) -> Result<(), IpsecError> {
+        let mut args = vec![
+            "add-port".to_string(),
+            "br-int".into(),
+            name.into(),
+            "--".into(),
+            "set".into(),
+            "Interface".into(),
+            name.into(),
+            "type=geneve".into(),
+            format!("options:local_ip={}", self.local_ip),
+            format!("options:remote_ip={remote_ip}"),
+            "options:key=flow".into(),
+        ];
+        args.extend_from_slice(options);
+        self.vsctl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+        Ok(())
+    }
+
+    /// Gives the existing Interface `tunnel.name` IPsec intent: sets
+    /// `remote_name` and the output-protection options in one transaction,
+    /// as the patched ovn-controller does when `SB_Global.ipsec` turns true.
+    pub fn protect_tunnel(&self, tunnel: &Tunnel) -> Result<(), IpsecError> {
+        let mut args = vec!["set".to_string(), "Interface".into(), tunnel.name.clone()];
+        args.extend(tunnel.protection_options());
+        self.vsctl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+        Ok(())
+    }
+
+    /// Takes IPsec intent away from Interface `name`: removes `remote_name`
+    /// and the output-protection options in one transaction.
+    pub fn unprotect_tunnel(&self, name: &str) -> Result<(), IpsecError> {
+        let mut args = vec!["remove", "Interface", name, "options"];
+        args.extend(ovs::TUNNEL_PROTECTION_OPTIONS);
+        self.vsctl(&args)?;
+        Ok(())
+    }
+
+    /// Removes the tunnel Interface `name`.
+    pub fn remove_tunnel(&self, name: &str) -> Result<(), IpsecError> {
+        self.vsctl(&["del-port", "br-int", name])?;
+        Ok(())
     }
 }
 
@@ -648,82 +744,43 @@ impl IpsecNode {
         )
     }
 
+    /// The node's switch, for writing its tunnels ([`Switch`]).
+    pub fn switch(&self) -> Switch {
+        Switch {
+            entry: self.netns.entry(),
+            local_ip: self.ip,
+        }
+    }
+
     /// `ovs-vsctl --db=unix:/run/openvswitch/db.sock --no-wait <args>` in the
-    /// node (ovs-vswitchd may not run, so never wait for it); returns stdout.
+    /// node ([`Switch::vsctl`]).
     pub fn vsctl(&self, args: &[&str]) -> Result<String, IpsecError> {
-        let out = self.netns.run(
-            "ovs-vsctl",
-            ["--db=unix:/run/openvswitch/db.sock", "--no-wait"]
-                .iter()
-                .chain(args),
-        )?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        self.switch().vsctl(args)
     }
 
-    /// Adds `tunnel` as a geneve Interface on `br-int` with IPsec intent:
-    /// `remote_name` and the output-protection options the patched
-    /// ovn-controller sets (see [`Tunnel::protection_options`]).
+    /// Adds `tunnel` with IPsec intent ([`Switch::add_tunnel`]).
     pub fn add_tunnel(&self, tunnel: &Tunnel) -> Result<(), IpsecError> {
-        self.add_geneve(&tunnel.name, tunnel.remote_ip, &tunnel.protection_options())
+        self.switch().add_tunnel(tunnel)
     }
 
-    /// Adds a geneve Interface `name` to `remote_ip` without IPsec intent
-    /// (no `remote_name`, no marks): what ovn-controller creates while
-    /// `SB_Global.ipsec` is false. Its traffic is plaintext and unmarked.
+    /// Adds a tunnel without IPsec intent ([`Switch::add_plain_tunnel`]).
     pub fn add_plain_tunnel(&self, name: &str, remote_ip: Ipv4Addr) -> Result<(), IpsecError> {
-        self.add_geneve(name, remote_ip, &[])
+        self.switch().add_plain_tunnel(name, remote_ip)
     }
 
-    /// `ovs-vsctl add-port br-int <name>` as a geneve Interface to
-    /// `remote_ip`, with `options` (`options:key=value`) in the same
-    /// transaction.
-    fn add_geneve(
-        &self,
-        name: &str,
-        remote_ip: Ipv4Addr,
-        options: &[String],
-    ) -> Result<(), IpsecError> {
-        let mut args = vec![
-            "add-port".to_string(),
-            "br-int".into(),
-            name.into(),
-            "--".into(),
-            "set".into(),
-            "Interface".into(),
-            name.into(),
-            "type=geneve".into(),
-            format!("options:local_ip={}", self.ip),
-            format!("options:remote_ip={remote_ip}"),
-            "options:key=flow".into(),
-        ];
-        args.extend_from_slice(options);
-        self.vsctl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
-        Ok(())
-    }
-
-    /// Gives the existing Interface `tunnel.name` IPsec intent: sets
-    /// `remote_name` and the output-protection options in one transaction,
-    /// as the patched ovn-controller does when `SB_Global.ipsec` turns true.
+    /// Gives a tunnel IPsec intent ([`Switch::protect_tunnel`]).
     pub fn protect_tunnel(&self, tunnel: &Tunnel) -> Result<(), IpsecError> {
-        let mut args = vec!["set".to_string(), "Interface".into(), tunnel.name.clone()];
-        args.extend(tunnel.protection_options());
-        self.vsctl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
-        Ok(())
+        self.switch().protect_tunnel(tunnel)
     }
 
-    /// Takes IPsec intent away from Interface `name`: removes `remote_name`
-    /// and the output-protection options in one transaction.
+    /// Takes IPsec intent away from a tunnel ([`Switch::unprotect_tunnel`]).
     pub fn unprotect_tunnel(&self, name: &str) -> Result<(), IpsecError> {
-        let mut args = vec!["remove", "Interface", name, "options"];
-        args.extend(ovs::TUNNEL_PROTECTION_OPTIONS);
-        self.vsctl(&args)?;
-        Ok(())
+        self.switch().unprotect_tunnel(name)
     }
 
-    /// Removes the tunnel Interface `name`.
+    /// Removes a tunnel ([`Switch::remove_tunnel`]).
     pub fn remove_tunnel(&self, name: &str) -> Result<(), IpsecError> {
-        self.vsctl(&["del-port", "br-int", name])?;
-        Ok(())
+        self.switch().remove_tunnel(name)
     }
 
     /// Runs `ipsec <args>` in the node and returns stdout. The exit code of

@@ -137,6 +137,38 @@ pub struct Netns {
     holder: Child,
 }
 
+/// The way into a [`Netns`] (its holder's PID): copyable, so a thread can
+/// run commands in a namespace that stays owned elsewhere. Commands through
+/// it fail once the namespace is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    holder: u32,
+}
+
+impl Entry {
+    /// A command that runs `program` inside the network and mount
+    /// namespaces. `nsenter` execs the program without forking (no PID
+    /// namespace is entered), so a spawned child's PID is the program's.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg("-t")
+            .arg(self.holder.to_string())
+            .args(["-m", "-n", "--"])
+            .arg(program);
+        cmd
+    }
+
+    /// Runs `program args...` inside the namespaces and returns its output;
+    /// a non-zero exit is an error.
+    pub fn run<I, S>(&self, program: &str, args: I) -> Result<Output, NetnsError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        run(self.command(program).args(args))
+    }
+}
+
 impl Netns {
     /// Creates `<prefix>-<pid>-<n>` with no mounts besides those `ip netns
     /// exec` makes. Removes stale namespaces of the same prefix first.
@@ -220,16 +252,18 @@ impl Netns {
         self.holder.id()
     }
 
+    /// The way into this namespace, for a thread that runs commands in it
+    /// while the namespace stays owned here; valid while `self` lives.
+    pub fn entry(&self) -> Entry {
+        Entry {
+            holder: self.holder_pid(),
+        }
+    }
+
     /// A command that runs `program` inside the node's network and mount
-    /// namespaces. `nsenter` execs the program without forking (no PID
-    /// namespace is entered), so a spawned child's PID is the program's.
+    /// namespaces ([`Entry::command`]).
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg("-t")
-            .arg(self.holder_pid().to_string())
-            .args(["-m", "-n", "--"])
-            .arg(program);
-        cmd
+        self.entry().command(program)
     }
 
     /// Runs `program args...` inside the node and returns its output; a
@@ -239,7 +273,7 @@ impl Netns {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        run(self.command(program).args(args))
+        self.entry().run(program, args)
     }
 
     /// Runs `ip -n <ns> args...` (network namespace only) and returns stdout.

@@ -29,7 +29,7 @@ use nix::unistd::Pid;
 use xfrm::stat::XfrmStats;
 
 use crate::ipsec::{IpsecError, IpsecNode, SYSTEM_PYTHON};
-use crate::netns::{self, Netns};
+use crate::netns::{self, Entry, Netns};
 
 /// The Geneve UDP port.
 pub const GENEVE_PORT: u16 = 6081;
@@ -165,7 +165,13 @@ pub fn add_pod(node: &IpsecNode, name: &str, cidr: &str) -> Result<(), IpsecErro
 /// a full mesh of tunnels under the `NORMAL` action would loop broadcasts.
 /// ovs-vswitchd must run and the ports must exist.
 pub fn split_horizon(node: &IpsecNode, pod: &str, tunnels: &[&str]) -> Result<(), IpsecError> {
-    forward(node, pod, tunnels, false)
+    forward(&node.netns().entry(), pod, tunnels, false)
+}
+
+/// [`split_horizon`] on the switch of the node `entry` enters, for a
+/// caller that holds no [`IpsecNode`] (a thread playing ovn-controller).
+pub fn split_horizon_in(entry: &Entry, pod: &str, tunnels: &[&str]) -> Result<(), IpsecError> {
+    forward(entry, pod, tunnels, false)
 }
 
 /// [`split_horizon`] with OVN's Geneve option on every packet the pod
@@ -178,12 +184,12 @@ pub fn split_horizon_ovn_option(
     pod: &str,
     tunnels: &[&str],
 ) -> Result<(), IpsecError> {
-    forward(node, pod, tunnels, true)
+    forward(&node.netns().entry(), pod, tunnels, true)
 }
 
-fn forward(node: &IpsecNode, pod: &str, tunnels: &[&str], option: bool) -> Result<(), IpsecError> {
+fn forward(entry: &Entry, pod: &str, tunnels: &[&str], option: bool) -> Result<(), IpsecError> {
     let ofctl = |args: &[&str]| -> Result<(), IpsecError> {
-        let out = node.netns().run("ovs-ofctl", args)?;
+        let out = entry.run("ovs-ofctl", args)?;
         if out.status.success() {
             Ok(())
         } else {
