@@ -19,6 +19,7 @@
 // process exits, outside any executor.
 #![allow(clippy::disallowed_methods)]
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 use apiserver::ApiServerHandle;
 use apiserver::chart::{self, CONTAINER_AGENT, CONTAINER_CLEANUP};
 use apiserver::kube_ovn::{CniNode, Shape};
-use kube_ovn_ipsec_api::names::ovs;
+use kube_ovn_ipsec_api::lease::PublishedLease;
 use kube_ovn_ipsec_api::pki::Certificate;
 use kube_ovn_ipsec_api::status::Status;
 use kube_ovn_ipsec_runtime::ike::CA_FILE_PREFIX;
@@ -460,21 +461,28 @@ impl SimNode {
         }
     }
 
-    /// The lease the agent published in OVSDB (mark, reqid), if any.
+    /// The lease published in OVSDB (mark, reqid), if there is a usable
+    /// one ([`PublishedLease::read`]: what ovn-controller would take).
     pub fn lease(&self) -> Option<(u32, u32)> {
-        let get = |key: &str| -> Option<u32> {
-            self.node
-                .vsctl(&["get", "Open_vSwitch", ".", &format!("external_ids:{key}")])
-                .ok()?
-                .trim()
-                .trim_matches('"')
-                .parse()
-                .ok()
-        };
-        Some((
-            get(ovs::EXTERNAL_ID_PROTECTION_MARK)?,
-            get(ovs::EXTERNAL_ID_PROTECTION_REQID)?,
-        ))
+        let l = PublishedLease::read(&self.external_ids()?).ok()?;
+        Some((l.mark, l.reqid))
+    }
+
+    /// `Open_vSwitch . external_ids` of the node's OVSDB.
+    pub fn external_ids(&self) -> Option<BTreeMap<String, String>> {
+        let out = self
+            .node
+            .vsctl(&[
+                "--format=json",
+                "--columns=external_ids",
+                "list",
+                "Open_vSwitch",
+            ])
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+        ovsdb::Datum::from_json(&v["data"][0][0])
+            .ok()?
+            .as_string_map()
     }
 
     /// The leaf OVSDB points the monitor at.

@@ -1,32 +1,37 @@
 //! The ovn-controller side of the simulated nodes: who builds each node's
-//! tunnels in its OVSDB. [`OvnController`] names the player:
+//! tunnels in its OVSDB. [`OvnController`] names the player; either way it
+//! runs on every node ([`OvnController::attach`]) and builds the tunnels
+//! from SB — the other chassis' Geneve encaps and `SB_Global.ipsec` — and
+//! the lease the node's agent publishes:
 //!
 //! - [`OvnController::Real`]: a patched `ovn-controller` binary (the
 //!   project's `image/patches/ovn-controller-*.patch` applied; named by the
-//!   caller, e.g. [`ENV_OVN_CONTROLLER`]) runs on every node: its chassis
-//!   registered in SB with a Geneve encap, the node's pod a logical switch
-//!   port bound through `iface-id`, so pod traffic crosses OVN's logical
-//!   pipeline and the tunnels are the ones ovn-controller builds itself
-//!   from SB. The harness only waits for what it does.
+//!   caller, e.g. [`ENV_OVN_CONTROLLER`]): its chassis registered in SB by
+//!   itself, the node's pod a logical switch port bound through `iface-id`,
+//!   so pod traffic crosses OVN's logical pipeline.
 //! - [`OvnController::Emulated`] (the default: no patched binary ships with
-//!   this image) plays the patch's tunnel management, and nothing more:
+//!   this image): [`emulation`] registers the chassis and plays the
+//!   patch's tunnel management from the same inputs, with a hand-written
+//!   split horizon for forwarding instead of logical flows.
 //!
-//! - While `SB_Global.ipsec` is false: a plain Geneve tunnel to every other
-//!   chassis (no `remote_name`, no marks) and OVN-like forwarding between
-//!   the pod port and the tunnels ([`OvnController::plain_mesh`]).
-//! - When it turns true: every tunnel gains its intent — `remote_name` and
-//!   the owning node's published lease as `ipsec_mark_out`/`ipsec_reqid`
-//!   (and the packet mark) — in one transaction per tunnel; a chassis whose
-//!   lease is not published gets no intent (the patch never builds a tunnel
-//!   with intent but without protection) ([`OvnController::give_intent`],
-//!   [`OvnController::connect`] and [`OvnController::reconnect`] for a
-//!   pair).
-//! - When it turns false: intent and marks are removed together
-//!   ([`OvnController::take_intent`]).
+//! The contract both fulfil: while `SB_Global.ipsec` is false, a plain
+//! Geneve tunnel to every other chassis (no `remote_name`, no marks); while
+//! it is true, every tunnel carries `remote_name` and the lease's marks,
+//! set in one transaction, and without a usable lease no tunnel is built at
+//! all; a lease change updates the marks; turning it false removes intent
+//! and marks together. The harness only waits for what the player does
+//! ([`OvnController::plain_mesh`], [`OvnController::give_intent`],
+//! [`OvnController::take_intent`]).
 //!
-//! The version the agent's capability gate asks ovn-controller for is
-//! answered by stand-ins the node writes
+//! Tests without SB tie a pair of nodes together on request instead
+//! ([`OvnController::connect`], [`OvnController::reconnect`]), writing
+//! what the emulation would.
+//!
+//! With the emulation, the version the agent's capability gate asks
+//! ovn-controller for is answered by stand-ins the node writes
 //! ([`crate::cluster::write_capability_standins`]).
+
+pub mod emulation;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -36,8 +41,9 @@ use kube_ovn_ipsec_api::names::host::CAPABILITY_MARKER;
 use kube_ovn_ipsec_api::names::ovs;
 use testbed::ipsec::{IpsecError, Tunnel};
 use testbed::netns::wait_for;
-use testbed::overlay;
 use testbed::ovs::OvnCentral;
+
+use emulation::{Emulation, EmulationConfig};
 
 use crate::node::SimNode;
 
@@ -50,7 +56,7 @@ pub const ENV_OVN_CONTROLLER: &str = "KUBE_OVN_IPSEC_OVN_CONTROLLER";
 /// The logical switch every simulated node's pod is a port of.
 pub const LOGICAL_SWITCH: &str = "lab-pods";
 
-/// How long a real ovn-controller gets to do what the lab waits for (a
+/// How long ovn-controller gets to do what the harness waits for (a
 /// chassis registered, tunnels built or changed) under qemu's TCG.
 const REAL_WAIT: Duration = Duration::from_secs(60);
 
@@ -58,9 +64,9 @@ const REAL_WAIT: Duration = Duration::from_secs(60);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OvnController {
-    /// The harness writes what the patched ovn-controller would, from the
-    /// node list it is given (not from SB) and with hand-written forwarding
-    /// (not OVN logical flows); Geneve only.
+    /// [`emulation`] plays the patched ovn-controller's tunnel management
+    /// from SB and the node's OVSDB, with hand-written forwarding (not OVN
+    /// logical flows); Geneve only.
     #[default]
     Emulated,
     /// The patched ovn-controller binary at this path runs on every node.
@@ -73,16 +79,34 @@ pub enum OvnController {
     },
 }
 
-/// A real ovn-controller running on one node; stopped on drop.
+/// ovn-controller running on one node (the real process or the
+/// emulation); stopped on drop.
 #[derive(Debug)]
 pub struct RunningOvnController {
-    child: Child,
+    player: Player,
+    log: PathBuf,
+}
+
+impl RunningOvnController {
+    /// Its log: where it says what it built and why it built nothing.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+}
+
+#[derive(Debug)]
+enum Player {
+    Process(Child),
+    // Dropping it stops and joins its thread.
+    Emulation(#[allow(dead_code)] Emulation),
 }
 
 impl Drop for RunningOvnController {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Player::Process(child) = &mut self.player {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -158,117 +182,129 @@ impl OvnController {
         }
     }
 
-    /// Joins `n` to OVN. Emulated: nothing to do. Real: the node's OVSDB
-    /// names SB and its Geneve encap (`ovn-remote`, `ovn-encap-type`,
-    /// `ovn-encap-ip`), its pod is a port of [`LOGICAL_SWITCH`] (addresses
-    /// its MAC and `pod_ip`) bound through `iface-id`, and ovn-controller
-    /// runs in the node's namespaces until its chassis is in SB.
+    /// Joins `n` to OVN and starts ovn-controller there, until its chassis
+    /// is in SB. With `pod` (the address of the node's pod), traffic is
+    /// forwarded between the pod port and the tunnels: real, the pod is a
+    /// port of [`LOGICAL_SWITCH`] (addresses its MAC and `pod`) bound
+    /// through `iface-id`; emulated, a split horizon (ovs-vswitchd must
+    /// run). Real, the node's OVSDB names SB and its Geneve encap
+    /// (`ovn-remote`, `ovn-encap-type`, `ovn-encap-ip`).
     pub fn attach(
         &self,
         n: &SimNode,
         central: &OvnCentral,
-        pod_ip: std::net::Ipv4Addr,
-    ) -> Result<Option<RunningOvnController>, IpsecError> {
-        match self {
-            OvnController::Emulated => Ok(None),
-            OvnController::Real { binary, .. } => start_real(binary, n, central, pod_ip).map(Some),
-        }
-    }
-
-    /// Plain tunnels from every node to every other, and forwarding between
-    /// each pod port and its tunnels. Real: waits until every node has
-    /// built its tunnel to every other (forwarding is OVN's).
-    pub fn plain_mesh(&self, nodes: &[SimNode]) -> Result<(), IpsecError> {
-        match self {
-            OvnController::Emulated => {
-                for a in nodes {
-                    let mut names = Vec::new();
-                    for b in peers(nodes, a) {
-                        let name = emulated_tunnel_name(b);
-                        a.node.add_plain_tunnel(&name, b.node.ip())?;
-                        names.push(name);
-                    }
-                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                    overlay::split_horizon(&a.node, POD_PORT, &names)?;
-                }
-                Ok(())
-            }
-            OvnController::Real { .. } => {
-                for a in nodes {
-                    for b in peers(nodes, a) {
-                        wait_real(a, b, "its tunnel", |_| true)?;
-                    }
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// Gives every tunnel of `a` its intent with `a`'s published lease;
-    /// `Ok(false)` (and nothing written) when `a` has no lease published.
-    /// Real: ovn-controller does it on `SB_Global.ipsec`; waits until every
-    /// tunnel of `a` has `remote_name` and the lease's mark.
-    pub fn give_intent(&self, nodes: &[SimNode], a: &SimNode) -> Result<bool, IpsecError> {
-        let Some((mark, reqid)) = a.lease() else {
-            return Ok(false);
+        pod: Option<std::net::Ipv4Addr>,
+    ) -> Result<RunningOvnController, IpsecError> {
+        let log = n.dir().join("ovn-controller-emulated.log");
+        let player = match self {
+            OvnController::Emulated => Player::Emulation(Emulation::start(EmulationConfig {
+                chassis: n.node.chassis().to_owned(),
+                ip: n.node.ip(),
+                switch: n.node.switch(),
+                ovsdb: format!("unix:{}", n.node.run_path("openvswitch/db.sock").display()),
+                sb: central.sb.address(),
+                forward: pod.map(|_| (n.node.netns().entry(), POD_PORT.to_owned())),
+                log: log.clone(),
+            })?),
+            OvnController::Real { binary, .. } => return start_real(binary, n, central, pod),
         };
-        match self {
-            OvnController::Emulated => {
-                for b in peers(nodes, a) {
-                    a.node.protect_tunnel(&Tunnel {
-                        mark,
-                        reqid,
-                        ..Tunnel::to(&b.node, 0)
-                    })?;
-                }
-            }
-            OvnController::Real { .. } => {
-                let want = mark.to_string();
-                for b in peers(nodes, a) {
-                    wait_real(a, b, "intent and the lease's mark", |t| {
-                        option(a, t, ovs::OPTION_REMOTE_NAME).is_some()
-                            && option(a, t, ovs::OPTION_EGRESS_PKT_MARK).as_deref() == Some(&want)
-                    })?;
-                }
-            }
-        }
-        Ok(true)
+        Ok(RunningOvnController { player, log })
     }
 
-    /// Removes intent and marks from every tunnel of `a`, together. Real:
-    /// ovn-controller does it when `SB_Global.ipsec` turns false; waits
-    /// until every tunnel of `a` is plain again.
-    pub fn take_intent(&self, nodes: &[SimNode], a: &SimNode) -> Result<(), IpsecError> {
-        match self {
-            OvnController::Emulated => {
-                for b in peers(nodes, a) {
-                    a.node.unprotect_tunnel(&emulated_tunnel_name(b))?;
-                }
-            }
-            OvnController::Real { .. } => {
-                for b in peers(nodes, a) {
-                    wait_real(a, b, "no intent and no mark", |t| {
-                        ovs::TUNNEL_PROTECTION_OPTIONS
-                            .iter()
-                            .all(|o| option(a, t, o).is_none())
-                    })?;
-                }
+    /// Waits until every node has its plain tunnel (no intent, no marks)
+    /// to every other, as ovn-controller builds them while
+    /// `SB_Global.ipsec` is false.
+    pub fn plain_mesh(&self, nodes: &[SimNode]) -> Result<(), IpsecError> {
+        for a in nodes {
+            for b in peers(nodes, a) {
+                self.wait_tunnel(a, b, "a plain tunnel", |t| no_intent(a, t))?;
             }
         }
         Ok(())
     }
 
-    /// The name of `a`'s tunnel to `b`.
-    pub fn tunnel_name(&self, a: &SimNode, b: &SimNode) -> Result<String, IpsecError> {
-        match self {
-            OvnController::Emulated => Ok(emulated_tunnel_name(b)),
-            OvnController::Real { .. } => real_tunnel(a, b).ok_or_else(|| {
-                failed(
-                    format!("{}'s tunnel to {}", a.node.chassis(), b.node.chassis()),
-                    "ovn-controller has built none",
-                )
-            }),
+    /// Waits until every tunnel of `a` has its intent and the mark of
+    /// `a`'s published lease, as ovn-controller gives them on
+    /// `SB_Global.ipsec`; `Ok(false)` (and no wait) when `a` has no lease
+    /// published.
+    pub fn give_intent(&self, nodes: &[SimNode], a: &SimNode) -> Result<bool, IpsecError> {
+        let Some((mark, _)) = a.lease() else {
+            return Ok(false);
+        };
+        let want = mark.to_string();
+        for b in peers(nodes, a) {
+            self.wait_tunnel(a, b, "intent and the lease's mark", |t| {
+                option(a, t, ovs::OPTION_REMOTE_NAME).is_some()
+                    && option(a, t, ovs::OPTION_EGRESS_PKT_MARK).as_deref() == Some(&want)
+            })?;
         }
+        Ok(true)
+    }
+
+    /// Waits until every tunnel of `a` is plain again, as ovn-controller
+    /// leaves them when `SB_Global.ipsec` turns false.
+    pub fn take_intent(&self, nodes: &[SimNode], a: &SimNode) -> Result<(), IpsecError> {
+        for b in peers(nodes, a) {
+            self.wait_tunnel(a, b, "no intent and no mark", |t| no_intent(a, t))?;
+        }
+        Ok(())
+    }
+
+    /// The name of `a`'s tunnel to `b`, once there is one.
+    pub fn tunnel_name(&self, a: &SimNode, b: &SimNode) -> Result<String, IpsecError> {
+        self.find_tunnel(a, b).ok_or_else(|| {
+            failed(
+                format!("{}'s tunnel to {}", a.node.chassis(), b.node.chassis()),
+                format!("{} has built none", self.name()),
+            )
+        })
+    }
+
+    /// `a`'s tunnel to `b`, if ovn-controller has built it: real, the
+    /// port whose `external_ids:ovn-chassis-id` names `b`'s chassis and
+    /// address (`<chassis>@<ip>`, followed by `%<local ip>` on newer OVN);
+    /// emulated, the Interface named as OVN names them.
+    fn find_tunnel(&self, a: &SimNode, b: &SimNode) -> Option<String> {
+        match self {
+            OvnController::Emulated => {
+                let name = emulated_tunnel_name(b);
+                a.node
+                    .vsctl(&[
+                        "--bare",
+                        "--columns=name",
+                        "find",
+                        "Interface",
+                        &format!("name={name}"),
+                    ])
+                    .ok()
+                    .filter(|out| out.trim() == name)
+                    .map(|_| name)
+            }
+            OvnController::Real { .. } => real_tunnel(a, b),
+        }
+    }
+
+    /// Waits until `a`'s tunnel to `b` exists and `done` holds for its name.
+    fn wait_tunnel(
+        &self,
+        a: &SimNode,
+        b: &SimNode,
+        what: &str,
+        done: impl Fn(&str) -> bool,
+    ) -> Result<(), IpsecError> {
+        wait_for(REAL_WAIT, Duration::from_millis(100), || {
+            self.find_tunnel(a, b).filter(|t| done(t)).map(|_| ())
+        })
+        .ok_or_else(|| {
+            failed(
+                format!("{}'s tunnel to {}", a.node.chassis(), b.node.chassis()),
+                format!(
+                    "{} did not give it {what} within {REAL_WAIT:?}: {}",
+                    self.name(),
+                    a.node.diagnostics()
+                ),
+            )
+        })
     }
 
     /// The options of `a`'s tunnel to `b` as `ovs-vsctl` prints them.
@@ -357,7 +393,7 @@ fn start_real(
     binary: &Path,
     n: &SimNode,
     central: &OvnCentral,
-    pod_ip: std::net::Ipv4Addr,
+    pod: Option<std::net::Ipv4Addr>,
 ) -> Result<RunningOvnController, IpsecError> {
     let node = &n.node;
     let chassis = node.chassis();
@@ -369,27 +405,29 @@ fn start_real(
         "external_ids:ovn-encap-type=geneve",
         &format!("external_ids:ovn-encap-ip={}", node.ip()),
     ])?;
-    let lsp = format!("pod-{chassis}");
-    let mac = node.vsctl(&["get", "Interface", POD_PORT, "mac_in_use"])?;
-    let mac = mac.trim().trim_matches('"');
-    let nb = central.nb.address();
-    ovn_ctl("ovn-nbctl", &nb, &["--may-exist", "ls-add", LOGICAL_SWITCH])?;
-    ovn_ctl(
-        "ovn-nbctl",
-        &nb,
-        &["--may-exist", "lsp-add", LOGICAL_SWITCH, &lsp],
-    )?;
-    ovn_ctl(
-        "ovn-nbctl",
-        &nb,
-        &["lsp-set-addresses", &lsp, &format!("{mac} {pod_ip}")],
-    )?;
-    node.vsctl(&[
-        "set",
-        "Interface",
-        POD_PORT,
-        &format!("external_ids:iface-id={lsp}"),
-    ])?;
+    if let Some(pod_ip) = pod {
+        let lsp = format!("pod-{chassis}");
+        let mac = node.vsctl(&["get", "Interface", POD_PORT, "mac_in_use"])?;
+        let mac = mac.trim().trim_matches('"');
+        let nb = central.nb.address();
+        ovn_ctl("ovn-nbctl", &nb, &["--may-exist", "ls-add", LOGICAL_SWITCH])?;
+        ovn_ctl(
+            "ovn-nbctl",
+            &nb,
+            &["--may-exist", "lsp-add", LOGICAL_SWITCH, &lsp],
+        )?;
+        ovn_ctl(
+            "ovn-nbctl",
+            &nb,
+            &["lsp-set-addresses", &lsp, &format!("{mac} {pod_ip}")],
+        )?;
+        node.vsctl(&[
+            "set",
+            "Interface",
+            POD_PORT,
+            &format!("external_ids:iface-id={lsp}"),
+        ])?;
+    }
     // Inside the node's namespaces, where /run/openvswitch is the node's:
     // its OVSDB, ovs-vswitchd's br-int.mgmt, and (OVS_RUNDIR) the pidfile
     // and control socket the agent's capability gate probes.
@@ -417,7 +455,11 @@ fn start_real(
                 e.to_string(),
             )
         })?;
-    let mut running = RunningOvnController { child };
+    // Owned (killed on drop) before anything below can fail.
+    let mut running = RunningOvnController {
+        player: Player::Process(child),
+        log: log.clone(),
+    };
     let sb = central.sb.address();
     wait_for(REAL_WAIT, Duration::from_millis(200), || {
         let out = ovn_ctl(
@@ -441,7 +483,11 @@ fn start_real(
             let lines: Vec<&str> = text.lines().collect();
             lines[lines.len().saturating_sub(8)..].join(" | ")
         };
-        let exited = match running.child.try_wait() {
+        let exited = match &mut running.player {
+            Player::Process(child) => child.try_wait(),
+            Player::Emulation(_) => Ok(None),
+        };
+        let exited = match exited {
             Ok(Some(status)) => format!("it exited ({status})"),
             _ => "it runs".into(),
         };
@@ -458,9 +504,7 @@ fn start_real(
     Ok(running)
 }
 
-/// The name of the tunnel a real ovn-controller on `a` built to `b`: the
-/// port whose `external_ids:ovn-chassis-id` names `b`'s chassis and
-/// address (`<chassis>@<ip>`, followed by `%<local ip>` on newer OVN).
+/// The name of the tunnel a real ovn-controller on `a` built to `b`.
 fn real_tunnel(a: &SimNode, b: &SimNode) -> Option<String> {
     let id = format!("{}@{}", b.node.chassis(), b.node.ip());
     [id.clone(), format!("{id}%{}", a.node.ip())]
@@ -496,25 +540,11 @@ fn option(n: &SimNode, tunnel: &str, key: &str) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-/// Waits until `a`'s tunnel to `b` exists and `done` holds for its name.
-fn wait_real(
-    a: &SimNode,
-    b: &SimNode,
-    what: &str,
-    done: impl Fn(&str) -> bool,
-) -> Result<(), IpsecError> {
-    wait_for(REAL_WAIT, Duration::from_millis(100), || {
-        real_tunnel(a, b).filter(|t| done(t)).map(|_| ())
-    })
-    .ok_or_else(|| {
-        failed(
-            format!("{}'s tunnel to {}", a.node.chassis(), b.node.chassis()),
-            format!(
-                "ovn-controller did not give it {what} within {REAL_WAIT:?}: {}",
-                a.node.diagnostics()
-            ),
-        )
-    })
+/// Whether tunnel `t` of `n` carries none of the intent options.
+fn no_intent(n: &SimNode, t: &str) -> bool {
+    ovs::TUNNEL_PROTECTION_OPTIONS
+        .iter()
+        .all(|o| option(n, t, o).is_none())
 }
 
 /// `n`'s tunnel to `peer` with `n`'s published lease as its marks.

@@ -48,7 +48,7 @@ pub(super) fn bring_up<'w>(
         let sim = SimNode::prepare(node, &opts.dir)?;
         vswitchds.push(VSwitchd::start(&sim.node)?);
         overlay::add_pod(&sim.node, POD_PORT, &format!("{}/24", pod_ip(i)))?;
-        ovn_controllers.extend(ovn.attach(&sim, &cp.central, pod_ip(i))?);
+        ovn_controllers.push(ovn.attach(&sim, &cp.central, Some(pod_ip(i)))?);
         run.line(
             "nodes",
             &cp.nodes[i].name,
