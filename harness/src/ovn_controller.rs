@@ -33,6 +33,7 @@
 
 pub mod emulation;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -216,9 +217,7 @@ impl OvnController {
     /// `SB_Global.ipsec` is false.
     pub fn plain_mesh(&self, nodes: &[SimNode]) -> Result<(), IpsecError> {
         for a in nodes {
-            for b in peers(nodes, a) {
-                self.wait_tunnel(a, b, "a plain tunnel", |t| no_intent(a, t))?;
-            }
+            self.wait_tunnels(a, peers(nodes, a), "a plain tunnel", no_intent)?;
         }
         Ok(())
     }
@@ -232,74 +231,90 @@ impl OvnController {
             return Ok(false);
         };
         let want = mark.to_string();
-        for b in peers(nodes, a) {
-            self.wait_tunnel(a, b, "intent and the lease's mark", |t| {
-                option(a, t, ovs::OPTION_REMOTE_NAME).is_some()
-                    && option(a, t, ovs::OPTION_EGRESS_PKT_MARK).as_deref() == Some(&want)
-            })?;
-        }
+        self.wait_tunnels(a, peers(nodes, a), "intent and the lease's mark", |o| {
+            o.contains_key(ovs::OPTION_REMOTE_NAME)
+                && o.get(ovs::OPTION_EGRESS_PKT_MARK) == Some(&want)
+        })?;
         Ok(true)
     }
 
     /// Waits until every tunnel of `a` is plain again, as ovn-controller
     /// leaves them when `SB_Global.ipsec` turns false.
     pub fn take_intent(&self, nodes: &[SimNode], a: &SimNode) -> Result<(), IpsecError> {
-        for b in peers(nodes, a) {
-            self.wait_tunnel(a, b, "no intent and no mark", |t| no_intent(a, t))?;
-        }
-        Ok(())
+        self.wait_tunnels(a, peers(nodes, a), "no intent and no mark", no_intent)
     }
 
     /// The name of `a`'s tunnel to `b`, once there is one.
     pub fn tunnel_name(&self, a: &SimNode, b: &SimNode) -> Result<String, IpsecError> {
-        self.find_tunnel(a, b).ok_or_else(|| {
-            failed(
-                format!("{}'s tunnel to {}", a.node.chassis(), b.node.chassis()),
-                format!("{} has built none", self.name()),
-            )
-        })
+        read_tunnels(a)
+            .and_then(|t| self.find_tunnel(&t, a, b).map(|t| t.name.clone()))
+            .ok_or_else(|| {
+                failed(
+                    format!("{}'s tunnel to {}", a.node.chassis(), b.node.chassis()),
+                    format!("{} has built none", self.name()),
+                )
+            })
     }
 
-    /// `a`'s tunnel to `b`, if ovn-controller has built it: real, the
-    /// port whose `external_ids:ovn-chassis-id` names `b`'s chassis and
-    /// address (`<chassis>@<ip>`, followed by `%<local ip>` on newer OVN);
+    /// `a`'s tunnel to `b` in `tunnels` (a read of `a`'s switch), if
+    /// ovn-controller has built it: real, the port whose
+    /// `external_ids:ovn-chassis-id` names `b`'s chassis and address
+    /// (`<chassis>@<ip>`, followed by `%<local ip>` on newer OVN);
     /// emulated, the Interface named as OVN names them.
-    fn find_tunnel(&self, a: &SimNode, b: &SimNode) -> Option<String> {
+    fn find_tunnel<'t>(
+        &self,
+        tunnels: &'t [TunnelRow],
+        a: &SimNode,
+        b: &SimNode,
+    ) -> Option<&'t TunnelRow> {
         match self {
             OvnController::Emulated => {
                 let name = emulated_tunnel_name(b);
-                a.node
-                    .vsctl(&[
-                        "--bare",
-                        "--columns=name",
-                        "find",
-                        "Interface",
-                        &format!("name={name}"),
-                    ])
-                    .ok()
-                    .filter(|out| out.trim() == name)
-                    .map(|_| name)
+                tunnels.iter().find(|t| t.name == name)
             }
-            OvnController::Real { .. } => real_tunnel(a, b),
+            OvnController::Real { .. } => {
+                let id = format!("{}@{}", b.node.chassis(), b.node.ip());
+                let newer = format!("{id}%{}", a.node.ip());
+                tunnels.iter().find(|t| {
+                    t.chassis_id
+                        .as_ref()
+                        .is_some_and(|c| *c == id || *c == newer)
+                })
+            }
         }
     }
 
-    /// Waits until `a`'s tunnel to `b` exists and `done` holds for its name.
-    fn wait_tunnel(
+    /// Waits until `a` has its tunnel to every node of `to` and `done`
+    /// holds for each one's options: one read of `a`'s switch per poll,
+    /// since under qemu's TCG every spawned `ovs-vsctl` costs about half a
+    /// second.
+    fn wait_tunnels<'n>(
         &self,
         a: &SimNode,
-        b: &SimNode,
+        to: impl Iterator<Item = &'n SimNode> + Clone,
         what: &str,
-        done: impl Fn(&str) -> bool,
+        done: impl Fn(&BTreeMap<String, String>) -> bool,
     ) -> Result<(), IpsecError> {
+        let mut missing = String::new();
         wait_for(REAL_WAIT, Duration::from_millis(100), || {
-            self.find_tunnel(a, b).filter(|t| done(t)).map(|_| ())
+            let tunnels = read_tunnels(a)?;
+            let not_yet: Vec<&str> = to
+                .clone()
+                .filter(|b| {
+                    !self
+                        .find_tunnel(&tunnels, a, b)
+                        .is_some_and(|t| done(&t.options))
+                })
+                .map(|b| b.node.chassis())
+                .collect();
+            missing = not_yet.join(", ");
+            not_yet.is_empty().then_some(())
         })
         .ok_or_else(|| {
             failed(
-                format!("{}'s tunnel to {}", a.node.chassis(), b.node.chassis()),
+                format!("{}'s tunnels to {missing}", a.node.chassis()),
                 format!(
-                    "{} did not give it {what} within {REAL_WAIT:?}: {}",
+                    "{} did not give them {what} within {REAL_WAIT:?}: {}",
                     self.name(),
                     a.node.diagnostics()
                 ),
@@ -504,47 +519,67 @@ fn start_real(
     Ok(running)
 }
 
-/// The name of the tunnel a real ovn-controller on `a` built to `b`.
-fn real_tunnel(a: &SimNode, b: &SimNode) -> Option<String> {
-    let id = format!("{}@{}", b.node.chassis(), b.node.ip());
-    [id.clone(), format!("{id}%{}", a.node.ip())]
-        .iter()
-        .find_map(|id| {
-            let out = a
-                .node
-                .vsctl(&[
-                    "--bare",
-                    "--columns=name",
-                    "find",
-                    "Port",
-                    &format!("external_ids:ovn-chassis-id=\"{id}\""),
-                ])
-                .ok()?;
-            let name = out.trim();
-            (!name.is_empty()).then(|| name.to_owned())
-        })
+/// A geneve tunnel as a node's switch has it.
+struct TunnelRow {
+    name: String,
+    options: BTreeMap<String, String>,
+    /// Its Port's `external_ids:ovn-chassis-id` (set by ovn-controller).
+    chassis_id: Option<String>,
 }
 
-/// Option `key` of Interface `tunnel` on `n`, without quotes.
-fn option(n: &SimNode, tunnel: &str, key: &str) -> Option<String> {
-    n.node
+/// Every geneve tunnel of `n`'s switch, in one `ovs-vsctl` (Interfaces
+/// and Ports); `None` when the read fails.
+fn read_tunnels(n: &SimNode) -> Option<Vec<TunnelRow>> {
+    let out = n
+        .node
         .vsctl(&[
-            "--if-exists",
-            "get",
+            "--format=json",
+            "--columns=name,type,options",
+            "list",
             "Interface",
-            tunnel,
-            &format!("options:{key}"),
+            "--",
+            "--columns=name,external_ids",
+            "list",
+            "Port",
         ])
-        .ok()
-        .map(|v| v.trim().trim_matches('"').to_owned())
-        .filter(|v| !v.is_empty())
+        .ok()?;
+    let mut tables = serde_json::Deserializer::from_str(&out).into_iter::<serde_json::Value>();
+    let (interfaces, ports) = (tables.next()?.ok()?, tables.next()?.ok()?);
+    let rows = |t: &serde_json::Value| t["data"].as_array().cloned().unwrap_or_default();
+    let map = |v: &serde_json::Value| {
+        ovsdb::Datum::from_json(v)
+            .ok()
+            .and_then(|d| d.as_string_map())
+            .unwrap_or_default()
+    };
+    let chassis_ids: BTreeMap<String, String> = rows(&ports)
+        .iter()
+        .filter_map(|r| {
+            let id = map(&r[1]).get("ovn-chassis-id").cloned()?;
+            Some((r[0].as_str()?.to_owned(), id))
+        })
+        .collect();
+    Some(
+        rows(&interfaces)
+            .iter()
+            .filter(|r| r[1].as_str() == Some("geneve"))
+            .filter_map(|r| {
+                let name = r[0].as_str()?.to_owned();
+                Some(TunnelRow {
+                    chassis_id: chassis_ids.get(&name).cloned(),
+                    options: map(&r[2]),
+                    name,
+                })
+            })
+            .collect(),
+    )
 }
 
-/// Whether tunnel `t` of `n` carries none of the intent options.
-fn no_intent(n: &SimNode, t: &str) -> bool {
+/// Whether tunnel options carry none of the intent options.
+fn no_intent(options: &BTreeMap<String, String>) -> bool {
     ovs::TUNNEL_PROTECTION_OPTIONS
         .iter()
-        .all(|o| option(n, t, o).is_none())
+        .all(|o| !options.contains_key(*o))
 }
 
 /// `n`'s tunnel to `peer` with `n`'s published lease as its marks.
@@ -569,7 +604,7 @@ fn emulated_tunnel_name(to: &SimNode) -> String {
     Tunnel::to(&to.node, 0).name
 }
 
-fn peers<'a>(nodes: &'a [SimNode], a: &'a SimNode) -> impl Iterator<Item = &'a SimNode> {
+fn peers<'a>(nodes: &'a [SimNode], a: &'a SimNode) -> impl Iterator<Item = &'a SimNode> + Clone {
     nodes
         .iter()
         .filter(move |b| b.node.chassis() != a.node.chassis())
