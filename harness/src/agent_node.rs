@@ -80,7 +80,29 @@ pub fn start_node_with(
     extra: &[&str],
     env: Vec<(String, String)>,
 ) -> AgentNode {
-    let mut n = SimNode::prepare_in(node, dir.join(&fx.name)).unwrap();
+    let mut n = prepare_node(node, fx, dir);
+    start_agent_with(&mut n, fx, api, script, extra, env);
+    n
+}
+
+/// Node `node`'s ovsdb-server and `br-int`, its files under
+/// `dir/<fx's name>`, no agent yet: for a test that starts something the
+/// agent needs first (a real ovn-controller, whose running daemon the
+/// agent's capability gate asks).
+pub fn prepare_node(node: IpsecNode, fx: &cc::NodeFx, dir: &Path) -> AgentNode {
+    SimNode::prepare_in(node, dir.join(&fx.name)).unwrap()
+}
+
+/// Starts the agent on a [`prepare_node`]d node as `fx`'s Pod, with
+/// [`AgentOptions::test`] and this test crate's binary.
+pub fn start_agent_with(
+    n: &mut AgentNode,
+    fx: &cc::NodeFx,
+    api: &apiserver::ApiServerHandle,
+    script: &Path,
+    extra: &[&str],
+    env: Vec<(String, String)>,
+) {
     n.start_agent(
         crate::binaries::agent(),
         fx,
@@ -89,7 +111,6 @@ pub fn start_node_with(
         &AgentOptions::test(extra, env),
     )
     .unwrap();
-    n
 }
 
 /// Adds each node's tunnel to the other, with its lease, as the patched

@@ -50,7 +50,7 @@ use harness::agent_node;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, prerequisites, start_node};
+use agent_node::{AgentNode, prepare_node, prerequisites, start_agent_with};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use harness::controller_cluster as cc;
 use harness::controller_cluster::coordination::{flags, nb_sb, record};
@@ -185,7 +185,7 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     let mut nodes: Vec<AgentNode> = free
         .into_iter()
         .zip(&fxs)
-        .map(|(n, fx)| start_node(n, fx, &api, dir.path(), script, &extra))
+        .map(|(n, fx)| prepare_node(n, fx, dir.path()))
         .collect();
     let n = nodes.len();
 
@@ -211,6 +211,11 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
         ovn_controllers.push(ovn.attach(a, &central, Some(pod(i))).unwrap());
     }
     ovn.plain_mesh(&nodes).unwrap();
+    // The agents once ovn-controller runs: a real one's capability gate
+    // asks the running daemon too.
+    for (a, fx) in nodes.iter_mut().zip(&fxs) {
+        start_agent_with(a, fx, &api, script, &extra, Vec::new());
+    }
     let pairs: Vec<(usize, usize)> = (0..n)
         .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
         .collect();
@@ -358,11 +363,12 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     let joining = Capture::start(late.netns(), "eth0", &late.dir().join("join.pcap")).unwrap();
     let fx = cc::add_node(&api, &admin, &ds_uid, NODES).await;
     let joined_at = Instant::now();
-    nodes.push(start_node(late, &fx, &api, dir.path(), script, &extra));
+    nodes.push(prepare_node(late, &fx, dir.path()));
     let j = nodes.len() - 1;
     vswitchds.push(VSwitchd::start(&nodes[j].node).unwrap());
     overlay::add_pod(&nodes[j].node, "pod0", &format!("{}/24", pod(j))).unwrap();
     ovn_controllers.push(ovn.attach(&nodes[j], &central, Some(pod(j))).unwrap());
+    start_agent_with(&mut nodes[j], &fx, &api, script, &extra, Vec::new());
     let deadline = Instant::now() + Duration::from_secs(240);
     while !armed(&nodes[j]).await {
         assert!(
