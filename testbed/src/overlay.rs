@@ -168,10 +168,15 @@ pub fn split_horizon(node: &IpsecNode, pod: &str, tunnels: &[&str]) -> Result<()
     forward(&node.netns().entry(), pod, tunnels, false)
 }
 
-/// [`split_horizon`] on the switch of the node `entry` enters, for a
-/// caller that holds no [`IpsecNode`] (a thread playing ovn-controller).
-pub fn split_horizon_in(entry: &Entry, pod: &str, tunnels: &[&str]) -> Result<(), IpsecError> {
-    forward(entry, pod, tunnels, false)
+/// [`split_horizon_ovn_option`] on the switch of the node `entry` enters,
+/// for a caller that holds no [`IpsecNode`] (a thread playing
+/// ovn-controller, whose packets carry OVN's option like the real one's).
+pub fn split_horizon_ovn_option_in(
+    entry: &Entry,
+    pod: &str,
+    tunnels: &[&str],
+) -> Result<(), IpsecError> {
+    forward(entry, pod, tunnels, true)
 }
 
 /// [`split_horizon`] with OVN's Geneve option on every packet the pod

@@ -3,7 +3,9 @@
 //! SB (`SB_Global.ipsec`, the `Encap` rows of the other chassis) and the
 //! node's own OVSDB (the lease in `Open_vSwitch . external_ids`, the
 //! tunnels it built) — and nothing more: no logical flows; forwarding
-//! between the pod port and the tunnels is a hand-written split horizon.
+//! between the pod port and the tunnels is a hand-written split horizon
+//! whose packets carry OVN's Geneve option, so the wire format (and what
+//! the MTU must leave room for) is the real one's.
 //!
 //! Each pass reads both databases (one transaction each, so a pass sees a
 //! consistent SB and a consistent node) and writes what differs:
@@ -309,7 +311,7 @@ async fn pass(
         let names: Vec<String> = wanted.keys().cloned().collect();
         if state.forwarded.as_ref() != Some(&names) {
             let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-            overlay::split_horizon_in(entry, pod, &refs).map_err(|e| e.to_string())?;
+            overlay::split_horizon_ovn_option_in(entry, pod, &refs).map_err(|e| e.to_string())?;
             log.line(&format!("forwarding {pod} <-> [{}]", names.join(", ")));
             state.forwarded = Some(names);
         }
