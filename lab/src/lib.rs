@@ -18,8 +18,8 @@
 //!   token), `harness::node` (one simulated node: namespaces, its
 //!   ovsdb-server, `br-int`, the agent binary as a process — `run`, and
 //!   `cleanup` as the init container) and `harness::ovn_controller` (who
-//!   builds the nodes' tunnels: the named emulation of the patched
-//!   ovn-controller).
+//!   builds the nodes' tunnels from SB: a patched ovn-controller, or the
+//!   named emulation of it).
 //! - [`state`]: one lab at a time (a lock in [`state::RUN_DIR`]) and a
 //!   `down` that removes what a lab made, also after it crashed.
 //! - `main.rs`: the `kube-ovn-ipsec-lab` binary, a thin subcommand

@@ -1,8 +1,8 @@
 //! The disable step: the operator turns IPsec off — the controller
 //! restarted with enable-ipsec=false turns NB and SB off, ovn-controller
 //! (real or emulated) removes every tunnel's intent and marks together, and
-//! each pair's disable window (intent removed to first plaintext reply) is
-//! measured. Traffic must come back in plaintext before any node is
+//! each pair's disable window (NB and SB off seen to the first plaintext
+//! reply) is measured. Traffic must come back in plaintext before any node is
 //! cleaned up.
 
 use std::time::{Duration, Instant};
@@ -41,6 +41,7 @@ pub(super) async fn disable(run: &mut Run<'_>, w: &mut World) -> Step<Instant> {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    let off = Instant::now();
     run.phase("disable flip");
     run.line(
         "NB and SB off",
@@ -61,7 +62,7 @@ pub(super) async fn disable(run: &mut Run<'_>, w: &mut World) -> Step<Instant> {
         "disable window",
         Duration::from_secs(120),
         "plaintext",
-        "intent removed",
+        ("NB and SB off", off),
     )?;
     for (k, ms) in windows.into_iter().enumerate() {
         run.summary.pairs[k].disable_window_ms = Some(ms);

@@ -1,5 +1,5 @@
-//! The SAs step: each pair's enable window (intent to first encrypted
-//! reply), then every node holding the ESP SAs of its lease for every peer
+//! The SAs step: each pair's enable window (the SB flip seen to the first
+//! encrypted reply), then every node holding the ESP SAs of its lease for every peer
 //! with its IKE_SAs established, then the coordination record `Enabled`.
 //! The figures it records (time to SAs, to `Enabled`) are the lab's
 //! enable-side measurements.
@@ -15,7 +15,7 @@ use super::windows::pair_windows;
 use super::world::World;
 
 /// The enable windows, the SAs, `Enabled` (`flipped`: when the intent
-/// step started).
+/// step started, just after the lab saw the SB flip).
 pub(super) async fn sas(run: &mut Run<'_>, w: &mut World, flipped: Instant) -> Step {
     run.begin("SAs");
     let n = w.nodes.len();
@@ -25,7 +25,7 @@ pub(super) async fn sas(run: &mut Run<'_>, w: &mut World, flipped: Instant) -> S
         "enable window",
         Duration::from_secs(300),
         "encrypted",
-        "intent",
+        ("the SB flip", flipped),
     )?;
     for (k, &ms) in windows.iter().enumerate() {
         let (a, b) = w.pairs[k];

@@ -3,7 +3,7 @@
 //! The enable and disable windows in the summary are these figures, so
 //! they are measured one way, concurrently across pairs.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use testbed::overlay;
 
@@ -12,19 +12,25 @@ use super::pod::pod_ip;
 use super::world::World;
 use harness::node::SimNode;
 
-/// Each pair's window in ms, printed as `step`: from now (just after
-/// `since`) to pod `b`'s first (`kind`: encrypted or plaintext) reply to
-/// pod `a`; a pair with none within `limit` fails the step.
+/// Each pair's window in ms, printed as `step`: from `opened` (the lab
+/// seeing `since`: the SB flip, NB and SB off) to pod `b`'s first (`kind`:
+/// encrypted or plaintext) reply to pod `a`, whoever plays ovn-controller
+/// and however long the lab took to see its tunnels; a pair with none
+/// within `limit` fails the step.
 pub(super) fn pair_windows(
     run: &mut Run<'_>,
     w: &World,
     step: &str,
     limit: Duration,
     kind: &str,
-    since: &str,
+    (since, opened): (&str, Instant),
 ) -> Step<Vec<u64>> {
     let mut out = Vec::new();
-    let windows = first_replies(&w.nodes, &w.pairs, limit);
+    let before = opened.elapsed();
+    let windows: Vec<Option<Duration>> = first_replies(&w.nodes, &w.pairs, limit)
+        .into_iter()
+        .map(|d| d.map(|d| before + d))
+        .collect();
     for (win, &(a, b)) in windows.iter().zip(&w.pairs) {
         let Some(d) = win else {
             return fail(format!(

@@ -18,8 +18,8 @@ pub(super) struct World {
     // Field order is drop order: the probes, the ovn-controllers, then
     // ovs-vswitchd before its database, the nodes, the control plane.
     pub(super) probes: Vec<ProbeStream>,
-    /// The real ovn-controllers (none with the emulation): stopped before
-    /// the switches and databases they drive.
+    /// ovn-controller on every node (the real one or the emulation):
+    /// stopped before the switches and databases they drive.
     pub(super) _ovn_controllers: Vec<RunningOvnController>,
     pub(super) _vswitchds: Vec<VSwitchd>,
     pub(super) nodes: Vec<SimNode>,
