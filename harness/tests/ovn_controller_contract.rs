@@ -115,22 +115,9 @@ impl Bench {
         self.ovn.name()
     }
 
-    /// IPsec on or off as the controller turns it: `NB_Global.ipsec`,
-    /// which ovn-northd copies to `SB_Global.ipsec`.
+    /// IPsec on or off as the controller turns it.
     fn ipsec(&self, on: bool) {
-        self.central
-            .nb
-            .nbctl(&["set", "NB_Global", ".", &format!("ipsec={on}")])
-            .unwrap();
-        wait_for(Duration::from_secs(20), Duration::from_millis(50), || {
-            let sb = self
-                .central
-                .sb
-                .sbctl(&["get", "SB_Global", ".", "ipsec"])
-                .ok()?;
-            (sb.trim() == on.to_string()).then_some(())
-        })
-        .expect("ovn-northd copies NB_Global.ipsec to SB");
+        self.central.set_ipsec(on).unwrap();
     }
 
     fn a(&self) -> &SimNode {

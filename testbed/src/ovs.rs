@@ -504,6 +504,30 @@ impl OvnCentral {
         let northd = Northd::start(&nb, &sb)?;
         Ok(Self { northd, nb, sb })
     }
+
+    /// Turns IPsec on or off the way the controller does — `NB_Global.ipsec`
+    /// — and waits until ovn-northd has copied it to `SB_Global.ipsec`,
+    /// which is what ovn-controller acts on.
+    pub fn set_ipsec(&self, on: bool) -> Result<(), Error> {
+        self.nb
+            .nbctl(&["set", "NB_Global", ".", &format!("ipsec={on}")])?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let v = self
+                .sb
+                .sbctl(&["--if-exists", "get", "SB_Global", ".", "ipsec"])
+                .unwrap_or_default();
+            if v.trim() == on.to_string() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!("SB_Global.ipsec to follow NB_Global.ipsec={on} (ovn-northd)"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 fn path_str(p: &Path) -> String {
@@ -539,18 +563,7 @@ mod tests {
     fn central_mirrors_ipsec() {
         let dir = tempfile::tempdir().unwrap();
         let c = OvnCentral::start(dir.path()).unwrap();
-        c.nb.nbctl(&["set", "NB_Global", ".", "ipsec=true"])
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let v =
-                c.sb.sbctl(&["--if-exists", "get", "SB_Global", ".", "ipsec"])
-                    .unwrap_or_default();
-            if v.trim() == "true" {
-                break;
-            }
-            assert!(Instant::now() < deadline, "SB ipsec never became true");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        c.set_ipsec(true).unwrap();
+        c.set_ipsec(false).unwrap();
     }
 }
