@@ -25,6 +25,8 @@
 //! - [`cohort`]: what the cohort benches share (responders answering the
 //!   barriers at scale, the shared record watch, process measures).
 //! - [`binaries`]: which agent binary the calling test crate runs.
+//! - [`watch`]: every committed change of an OVSDB table, stamped as it
+//!   arrives (transactions judged whole, phases timed from the commit).
 //!
 //! Everything here starts real processes and panics on a broken fixture:
 //! a harness that cannot build its cluster has nothing to report but where
@@ -44,3 +46,4 @@ pub mod controller_cluster;
 pub mod ike_node;
 pub mod node;
 pub mod ovn_controller;
+pub mod watch;

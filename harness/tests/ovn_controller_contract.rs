@@ -27,14 +27,13 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use harness::node::SimNode;
 use harness::ovn_controller::{OvnController, RunningOvnController};
+use harness::watch::{Change, TableWatch};
 use kube_ovn_ipsec_api::lease::PublishedLease;
 use kube_ovn_ipsec_api::names::ovs;
-use ovsdb::{Client, Datum, MonitorEvent, MonitorRequest};
 use testbed::ipsec::{IpsecNode, Mesh};
 use testbed::netns::wait_for;
 use testbed::ovs::OvnCentral;
@@ -171,7 +170,7 @@ impl Bench {
     /// after position `since` (for the node `i` only, when given).
     fn assert_states(&self, marks_since: Option<(usize, usize, u32)>) {
         for (i, o) in self.observers.iter().enumerate() {
-            let seen = o.seen.lock().unwrap();
+            let seen = o.seen();
             assert!(
                 seen.partial.is_empty(),
                 "{}: {} committed tunnels with part of the intent: {:?}",
@@ -246,9 +245,7 @@ fn problem(n: &SimNode) -> String {
 /// Every committed state of a node's geneve tunnels, as an OVSDB monitor
 /// on its `Interface` table reports them (one update per commit).
 struct Observer {
-    seen: Arc<Mutex<Seen>>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    watch: TableWatch,
 }
 
 #[derive(Default)]
@@ -263,88 +260,37 @@ struct Seen {
 impl Observer {
     fn start(n: &SimNode) -> Self {
         let address = format!("unix:{}", n.node.run_path("openvswitch/db.sock").display());
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (s, f) = (seen.clone(), stop.clone());
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let client = Client::connect_str(&address).await.unwrap();
-                let tables = BTreeMap::from([(
-                    "Interface".to_string(),
-                    MonitorRequest::columns(["name", "type", "options"]),
-                )]);
-                let mut stream = client.monitor("Open_vSwitch", tables).await.unwrap();
-                let _ = ready_tx.send(());
-                let mut rows: BTreeMap<String, ovsdb::Row> = BTreeMap::new();
-                while !f.load(std::sync::atomic::Ordering::Relaxed) {
-                    let Ok(Some(event)) =
-                        tokio::time::timeout(Duration::from_millis(100), stream.next()).await
-                    else {
-                        continue;
-                    };
-                    let updates = match event {
-                        MonitorEvent::Initial(u) | MonitorEvent::Update(u) => u,
-                        MonitorEvent::Disconnected(_) => continue,
-                    };
-                    for (uuid, update) in updates.get("Interface").into_iter().flatten() {
-                        let key = format!("{uuid:?}");
-                        match update.new.clone() {
-                            Some(new) => {
-                                let row = rows.entry(key).or_default();
-                                row.extend(new);
-                                judge(row, &mut s.lock().unwrap());
-                            }
-                            None => {
-                                rows.remove(&key);
-                            }
-                        }
-                    }
-                }
-            });
-        });
-        ready_rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the monitor starts");
-        Observer {
-            seen,
-            stop,
-            thread: Some(thread),
+        let watch = TableWatch::start(
+            &address,
+            "Open_vSwitch",
+            "Interface",
+            &["name", "type", "options"],
+        )
+        .unwrap();
+        Observer { watch }
+    }
+
+    /// Every committed tunnel state so far, judged.
+    fn seen(&self) -> Seen {
+        let mut seen = Seen::default();
+        for c in self.watch.changes() {
+            judge(&c, &mut seen);
         }
+        seen
     }
 
     fn intent_seen(&self) -> usize {
-        self.seen.lock().unwrap().intent.len()
-    }
-}
-
-impl Drop for Observer {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.seen().intent.len()
     }
 }
 
 /// Records one committed state of a tunnel.
-fn judge(row: &ovsdb::Row, seen: &mut Seen) {
-    let text = |c: &str| match row.get(c) {
-        Some(Datum::Atom(a)) => a.as_str().map(str::to_owned),
-        _ => None,
-    };
-    if text("type").as_deref() != Some("geneve") {
+fn judge(c: &Change, seen: &mut Seen) {
+    if c.text("type") != Some("geneve") {
         return;
     }
-    let name = text("name").unwrap_or_default();
-    let options = row
-        .get("options")
-        .and_then(Datum::as_string_map)
-        .unwrap_or_default();
+    let name = c.text("name").unwrap_or_default().to_owned();
+    let options = c.map("options");
     let present = ovs::TUNNEL_PROTECTION_OPTIONS
         .iter()
         .filter(|k| options.contains_key(**k))
