@@ -47,12 +47,13 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, connect, env, start_node};
+use agent_node::{AgentNode, env, prepare_node, start_agent_with};
 use harness::cluster::http_get;
+use harness::ovn_controller::OvnController;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 use testbed::guest::HostFeatures;
-use testbed::ipsec::{IpsecNode, Tunnel};
+use testbed::ipsec::IpsecNode;
 use testbed::overlay::{self, Pinger, VSwitchd};
 
 const PING_INTERVAL: Duration = Duration::from_millis(200);
@@ -252,37 +253,62 @@ async fn the_agent_names_the_cause_of_a_broken_data_path() {
     let e = env(2).await;
     let (wrapper, hold) = hold_wrapper(e.dir.path());
     let window = WINDOW.as_secs().to_string();
-    let extra = [
-        "--probe-period",
-        "5",
-        "--datapath-window",
-        &window,
-        "--tunnel-mtu-interface",
-        "pod0",
-        "--ipsec",
-        wrapper.to_str().unwrap(),
+    let ovn = OvnController::from_env().unwrap();
+    println!("ovn-controller: {}", ovn.describe());
+    let mut extra = vec![
+        "--probe-period".to_owned(),
+        "5".into(),
+        "--datapath-window".into(),
+        window,
+        "--tunnel-mtu-interface".into(),
+        "pod0".into(),
+        "--ipsec".into(),
+        wrapper.to_str().unwrap().into(),
     ];
+    extra.extend(ovn.agent_flags());
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let (na, nb) = IpsecNode::pair("koi-dp", &e.fxs[0].chassis, &e.fxs[1].chassis).unwrap();
-    let a = start_node(na, &e.fxs[0], &e.api, e.dir.path(), e.script, &extra);
-    let b = start_node(nb, &e.fxs[1], &e.api, e.dir.path(), e.script, &extra);
-    let nodes = [&a, &b];
+    let mut a = prepare_node(na, &e.fxs[0], e.dir.path());
+    let mut b = prepare_node(nb, &e.fxs[1], e.dir.path());
+    // The overlay: a pod per node and ovn-controller on both (its packets
+    // carry OVN's Geneve option, what the MTU arithmetic must allow for);
+    // then the agents, whose capability gate asks a real one's daemon.
     let mut vswitchds = Vec::new();
+    for (i, n) in [&a, &b].into_iter().enumerate() {
+        vswitchds.push(VSwitchd::start(&n.node).unwrap());
+        overlay::add_pod(&n.node, "pod0", &format!("{}/24", pod(i))).unwrap();
+    }
+    // Dropped before the switches and databases they drive.
+    let ovn_controllers: Vec<_> = [&a, &b]
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| ovn.attach(n, &e.central, Some(pod(i))).unwrap())
+        .collect();
+    for (n, fx) in [(&mut a, &e.fxs[0]), (&mut b, &e.fxs[1])] {
+        start_agent_with(n, fx, &e.api, e.script, &extra, Vec::new());
+    }
+    let nodes = [&a, &b];
     for n in nodes {
         n.wait("active and ready", Duration::from_secs(120), |s| {
             s["generation"].as_u64().unwrap_or(0) >= 1
         })
         .await;
-        vswitchds.push(VSwitchd::start(&n.node).unwrap());
-    }
-    for (i, n) in nodes.iter().enumerate() {
-        overlay::add_pod(&n.node, "pod0", &format!("{}/24", pod(i))).unwrap();
     }
     println!("both agents ready after {:?}", t0.elapsed());
-    connect(&a, &b);
-    for (n, other) in [(&a, &b), (&b, &a)] {
-        let name = Tunnel::to(&other.node, 0).name;
-        overlay::split_horizon_ovn_option(&n.node, "pod0", &[&name]).unwrap();
+    // IPsec on, as an operator without the cluster's coordination turns it
+    // (these agents arm at start): ovn-controller gives intent with each
+    // node's lease.
+    e.central.set_ipsec(true).unwrap();
+    let both = [a, b];
+    for n in &both {
+        assert!(
+            ovn.give_intent(&both, n).unwrap(),
+            "{}: no lease",
+            n.node.chassis()
+        );
     }
+    let [a, b] = both;
+    let nodes = [&a, &b];
     let pingers = [
         Pinger::start(a.node.netns(), pod(1), PING_INTERVAL).unwrap(),
         Pinger::start(b.node.netns(), pod(0), PING_INTERVAL).unwrap(),
@@ -548,6 +574,7 @@ async fn the_agent_names_the_cause_of_a_broken_data_path() {
         let stats = p.stop().unwrap();
         println!("background pings: {stats:?}");
     }
+    drop(ovn_controllers);
     drop(vswitchds);
     println!("data-path health checks done after {:?}", t0.elapsed());
 }
