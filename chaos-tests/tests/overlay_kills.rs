@@ -68,7 +68,7 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, connect, env_with, kill_tree, ovs_map, start_node_with};
+use agent_node::{AgentNode, env_with, kill_tree, ovs_map, prepare_node, start_agent_with};
 use chaos::inject::{STOPPED, StopFile};
 use chaos::plan::{Named, Point, ProcessVictim};
 use chaos::report::{Row, print_run};
@@ -77,12 +77,13 @@ use common::{
     proc_state, restarted,
 };
 use harness::controller_cluster as cc;
+use harness::ovn_controller::{OvnController, RunningOvnController};
 use kube_ovn_ipsec_api::clock::SystemClock;
 use kube_ovn_ipsec_api::test_util::SplitMix64;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use testbed::guest::HostFeatures;
-use testbed::ipsec::{IpsecNode, Tunnel};
+use testbed::ipsec::IpsecNode;
 use testbed::overlay::{self, Capture, Pinger, VSwitchd};
 
 const PING_INTERVAL: Duration = Duration::from_millis(200);
@@ -158,9 +159,13 @@ fn faults(seed: u64, rounds: usize, points: bool) -> Vec<(Target, ProcessVictim)
 
 /// The world of the run: the cluster and the two nodes.
 struct World {
-    // Field order is drop order: the agents before the cluster.
+    // Field order is drop order: the agents before the cluster,
+    // ovn-controller before the switches and databases it drives.
+    _ovn_controllers: Vec<RunningOvnController>,
     nodes: Vec<AgentNode>,
     _vswitchds: Vec<VSwitchd>,
+    /// The agents' flags (a respawn starts them the same way).
+    flags: Vec<String>,
     e: agent_node::Env,
     /// Each node's guards and foreign policies once the traffic first
     /// flowed encrypted.
@@ -270,13 +275,14 @@ impl World {
             ProcessVictim::Agent => {
                 kill_tree(&mut self.nodes[i]);
                 let fx = &self.e.fxs[i];
+                let flags: Vec<&str> = self.flags.iter().map(String::as_str).collect();
                 self.nodes[i]
                     .respawn(
                         harness::binaries::agent(),
                         fx,
                         &self.e.api,
                         self.e.script,
-                        &AGENT_FLAGS,
+                        &flags,
                     )
                     .unwrap();
             }
@@ -462,13 +468,32 @@ async fn charon_monitor_and_agent_killed_under_encrypted_traffic_leak_no_plainte
     for n in [&na, &nb] {
         install_foreign(n.netns().name());
     }
-    let start = |n, i: usize| {
-        let (fx, dir) = (&e.fxs[i], e.dir.path());
-        start_node_with(n, fx, &e.api, dir, e.script, &AGENT_FLAGS, stop_env.clone())
-    };
+    // ovn-controller on both nodes (emulated, or the patched binary
+    // KUBE_OVN_IPSEC_OVN_CONTROLLER names) before the agents, whose
+    // capability gate asks a real one's daemon.
+    let ovn = OvnController::from_env().unwrap();
+    println!("chaos: ovn-controller: {}", ovn.describe());
+    let mut flags: Vec<String> = AGENT_FLAGS.map(String::from).into();
+    flags.extend(ovn.agent_flags());
+    let mut a = prepare_node(na, &e.fxs[0], e.dir.path());
+    let mut b = prepare_node(nb, &e.fxs[1], e.dir.path());
+    let mut vswitchds = Vec::new();
+    for (i, n) in [&a, &b].into_iter().enumerate() {
+        vswitchds.push(VSwitchd::start(&n.node).unwrap());
+        overlay::add_pod(&n.node, "pod0", &format!("{}/24", pod(i))).unwrap();
+    }
+    let ovn_controllers: Vec<RunningOvnController> = [&a, &b]
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| ovn.attach(n, &e.central, Some(pod(i))).unwrap())
+        .collect();
     let spawned = Instant::now();
-    let a = start(na, 0);
-    let b = start(nb, 1);
+    {
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        for (n, fx) in [(&mut a, &e.fxs[0]), (&mut b, &e.fxs[1])] {
+            start_agent_with(n, fx, &e.api, e.script, &flags, stop_env.clone());
+        }
+    }
     for n in [&a, &b] {
         n.wait("active and ready", Duration::from_secs(120), |s| {
             s["generation"].as_u64().unwrap_or(0) >= 1
@@ -477,18 +502,18 @@ async fn charon_monitor_and_agent_killed_under_encrypted_traffic_leak_no_plainte
     }
     let node_start = spawned.elapsed();
     println!("chaos: both agents ready {node_start:.1?} after their start");
-    let mut vswitchds = Vec::new();
-    for n in [&a, &b] {
-        vswitchds.push(VSwitchd::start(&n.node).unwrap());
+    // IPsec on (these agents arm at start): ovn-controller gives intent
+    // with each node's lease.
+    e.central.set_ipsec(true).unwrap();
+    let both = [a, b];
+    for n in &both {
+        assert!(
+            ovn.give_intent(&both, n).unwrap(),
+            "{}: no lease",
+            n.node.chassis()
+        );
     }
-    for (i, n) in [&a, &b].iter().enumerate() {
-        overlay::add_pod(&n.node, "pod0", &format!("{}/24", pod(i))).unwrap();
-    }
-    connect(&a, &b);
-    for (n, other) in [(&a, &b), (&b, &a)] {
-        let name = Tunnel::to(&other.node, 0).name;
-        overlay::split_horizon_ovn_option(&n.node, "pod0", &[&name]).unwrap();
-    }
+    let [a, b] = both;
     let pingers = [
         Pinger::start(a.node.netns(), pod(1), PING_INTERVAL).unwrap(),
         Pinger::start(b.node.netns(), pod(0), PING_INTERVAL).unwrap(),
@@ -521,8 +546,10 @@ async fn charon_monitor_and_agent_killed_under_encrypted_traffic_leak_no_plainte
         .map(|n| Capture::start(n.node.netns(), "eth0", &n.node.dir().join("run.pcap")).unwrap())
         .collect();
     let mut world = World {
+        _ovn_controllers: ovn_controllers,
         nodes: vec![a, b],
         _vswitchds: vswitchds,
+        flags,
         e,
         baselines,
         log_from: vec![0, 0],
