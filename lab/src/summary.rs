@@ -90,11 +90,9 @@ pub struct PairRow {
     pub a: usize,
     /// The second node's index.
     pub b: usize,
-    /// From the SB flip (as the lab saw it) to the first encrypted reply,
-    /// ms.
+    /// From the SB flip (SB's commit) to the first encrypted reply, ms.
     pub enable_window_ms: Option<u64>,
-    /// From NB and SB off (as the lab saw it) to the first plaintext
-    /// reply, ms.
+    /// From SB off (SB's commit) to the first plaintext reply, ms.
     pub disable_window_ms: Option<u64>,
     /// Echoes sent on this pair's stream.
     pub sent: u32,

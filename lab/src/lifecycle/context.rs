@@ -77,11 +77,25 @@ impl<'a> Run<'a> {
 
     /// A probe phase starts now: the echoes from here on are its own.
     pub(super) fn phase(&mut self, name: &str) {
-        self.phases.push((name.to_string(), unix_now()));
+        self.phase_at(name, unix_now());
+    }
+
+    /// A probe phase started at `at` (Unix seconds: the commit that began
+    /// it, which the lab may see later); never before the previous phase.
+    pub(super) fn phase_at(&mut self, name: &str, at: f64) {
+        let at = self.phases.last().map_or(at, |(_, prev)| at.max(*prev));
+        self.phases.push((name.to_string(), at));
     }
 
     /// Seconds since the run started, to a tenth.
     pub(super) fn secs(&self) -> f64 {
         (self.t0.elapsed().as_secs_f64() * 10.0).round() / 10.0
     }
+}
+
+/// The [`Instant`] of `at` (Unix seconds, in the past), for the windows
+/// timed from a commit the lab saw later.
+pub(super) fn instant_of(at: f64) -> Instant {
+    let ago = std::time::Duration::from_secs_f64((unix_now() - at).max(0.0));
+    Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
 }

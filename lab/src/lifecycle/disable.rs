@@ -7,10 +7,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::context::{Run, Step, fail};
+use super::context::{Run, Step, fail, instant_of};
 use super::readings::nb_sb;
 use super::windows::pair_windows;
 use super::world::World;
+use testbed::probe::unix_now;
 
 /// The operator turns IPsec off: NB/SB off, intent removed, the disable
 /// window; returns when the operator's intent was given (the step's
@@ -41,8 +42,10 @@ pub(super) async fn disable(run: &mut Run<'_>, w: &mut World) -> Step<Instant> {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let off = Instant::now();
-    run.phase("disable flip");
+    // The window opens with SB's commit, not with the poll that saw it.
+    let off_at = w.sb_turned(false).unwrap_or_else(unix_now);
+    let off = instant_of(off_at);
+    run.phase_at("disable flip", off_at);
     run.line(
         "NB and SB off",
         "-",
@@ -62,7 +65,7 @@ pub(super) async fn disable(run: &mut Run<'_>, w: &mut World) -> Step<Instant> {
         "disable window",
         Duration::from_secs(120),
         "plaintext",
-        ("NB and SB off", off),
+        ("the SB flip to off", off),
     )?;
     for (k, ms) in windows.into_iter().enumerate() {
         run.summary.pairs[k].disable_window_ms = Some(ms);

@@ -12,6 +12,7 @@ use super::context::{Run, Step, fail};
 use super::readings::nb_sb;
 use super::rows::update_row;
 use super::world::World;
+use testbed::probe::unix_now;
 
 /// Agents, controller, the barriers, the flip.
 pub(super) async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
@@ -105,8 +106,17 @@ pub(super) async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
             );
         }
         if sb {
-            run.phase("enable flip");
-            run.line("SB true", "-", "ovn-northd copied it to SB_Global.ipsec");
+            // The window opens with SB's commit, not with this poll.
+            let at = w.sb_turned(true).unwrap_or_else(unix_now);
+            run.phase_at("enable flip", at);
+            run.line(
+                "SB true",
+                "-",
+                format!(
+                    "ovn-northd copied it to SB_Global.ipsec {:.1} s before the lab saw it",
+                    unix_now() - at
+                ),
+            );
             break;
         }
         if Instant::now() > deadline {

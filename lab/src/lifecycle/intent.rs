@@ -9,14 +9,15 @@ use std::time::Instant;
 
 use kube_ovn_ipsec_api::names::ovs;
 
-use super::context::{Run, Step, fail};
+use super::context::{Run, Step, fail, instant_of};
 use super::world::World;
 
-/// Gives every tunnel its intent; returns when the flip was taken to have
-/// happened, which the SAs step reads `Enabled` against.
+/// Waits for every tunnel's intent; returns when SB flipped (SB's own
+/// monitor's stamp), which the SAs step reads the windows and `Enabled`
+/// against.
 pub(super) fn intent(run: &mut Run<'_>, w: &mut World) -> Step<Instant> {
     run.begin("intent");
-    let flipped = Instant::now();
+    let flipped = w.sb_turned(true).map_or_else(Instant::now, instant_of);
     let n = w.nodes.len();
     for i in 0..n {
         if !w.ovn.give_intent(&w.nodes, &w.nodes[i])? {

@@ -17,6 +17,7 @@ use harness::control_plane::{Binaries, ControlPlane};
 use harness::node::POD_PORT;
 use harness::node::SimNode;
 use harness::ovn_controller::OvnController;
+use harness::watch::TableWatch;
 
 /// Brings up a node per chassis of `cp` and stores the run's world in
 /// `world` (so the run's end can report on it even if a later step
@@ -83,7 +84,15 @@ pub(super) fn bring_up<'w>(
             ..PairRow::default()
         })
         .collect();
+    let sb_ipsec = TableWatch::start(
+        &cp.central.sb.address(),
+        "OVN_Southbound",
+        "SB_Global",
+        &["ipsec"],
+    )
+    .map_err(|e| format!("watching SB_Global.ipsec: {e}"))?;
     let w = world.insert(World {
+        sb_ipsec,
         cp,
         ovn,
         _ovn_controllers: ovn_controllers,

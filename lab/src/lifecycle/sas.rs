@@ -1,4 +1,4 @@
-//! The SAs step: each pair's enable window (the SB flip seen to the first
+//! The SAs step: each pair's enable window (the SB flip to the first
 //! encrypted reply), then every node holding the ESP SAs of its lease for every peer
 //! with its IKE_SAs established, then the coordination record `Enabled`.
 //! The figures it records (time to SAs, to `Enabled`) are the lab's
@@ -14,8 +14,8 @@ use super::rows::refresh_rows;
 use super::windows::pair_windows;
 use super::world::World;
 
-/// The enable windows, the SAs, `Enabled` (`flipped`: when the intent
-/// step started, just after the lab saw the SB flip).
+/// The enable windows, the SAs, `Enabled` (`flipped`: SB's commit of the
+/// flip).
 pub(super) async fn sas(run: &mut Run<'_>, w: &mut World, flipped: Instant) -> Step {
     run.begin("SAs");
     let n = w.nodes.len();

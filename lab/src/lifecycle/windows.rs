@@ -12,11 +12,11 @@ use super::pod::pod_ip;
 use super::world::World;
 use harness::node::SimNode;
 
-/// Each pair's window in ms, printed as `step`: from `opened` (the lab
-/// seeing `since`: the SB flip, NB and SB off) to pod `b`'s first (`kind`:
+/// Each pair's window in ms, printed as `step`: from `opened` (`since`:
+/// SB's commit of the flip either way) to pod `b`'s first (`kind`:
 /// encrypted or plaintext) reply to pod `a`, whoever plays ovn-controller
-/// and however long the lab took to see its tunnels; a pair with none
-/// within `limit` fails the step.
+/// and however long the lab took to see it; a pair with none within
+/// `limit` fails the step.
 pub(super) fn pair_windows(
     run: &mut Run<'_>,
     w: &World,

@@ -12,12 +12,16 @@ use testbed::probe::ProbeStream;
 use harness::control_plane::{Binaries, ControlPlane};
 use harness::node::SimNode;
 use harness::ovn_controller::{OvnController, RunningOvnController};
+use harness::watch::TableWatch;
 
 /// Everything the run keeps alive until its end.
 pub(super) struct World {
     // Field order is drop order: the probes, the ovn-controllers, then
     // ovs-vswitchd before its database, the nodes, the control plane.
     pub(super) probes: Vec<ProbeStream>,
+    /// Every change of `SB_Global.ipsec`, stamped by SB's own monitor:
+    /// the flips the phases and windows are timed from.
+    pub(super) sb_ipsec: TableWatch,
     /// ovn-controller on every node (the real one or the emulation):
     /// stopped before the switches and databases they drive.
     pub(super) _ovn_controllers: Vec<RunningOvnController>,
@@ -34,4 +38,21 @@ pub(super) struct World {
     /// Each agent's first generation (renewal is a later one).
     pub(super) issued_generation: Vec<u64>,
     pub(super) _mesh: testbed::ipsec::Mesh,
+}
+
+impl World {
+    /// When `SB_Global.ipsec` last turned `on` (seconds since the epoch,
+    /// the probes' clock), as SB's monitor reported the commit.
+    pub(super) fn sb_turned(&self, on: bool) -> Option<f64> {
+        let mut last = None;
+        let mut was = None;
+        for c in self.sb_ipsec.changes() {
+            let now = c.flag("ipsec");
+            if now == Some(on) && was != Some(on) {
+                last = Some(c.at);
+            }
+            was = now;
+        }
+        last
+    }
 }
