@@ -84,13 +84,8 @@ async fn datapath(sizes: Sizes) {
     let t0 = Instant::now();
     let script =
         testbed::ipsec::patched_monitor_script(Path::new(env!("CARGO_TARGET_TMPDIR"))).unwrap();
-    let Overlay {
-        a,
-        b,
-        ta,
-        tb,
-        ca: _ca,
-    } = overlay_pair("koi-ovb", "kube-ovn-ipsec overlay bench CA", script).await;
+    let Overlay { ovn, a, b, ca: _ca } =
+        overlay_pair("koi-ovb", "kube-ovn-ipsec overlay bench CA", script).await;
     wait_for_pod_reply(&a, Duration::from_secs(30))
         .unwrap_or_else(|| panic!("no pod reply:\n{}", a.node.diagnostics()));
     println!(
@@ -99,9 +94,8 @@ async fn datapath(sizes: Sizes) {
     );
 
     let plain = measure(&a, &b, &sizes);
-    a.node.protect_tunnel(&ta).unwrap();
-    b.node.protect_tunnel(&tb).unwrap();
     let t1 = Instant::now();
+    ovn.enable(&a, &b);
     wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
         (a.node.routed_conns().ok()?.len() >= 2 && b.node.routed_conns().ok()?.len() >= 2)
             .then_some(())

@@ -11,6 +11,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::ovn_controller::{OvnController, OvnNode, RunningOvnController};
 use kube_ovn_ipsec_api::Uid;
 use kube_ovn_ipsec_api::strongswan::IkeSa;
 use kube_ovn_ipsec_runtime::ike::{IkeConfig, IkeDaemon};
@@ -20,6 +21,7 @@ use kube_ovn_ipsec_runtime::process::{Launcher, Supervised};
 use testbed::ipsec::{CaFiles, IpsecNode, NodeCert, Tunnel};
 use testbed::netns::wait_for;
 use testbed::overlay::{self, VSwitchd};
+use testbed::ovs::OvnCentral;
 use xfrm::alloc::OsRandom;
 use xfrm::guard::GuardKeeper;
 use xfrm::{Xfrm, XfrmHandle};
@@ -224,38 +226,95 @@ pub fn tunnel(n: &Node, peer: &IpsecNode) -> Tunnel {
 
 /// Two nodes of the overlay, ready for pod traffic.
 pub struct Overlay {
-    // Field order is drop order: the nodes before the CA whose files they
-    // point at.
+    /// ovn-controller on both nodes and OVN central.
+    pub ovn: OvnPair,
     /// Node A (pod [`POD_A`]).
     pub a: Node,
     /// Node B (pod [`POD_B`]).
     pub b: Node,
-    /// A's tunnel to B, as it becomes with IPsec intent.
-    pub ta: Tunnel,
-    /// B's tunnel to A, likewise.
-    pub tb: Tunnel,
     /// The CA that issued both nodes' certificates.
     pub ca: CaFiles,
 }
 
+/// The OVN side of an [`Overlay`]: OVN NB/SB with ovn-northd, and
+/// ovn-controller on both nodes (emulated, or the patched binary
+/// [`crate::ovn_controller::ENV_OVN_CONTROLLER`] names) building their
+/// tunnels from SB and each node's published lease.
+pub struct OvnPair {
+    // Field order is drop order: ovn-controller before OVN central.
+    players: Vec<RunningOvnController>,
+    /// OVN NB/SB and ovn-northd.
+    pub central: OvnCentral,
+    /// Who plays ovn-controller.
+    pub ovn: OvnController,
+    _dir: tempfile::TempDir,
+}
+
+impl OvnPair {
+    /// IPsec on through NB; returns once ovn-controller gave both nodes'
+    /// tunnels their intent with each node's lease.
+    pub fn enable(&self, a: &Node, b: &Node) {
+        self.central.set_ipsec(true).unwrap();
+        for n in [a, b] {
+            assert!(
+                self.ovn.give_intent(&[a, b], &n).unwrap(),
+                "no lease published"
+            );
+        }
+    }
+
+    /// IPsec off through NB (as after the controller's NB flip); returns
+    /// once both nodes' tunnels are plain again.
+    pub fn disable(&self, a: &Node, b: &Node) {
+        self.central.set_ipsec(false).unwrap();
+        for n in [a, b] {
+            self.ovn.take_intent(&[a, b], &n).unwrap();
+        }
+    }
+}
+
+impl OvnNode for Node {
+    fn ipsec_node(&self) -> &IpsecNode {
+        &self.node
+    }
+    fn log_dir(&self) -> &Path {
+        self.node.dir()
+    }
+}
+
 /// Two nodes on the full kernel: [`setup`] each, ovs-vswitchd on the
-/// kernel datapath, a pod port, the IKE daemon and the monitor running
-/// `script`, and a Geneve tunnel each way *without* IPsec intent.
+/// kernel datapath, a pod port, ovn-controller ([`OvnPair`]) with a plain
+/// Geneve tunnel each way (no IPsec intent yet), the IKE daemon and the
+/// monitor running `script`.
 pub async fn overlay_pair(prefix: &str, ca_cn: &str, script: &Path) -> Overlay {
+    let ovn = OvnController::from_env().unwrap();
+    println!("ovn-controller: {}", ovn.describe());
+    let dir = tempfile::tempdir().unwrap();
+    let central = OvnCentral::start(dir.path()).unwrap();
     let ca = CaFiles::create(ca_cn).unwrap();
     let (a, b) = IpsecNode::pair(prefix, "chass-a", "chass-b").unwrap();
     let mut a = setup(a, &ca).await;
     let mut b = setup(b, &ca).await;
+    let mut players = Vec::new();
     for (n, pod) in [(&mut a, POD_A), (&mut b, POD_B)] {
         start_vswitchd(n);
         overlay::add_pod(&n.node, "pod0", &format!("{pod}/24")).unwrap();
+        players.push(ovn.attach(&*n, &central, Some(pod)).unwrap());
         start_ike(n);
         start_monitor(n, script).await;
     }
-    let (ta, tb) = (tunnel(&a, &b.node), tunnel(&b, &a.node));
-    a.node.add_plain_tunnel(&ta.name, b.node.ip()).unwrap();
-    b.node.add_plain_tunnel(&tb.name, a.node.ip()).unwrap();
-    Overlay { a, b, ta, tb, ca }
+    ovn.plain_mesh(&[&a, &b]).unwrap();
+    Overlay {
+        ovn: OvnPair {
+            players,
+            central,
+            ovn,
+            _dir: dir,
+        },
+        a,
+        b,
+        ca,
+    }
 }
 
 /// Pings pod B from pod A, one echo at a time, until one is answered;

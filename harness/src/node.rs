@@ -174,6 +174,29 @@ impl std::fmt::Debug for SimNode {
     }
 }
 
+/// The lease published in `node`'s OVSDB (mark, reqid), if there is a
+/// usable one ([`PublishedLease::read`]: what ovn-controller would take).
+pub fn published_lease(node: &IpsecNode) -> Option<(u32, u32)> {
+    let l = PublishedLease::read(&external_ids(node)?).ok()?;
+    Some((l.mark, l.reqid))
+}
+
+/// `Open_vSwitch . external_ids` of `node`'s OVSDB.
+pub fn external_ids(node: &IpsecNode) -> Option<BTreeMap<String, String>> {
+    let out = node
+        .vsctl(&[
+            "--format=json",
+            "--columns=external_ids",
+            "list",
+            "Open_vSwitch",
+        ])
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    ovsdb::Datum::from_json(&v["data"][0][0])
+        .ok()?
+        .as_string_map()
+}
+
 /// Starts `node`'s ovsdb-server on a fresh `conf.db` in its namespaces
 /// (socket `/run/openvswitch/db.sock`, on the host at
 /// `run_path("openvswitch/db.sock")`) through `launcher`, and waits for
@@ -462,27 +485,14 @@ impl SimNode {
     }
 
     /// The lease published in OVSDB (mark, reqid), if there is a usable
-    /// one ([`PublishedLease::read`]: what ovn-controller would take).
+    /// one ([`published_lease`]).
     pub fn lease(&self) -> Option<(u32, u32)> {
-        let l = PublishedLease::read(&self.external_ids()?).ok()?;
-        Some((l.mark, l.reqid))
+        published_lease(&self.node)
     }
 
     /// `Open_vSwitch . external_ids` of the node's OVSDB.
     pub fn external_ids(&self) -> Option<BTreeMap<String, String>> {
-        let out = self
-            .node
-            .vsctl(&[
-                "--format=json",
-                "--columns=external_ids",
-                "list",
-                "Open_vSwitch",
-            ])
-            .ok()?;
-        let v: serde_json::Value = serde_json::from_str(&out).ok()?;
-        ovsdb::Datum::from_json(&v["data"][0][0])
-            .ok()?
-            .as_string_map()
+        external_ids(&self.node)
     }
 
     /// The leaf OVSDB points the monitor at.

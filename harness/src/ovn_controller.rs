@@ -46,9 +46,37 @@ use testbed::ovs::OvnCentral;
 
 use emulation::{Emulation, EmulationConfig};
 
-use crate::node::SimNode;
+use crate::node::{SimNode, published_lease};
+use testbed::ipsec::IpsecNode;
 
 pub use crate::node::POD_PORT;
+
+/// A node ovn-controller runs on: the harness's simulated node with its
+/// agent, or a node of the runtime's own pieces (`ike_node`).
+pub trait OvnNode {
+    /// Its namespaces, switch and underlay address.
+    fn ipsec_node(&self) -> &IpsecNode;
+    /// Where ovn-controller's log goes (kept with the node's other logs).
+    fn log_dir(&self) -> &Path;
+}
+
+impl<T: OvnNode> OvnNode for &T {
+    fn ipsec_node(&self) -> &IpsecNode {
+        (**self).ipsec_node()
+    }
+    fn log_dir(&self) -> &Path {
+        (**self).log_dir()
+    }
+}
+
+impl OvnNode for SimNode {
+    fn ipsec_node(&self) -> &IpsecNode {
+        &self.node
+    }
+    fn log_dir(&self) -> &Path {
+        self.dir()
+    }
+}
 
 /// The environment variable that names a patched `ovn-controller` binary
 /// for [`OvnController::from_env`].
@@ -190,21 +218,24 @@ impl OvnController {
     /// through `iface-id`; emulated, a split horizon (ovs-vswitchd must
     /// run). Real, the node's OVSDB names SB and its Geneve encap
     /// (`ovn-remote`, `ovn-encap-type`, `ovn-encap-ip`).
-    pub fn attach(
+    pub fn attach<N: OvnNode>(
         &self,
-        n: &SimNode,
+        n: &N,
         central: &OvnCentral,
         pod: Option<std::net::Ipv4Addr>,
     ) -> Result<RunningOvnController, IpsecError> {
-        let log = n.dir().join("ovn-controller-emulated.log");
+        let log = n.log_dir().join("ovn-controller-emulated.log");
         let player = match self {
             OvnController::Emulated => Player::Emulation(Emulation::start(EmulationConfig {
-                chassis: n.node.chassis().to_owned(),
-                ip: n.node.ip(),
-                switch: n.node.switch(),
-                ovsdb: format!("unix:{}", n.node.run_path("openvswitch/db.sock").display()),
+                chassis: n.ipsec_node().chassis().to_owned(),
+                ip: n.ipsec_node().ip(),
+                switch: n.ipsec_node().switch(),
+                ovsdb: format!(
+                    "unix:{}",
+                    n.ipsec_node().run_path("openvswitch/db.sock").display()
+                ),
                 sb: central.sb.address(),
-                forward: pod.map(|_| (n.node.netns().entry(), POD_PORT.to_owned())),
+                forward: pod.map(|_| (n.ipsec_node().netns().entry(), POD_PORT.to_owned())),
                 log: log.clone(),
             })?),
             OvnController::Real { binary, .. } => return start_real(binary, n, central, pod),
@@ -215,7 +246,7 @@ impl OvnController {
     /// Waits until every node has its plain tunnel (no intent, no marks)
     /// to every other, as ovn-controller builds them while
     /// `SB_Global.ipsec` is false.
-    pub fn plain_mesh(&self, nodes: &[SimNode]) -> Result<(), IpsecError> {
+    pub fn plain_mesh<N: OvnNode>(&self, nodes: &[N]) -> Result<(), IpsecError> {
         for a in nodes {
             self.wait_tunnels(a, peers(nodes, a), "a plain tunnel", no_intent)?;
         }
@@ -226,8 +257,8 @@ impl OvnController {
     /// `a`'s published lease, as ovn-controller gives them on
     /// `SB_Global.ipsec`; `Ok(false)` (and no wait) when `a` has no lease
     /// published.
-    pub fn give_intent(&self, nodes: &[SimNode], a: &SimNode) -> Result<bool, IpsecError> {
-        let Some((mark, _)) = a.lease() else {
+    pub fn give_intent<N: OvnNode>(&self, nodes: &[N], a: &N) -> Result<bool, IpsecError> {
+        let Some((mark, _)) = published_lease(a.ipsec_node()) else {
             return Ok(false);
         };
         let want = mark.to_string();
@@ -240,17 +271,21 @@ impl OvnController {
 
     /// Waits until every tunnel of `a` is plain again, as ovn-controller
     /// leaves them when `SB_Global.ipsec` turns false.
-    pub fn take_intent(&self, nodes: &[SimNode], a: &SimNode) -> Result<(), IpsecError> {
+    pub fn take_intent<N: OvnNode>(&self, nodes: &[N], a: &N) -> Result<(), IpsecError> {
         self.wait_tunnels(a, peers(nodes, a), "no intent and no mark", no_intent)
     }
 
     /// The name of `a`'s tunnel to `b`, once there is one.
-    pub fn tunnel_name(&self, a: &SimNode, b: &SimNode) -> Result<String, IpsecError> {
+    pub fn tunnel_name<N: OvnNode>(&self, a: &N, b: &N) -> Result<String, IpsecError> {
         read_tunnels(a)
             .and_then(|t| self.find_tunnel(&t, a, b).map(|t| t.name.clone()))
             .ok_or_else(|| {
                 failed(
-                    format!("{}'s tunnel to {}", a.node.chassis(), b.node.chassis()),
+                    format!(
+                        "{}'s tunnel to {}",
+                        a.ipsec_node().chassis(),
+                        b.ipsec_node().chassis()
+                    ),
                     format!("{} has built none", self.name()),
                 )
             })
@@ -261,11 +296,11 @@ impl OvnController {
     /// `external_ids:ovn-chassis-id` names `b`'s chassis and address
     /// (`<chassis>@<ip>`, followed by `%<local ip>` on newer OVN);
     /// emulated, the Interface named as OVN names them.
-    fn find_tunnel<'t>(
+    fn find_tunnel<'t, N: OvnNode>(
         &self,
         tunnels: &'t [TunnelRow],
-        a: &SimNode,
-        b: &SimNode,
+        a: &N,
+        b: &N,
     ) -> Option<&'t TunnelRow> {
         match self {
             OvnController::Emulated => {
@@ -273,8 +308,8 @@ impl OvnController {
                 tunnels.iter().find(|t| t.name == name)
             }
             OvnController::Real { .. } => {
-                let id = format!("{}@{}", b.node.chassis(), b.node.ip());
-                let newer = format!("{id}%{}", a.node.ip());
+                let id = format!("{}@{}", b.ipsec_node().chassis(), b.ipsec_node().ip());
+                let newer = format!("{id}%{}", a.ipsec_node().ip());
                 tunnels.iter().find(|t| {
                     t.chassis_id
                         .as_ref()
@@ -288,10 +323,10 @@ impl OvnController {
     /// holds for each one's options: one read of `a`'s switch per poll,
     /// since under qemu's TCG every spawned `ovs-vsctl` costs about half a
     /// second.
-    fn wait_tunnels<'n>(
+    fn wait_tunnels<'n, N: OvnNode + 'n>(
         &self,
-        a: &SimNode,
-        to: impl Iterator<Item = &'n SimNode> + Clone,
+        a: &N,
+        to: impl Iterator<Item = &'n N> + Clone,
         what: &str,
         done: impl Fn(&BTreeMap<String, String>) -> bool,
     ) -> Result<(), IpsecError> {
@@ -305,27 +340,27 @@ impl OvnController {
                         .find_tunnel(&tunnels, a, b)
                         .is_some_and(|t| done(&t.options))
                 })
-                .map(|b| b.node.chassis())
+                .map(|b| b.ipsec_node().chassis())
                 .collect();
             missing = not_yet.join(", ");
             not_yet.is_empty().then_some(())
         })
         .ok_or_else(|| {
             failed(
-                format!("{}'s tunnels to {missing}", a.node.chassis()),
+                format!("{}'s tunnels to {missing}", a.ipsec_node().chassis()),
                 format!(
                     "{} did not give them {what} within {REAL_WAIT:?}: {}",
                     self.name(),
-                    a.node.diagnostics()
+                    a.ipsec_node().diagnostics()
                 ),
             )
         })
     }
 
     /// The options of `a`'s tunnel to `b` as `ovs-vsctl` prints them.
-    pub fn tunnel_options(&self, a: &SimNode, b: &SimNode) -> Result<String, IpsecError> {
+    pub fn tunnel_options<N: OvnNode>(&self, a: &N, b: &N) -> Result<String, IpsecError> {
         let name = self.tunnel_name(a, b)?;
-        a.node
+        a.ipsec_node()
             .vsctl(&["get", "Interface", &name, "options"])
             .map(|s| s.trim().to_string())
     }
@@ -333,24 +368,24 @@ impl OvnController {
     /// Adds each node's tunnel to the other, with intent and its published
     /// lease; an error when either has none (a tunnel with intent but
     /// without protection is what the patch never builds).
-    pub fn connect(&self, a: &SimNode, b: &SimNode) -> Result<(), IpsecError> {
-        self.each_way(a, b, |n, tunnel| n.node.add_tunnel(tunnel))
+    pub fn connect<N: OvnNode>(&self, a: &N, b: &N) -> Result<(), IpsecError> {
+        self.each_way(a, b, |n, tunnel| n.ipsec_node().add_tunnel(tunnel))
     }
 
     /// Gives each node's existing tunnel to the other its intent again,
     /// with its (new) lease: what the patch does when `SB_Global.ipsec`
     /// turns true again.
-    pub fn reconnect(&self, a: &SimNode, b: &SimNode) -> Result<(), IpsecError> {
-        self.each_way(a, b, |n, tunnel| n.node.protect_tunnel(tunnel))
+    pub fn reconnect<N: OvnNode>(&self, a: &N, b: &N) -> Result<(), IpsecError> {
+        self.each_way(a, b, |n, tunnel| n.ipsec_node().protect_tunnel(tunnel))
     }
 
     /// `write`s each node's leased tunnel to the other, `a`'s first. Only
     /// the emulation builds a pair's tunnels on request.
-    fn each_way(
+    fn each_way<N: OvnNode>(
         &self,
-        a: &SimNode,
-        b: &SimNode,
-        write: impl Fn(&SimNode, &Tunnel) -> Result<(), IpsecError>,
+        a: &N,
+        b: &N,
+        write: impl Fn(&N, &Tunnel) -> Result<(), IpsecError>,
     ) -> Result<(), IpsecError> {
         match self {
             OvnController::Emulated => {
@@ -404,13 +439,13 @@ fn ovn_ctl(tool: &str, db: &str, args: &[&str]) -> Result<String, IpsecError> {
 }
 
 /// [`OvnController::attach`] for a real ovn-controller.
-fn start_real(
+fn start_real<N: OvnNode>(
     binary: &Path,
-    n: &SimNode,
+    n: &N,
     central: &OvnCentral,
     pod: Option<std::net::Ipv4Addr>,
 ) -> Result<RunningOvnController, IpsecError> {
-    let node = &n.node;
+    let node = n.ipsec_node();
     let chassis = node.chassis();
     node.vsctl(&[
         "set",
@@ -446,8 +481,8 @@ fn start_real(
     // Inside the node's namespaces, where /run/openvswitch is the node's:
     // its OVSDB, ovs-vswitchd's br-int.mgmt, and (OVS_RUNDIR) the pidfile
     // and control socket the agent's capability gate probes.
-    let log = n.dir().join("ovn-controller.log");
-    let stderr = n.dir().join("ovn-controller.stderr");
+    let log = n.log_dir().join("ovn-controller.log");
+    let stderr = n.log_dir().join("ovn-controller.stderr");
     let child = node
         .netns()
         .command(binary)
@@ -529,9 +564,9 @@ struct TunnelRow {
 
 /// Every geneve tunnel of `n`'s switch, in one `ovs-vsctl` (Interfaces
 /// and Ports); `None` when the read fails.
-fn read_tunnels(n: &SimNode) -> Option<Vec<TunnelRow>> {
+fn read_tunnels<N: OvnNode>(n: &N) -> Option<Vec<TunnelRow>> {
     let out = n
-        .node
+        .ipsec_node()
         .vsctl(&[
             "--format=json",
             "--columns=name,type,options",
@@ -583,29 +618,29 @@ fn no_intent(options: &BTreeMap<String, String>) -> bool {
 }
 
 /// `n`'s tunnel to `peer` with `n`'s published lease as its marks.
-fn leased_tunnel(n: &SimNode, peer: &SimNode) -> Result<Tunnel, IpsecError> {
-    let (mark, reqid) = n.lease().ok_or_else(|| IpsecError::Failed {
+fn leased_tunnel<N: OvnNode>(n: &N, peer: &N) -> Result<Tunnel, IpsecError> {
+    let (mark, reqid) = published_lease(n.ipsec_node()).ok_or_else(|| IpsecError::Failed {
         what: format!(
             "the tunnel from {} to {}",
-            n.node.chassis(),
-            peer.node.chassis()
+            n.ipsec_node().chassis(),
+            peer.ipsec_node().chassis()
         ),
         detail: "no lease published: a tunnel with intent needs its protection".into(),
     })?;
     Ok(Tunnel {
         mark,
         reqid,
-        ..Tunnel::to(&peer.node, 0)
+        ..Tunnel::to(peer.ipsec_node(), 0)
     })
 }
 
 /// The name the emulation gives a tunnel to `to`.
-fn emulated_tunnel_name(to: &SimNode) -> String {
-    Tunnel::to(&to.node, 0).name
+fn emulated_tunnel_name<N: OvnNode>(to: &N) -> String {
+    Tunnel::to(to.ipsec_node(), 0).name
 }
 
-fn peers<'a>(nodes: &'a [SimNode], a: &'a SimNode) -> impl Iterator<Item = &'a SimNode> + Clone {
+fn peers<'a, N: OvnNode>(nodes: &'a [N], a: &'a N) -> impl Iterator<Item = &'a N> + Clone {
     nodes
         .iter()
-        .filter(move |b| b.node.chassis() != a.node.chassis())
+        .filter(move |b| b.ipsec_node().chassis() != a.ipsec_node().chassis())
 }

@@ -1,16 +1,18 @@
 //! The encrypted overlay, end to end, on a full kernel (ESP, GENEVE, the
 //! OVS kernel datapath): two simulated nodes, each with ovsdb-server and
-//! ovs-vswitchd on the kernel datapath, `br-int` with a pod port and a
-//! Geneve tunnel to the other, the agent's lease and guards armed and
-//! published before IKE starts, strongSwan and the image's patched
-//! ovs-monitor-ipsec run by the runtime's own runners, identities from the
-//! test CA. A tcpdump on node A's underlay link is the judge of what the
-//! wire carries.
+//! ovs-vswitchd on the kernel datapath, `br-int` with a pod port, and
+//! ovn-controller (emulated, or the patched binary
+//! `KUBE_OVN_IPSEC_OVN_CONTROLLER` names) building a Geneve tunnel to the
+//! other from OVN SB, IPsec switched through NB; the agent's lease and
+//! guards armed and published before IKE starts, strongSwan and the
+//! image's patched ovs-monitor-ipsec run by the runtime's own runners,
+//! identities from the test CA. A tcpdump on node A's underlay link is
+//! the judge of what the wire carries.
 //!
 //! 1. Without IPsec intent (no `remote_name`, no marks) pod traffic is
 //!    plaintext Geneve and the armed guards drop none of it; plain underlay
 //!    traffic passes too.
-//! 2. With intent set as the patched ovn-controller sets it, pod traffic
+//! 2. With intent as ovn-controller gives it (IPsec on in NB), pod traffic
 //!    flows, both nodes' SAs carry it, and the underlay sees ESP and no
 //!    plaintext UDP 6081.
 //! 3. The IKE daemon SIGKILLed under load: no plaintext Geneve while it is
@@ -126,10 +128,9 @@ async fn encrypted_overlay_end_to_end() {
             .needs_ca_workaround()
     );
     let Overlay {
+        ovn,
         mut a,
         mut b,
-        ta,
-        tb,
         ca: _ca,
     } = overlay_pair("koi-ovl", "kube-ovn-ipsec overlay test CA", script).await;
     println!(
@@ -167,9 +168,9 @@ async fn encrypted_overlay_end_to_end() {
         "guards dropped unmarked traffic: {grew:?}"
     );
 
-    // 2. IPsec intent, as the patched ovn-controller sets it.
-    a.node.protect_tunnel(&ta).unwrap();
-    b.node.protect_tunnel(&tb).unwrap();
+    // 2. IPsec on: ovn-controller gives both tunnels intent with the
+    //    lease.
+    ovn.enable(&a, &b);
     for n in [&a, &b] {
         wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
             (n.node.routed_conns().ok()?.len() >= 2).then_some(())
@@ -304,8 +305,7 @@ async fn encrypted_overlay_end_to_end() {
     assert!(oa >= 2 && ob >= 2, "no crash orphans to drain: {oa}, {ob}");
     // The NB flip, as ovn-controller carries it out: intent and marks go
     // together.
-    a.node.unprotect_tunnel(&ta.name).unwrap();
-    b.node.unprotect_tunnel(&tb.name).unwrap();
+    ovn.disable(&a, &b);
     let (ip_a, ip_b) = (a.node.ip(), b.node.ip());
     for (n, peer, base) in [(&mut a, ip_b, &baseline[0]), (&mut b, ip_a, &baseline[1])] {
         let tunnels = [TunnelEndpoints {
