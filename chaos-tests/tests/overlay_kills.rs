@@ -68,7 +68,10 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, env_with, kill_tree, ovs_map, prepare_node, start_agent_with};
+use agent_node::{
+    AgentNode, attach_overlay, env_with, ipsec_on, kill_tree, ovs_map, prepare_node,
+    start_agent_with,
+};
 use chaos::inject::{STOPPED, StopFile};
 use chaos::plan::{Named, Point, ProcessVictim};
 use chaos::report::{Row, print_run};
@@ -477,16 +480,8 @@ async fn charon_monitor_and_agent_killed_under_encrypted_traffic_leak_no_plainte
     flags.extend(ovn.agent_flags());
     let mut a = prepare_node(na, &e.fxs[0], e.dir.path());
     let mut b = prepare_node(nb, &e.fxs[1], e.dir.path());
-    let mut vswitchds = Vec::new();
-    for (i, n) in [&a, &b].into_iter().enumerate() {
-        vswitchds.push(VSwitchd::start(&n.node).unwrap());
-        overlay::add_pod(&n.node, "pod0", &format!("{}/24", pod(i))).unwrap();
-    }
-    let ovn_controllers: Vec<RunningOvnController> = [&a, &b]
-        .into_iter()
-        .enumerate()
-        .map(|(i, n)| ovn.attach(n, &e.central, Some(pod(i))).unwrap())
-        .collect();
+    let (vswitchds, ovn_controllers) =
+        attach_overlay(&ovn, &e.central, &[&a, &b], &[pod(0), pod(1)]);
     let spawned = Instant::now();
     {
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
@@ -502,18 +497,8 @@ async fn charon_monitor_and_agent_killed_under_encrypted_traffic_leak_no_plainte
     }
     let node_start = spawned.elapsed();
     println!("chaos: both agents ready {node_start:.1?} after their start");
-    // IPsec on (these agents arm at start): ovn-controller gives intent
-    // with each node's lease.
-    e.central.set_ipsec(true).unwrap();
-    let both = [a, b];
-    for n in &both {
-        assert!(
-            ovn.give_intent(&both, n).unwrap(),
-            "{}: no lease",
-            n.node.chassis()
-        );
-    }
-    let [a, b] = both;
+    // IPsec on (these agents arm at start).
+    ipsec_on(&ovn, &e.central, &[&a, &b]);
     let pingers = [
         Pinger::start(a.node.netns(), pod(1), PING_INTERVAL).unwrap(),
         Pinger::start(b.node.netns(), pod(0), PING_INTERVAL).unwrap(),

@@ -2,7 +2,8 @@
 //! need real IKE between agents (rotation, enable): its namespaces, its
 //! ovsdb-server, the agent with its Pod-bound token and the real runtime
 //! (strongSwan, the patched monitor), and the helpers that tie two such
-//! nodes together as the patched ovn-controller would.
+//! nodes together on request, as the patched ovn-controller would, for the
+//! tests without OVN central.
 //!
 //! The agent binary is the calling test crate's
 //! ([`crate::use_agent_binary!`]).
@@ -18,11 +19,12 @@ use crate::controller_cluster as cc;
 use crate::controller_cluster::coordination::flags;
 use crate::ike_node::{Outcome, initiate, tear_down};
 use crate::node::{AgentOptions, SimNode, cleanup_process};
-use crate::ovn_controller::OvnController;
+use crate::ovn_controller::{OvnController, RunningOvnController};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use kube_ovn_ipsec_api::names::ovs;
 use testbed::ipsec::{DEBIAN_MONITOR_SCRIPT, IpsecNode, Tunnel};
 use testbed::netns::wait_for;
+use testbed::overlay::{self, VSwitchd};
 use testbed::ovs::OvnCentral;
 
 /// Lines charon writes when a peer's authentication fails.
@@ -111,6 +113,44 @@ pub fn start_agent_with(
         &AgentOptions::test(extra, env),
     )
     .unwrap();
+}
+
+/// The overlay of prepared nodes ([`prepare_node`]): ovs-vswitchd on the
+/// kernel datapath and pod `pod0` (address `pods[i]`) on each, then
+/// ovn-controller on each (from `central`), before the agents start (a
+/// real one's daemon is what their capability gate asks). Drop the
+/// ovn-controllers before the switches and databases they drive.
+pub fn attach_overlay(
+    ovn: &OvnController,
+    central: &OvnCentral,
+    nodes: &[&AgentNode],
+    pods: &[std::net::Ipv4Addr],
+) -> (Vec<VSwitchd>, Vec<RunningOvnController>) {
+    let mut vswitchds = Vec::new();
+    for (n, pod) in nodes.iter().zip(pods) {
+        vswitchds.push(VSwitchd::start(&n.node).unwrap());
+        overlay::add_pod(&n.node, "pod0", &format!("{pod}/24")).unwrap();
+    }
+    let players = nodes
+        .iter()
+        .zip(pods)
+        .map(|(n, pod)| ovn.attach(*n, central, Some(*pod)).unwrap())
+        .collect();
+    (vswitchds, players)
+}
+
+/// IPsec on through NB for agents that arm at start (no cluster
+/// coordination), as an operator turns it; returns once ovn-controller gave
+/// every node's tunnels their intent with its lease.
+pub fn ipsec_on(ovn: &OvnController, central: &OvnCentral, nodes: &[&AgentNode]) {
+    central.set_ipsec(true).unwrap();
+    for n in nodes {
+        assert!(
+            ovn.give_intent(nodes, n).unwrap(),
+            "{}: no lease published",
+            n.node.chassis()
+        );
+    }
 }
 
 /// Adds each node's tunnel to the other, with its lease, as the patched

@@ -1,5 +1,5 @@
-//! The ovn-controller side of the simulated nodes: who builds each node's
-//! tunnels in its OVSDB. [`OvnController`] names the player; either way it
+//! The ovn-controller side of the simulated nodes (any [`OvnNode`]): who
+//! builds each node's tunnels in its OVSDB. [`OvnController`] names the player; either way it
 //! runs on every node ([`OvnController::attach`]) and builds the tunnels
 //! from SB — the other chassis' Geneve encaps and `SB_Global.ipsec` — and
 //! the lease the node's agent publishes:
@@ -23,9 +23,11 @@
 //! ([`OvnController::plain_mesh`], [`OvnController::give_intent`],
 //! [`OvnController::take_intent`]).
 //!
-//! Tests without SB tie a pair of nodes together on request instead
-//! ([`OvnController::connect`], [`OvnController::reconnect`]), writing
-//! what the emulation would.
+//! The tests whose subject is the lifecycle of a pair's IKE rather than
+//! OVN (rotation, the coordination's barriers on the host) tie two nodes
+//! together on request instead ([`OvnController::connect`],
+//! [`OvnController::reconnect`]), writing what the emulation would; every
+//! overlay test, the chaos suite's overlay and the lab run ovn-controller.
 //!
 //! With the emulation, the version the agent's capability gate asks
 //! ovn-controller for is answered by stand-ins the node writes
@@ -40,14 +42,13 @@ use std::time::Duration;
 
 use kube_ovn_ipsec_api::names::host::CAPABILITY_MARKER;
 use kube_ovn_ipsec_api::names::ovs;
-use testbed::ipsec::{IpsecError, Tunnel};
+use testbed::ipsec::{IpsecError, IpsecNode, Tunnel};
 use testbed::netns::wait_for;
 use testbed::ovs::OvnCentral;
 
 use emulation::{Emulation, EmulationConfig};
 
 use crate::node::{SimNode, published_lease};
-use testbed::ipsec::IpsecNode;
 
 pub use crate::node::POD_PORT;
 

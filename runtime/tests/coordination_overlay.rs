@@ -50,7 +50,7 @@ use harness::agent_node;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, prepare_node, prerequisites, start_agent_with};
+use agent_node::{AgentNode, attach_overlay, prepare_node, prerequisites, start_agent_with};
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use harness::controller_cluster as cc;
 use harness::controller_cluster::coordination::{flags, nb_sb, record};
@@ -59,7 +59,7 @@ use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
 use testbed::guest::HostFeatures;
 use testbed::ipsec::IpsecNode;
-use testbed::overlay::{self, Capture, CaptureSummary, VSwitchd};
+use testbed::overlay::{self, Capture, CaptureSummary};
 use testbed::ovs::OvnCentral;
 use testbed::probe::{ProbeStream, unix_now};
 
@@ -191,11 +191,12 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
 
     // The overlay without IPsec intent: a pod per node, ovn-controller on
     // every node building a plain Geneve tunnel to every other.
-    let mut vswitchds = Vec::new();
+    let all: Vec<&AgentNode> = nodes.iter().collect();
+    let pods: Vec<Ipv4Addr> = (0..n).map(pod).collect();
+    // ovn-controller dropped before the switches and databases it drives.
+    let (mut vswitchds, mut ovn_controllers) = attach_overlay(&ovn, &central, &all, &pods);
     let mut dbs = Vec::new();
-    for (i, a) in nodes.iter().enumerate() {
-        vswitchds.push(VSwitchd::start(&a.node).unwrap());
-        overlay::add_pod(&a.node, "pod0", &format!("{}/24", pod(i))).unwrap();
+    for a in &nodes {
         dbs.push(
             ovsdb::Client::connect_str(&format!(
                 "unix:{}",
@@ -204,11 +205,6 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
             .await
             .unwrap(),
         );
-    }
-    // Dropped before the switches and databases they drive.
-    let mut ovn_controllers = Vec::new();
-    for (i, a) in nodes.iter().enumerate() {
-        ovn_controllers.push(ovn.attach(a, &central, Some(pod(i))).unwrap());
     }
     ovn.plain_mesh(&nodes).unwrap();
     // The agents once ovn-controller runs: a real one's capability gate
@@ -365,9 +361,9 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     let joined_at = Instant::now();
     nodes.push(prepare_node(late, &fx, dir.path()));
     let j = nodes.len() - 1;
-    vswitchds.push(VSwitchd::start(&nodes[j].node).unwrap());
-    overlay::add_pod(&nodes[j].node, "pod0", &format!("{}/24", pod(j))).unwrap();
-    ovn_controllers.push(ovn.attach(&nodes[j], &central, Some(pod(j))).unwrap());
+    let (v, o) = attach_overlay(&ovn, &central, &[&nodes[j]], &[pod(j)]);
+    vswitchds.extend(v);
+    ovn_controllers.extend(o);
     start_agent_with(&mut nodes[j], &fx, &api, script, &extra, Vec::new());
     let deadline = Instant::now() + Duration::from_secs(240);
     while !armed(&nodes[j]).await {

@@ -47,14 +47,14 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent_node::{AgentNode, env, prepare_node, start_agent_with};
+use agent_node::{AgentNode, attach_overlay, env, ipsec_on, prepare_node, start_agent_with};
 use harness::cluster::http_get;
 use harness::ovn_controller::OvnController;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 use testbed::guest::HostFeatures;
 use testbed::ipsec::IpsecNode;
-use testbed::overlay::{self, Pinger, VSwitchd};
+use testbed::overlay::{self, Pinger};
 
 const PING_INTERVAL: Duration = Duration::from_millis(200);
 /// The agents' `--datapath-window`.
@@ -273,17 +273,8 @@ async fn the_agent_names_the_cause_of_a_broken_data_path() {
     // The overlay: a pod per node and ovn-controller on both (its packets
     // carry OVN's Geneve option, what the MTU arithmetic must allow for);
     // then the agents, whose capability gate asks a real one's daemon.
-    let mut vswitchds = Vec::new();
-    for (i, n) in [&a, &b].into_iter().enumerate() {
-        vswitchds.push(VSwitchd::start(&n.node).unwrap());
-        overlay::add_pod(&n.node, "pod0", &format!("{}/24", pod(i))).unwrap();
-    }
-    // Dropped before the switches and databases they drive.
-    let ovn_controllers: Vec<_> = [&a, &b]
-        .into_iter()
-        .enumerate()
-        .map(|(i, n)| ovn.attach(n, &e.central, Some(pod(i))).unwrap())
-        .collect();
+    let (vswitchds, ovn_controllers) =
+        attach_overlay(&ovn, &e.central, &[&a, &b], &[pod(0), pod(1)]);
     for (n, fx) in [(&mut a, &e.fxs[0]), (&mut b, &e.fxs[1])] {
         start_agent_with(n, fx, &e.api, e.script, &extra, Vec::new());
     }
@@ -298,17 +289,7 @@ async fn the_agent_names_the_cause_of_a_broken_data_path() {
     // IPsec on, as an operator without the cluster's coordination turns it
     // (these agents arm at start): ovn-controller gives intent with each
     // node's lease.
-    e.central.set_ipsec(true).unwrap();
-    let both = [a, b];
-    for n in &both {
-        assert!(
-            ovn.give_intent(&both, n).unwrap(),
-            "{}: no lease",
-            n.node.chassis()
-        );
-    }
-    let [a, b] = both;
-    let nodes = [&a, &b];
+    ipsec_on(&ovn, &e.central, &nodes);
     let pingers = [
         Pinger::start(a.node.netns(), pod(1), PING_INTERVAL).unwrap(),
         Pinger::start(b.node.netns(), pod(0), PING_INTERVAL).unwrap(),
