@@ -530,7 +530,7 @@ async fn the_agent_names_the_cause_of_a_broken_data_path() {
     assert_eq!(s["phase"], "Degraded", "{s}");
     let show = appctl(&a.ctl_socket(), "ipsec/show");
     assert!(show.contains("set the tunnel (Pod) MTU to 1408"), "{show}");
-    // This overlay carries OVN's Geneve option (split_horizon_ovn_option),
+    // This overlay carries OVN's Geneve option (ovn-controller's tunnels),
     // so the agent's prediction (which assumes it) is the wire's.
     let fits = df_ping(&a.node, pod(1), 1408);
     let over = df_ping(&a.node, pod(1), 1409);

@@ -159,40 +159,18 @@ pub fn add_pod(node: &IpsecNode, name: &str, cidr: &str) -> Result<(), IpsecErro
     Ok(())
 }
 
-/// Replaces `br-int`'s flows with a split horizon, as OVN forwards between
-/// chassis: what the pod `pod` sends goes out of every tunnel in `tunnels`,
-/// what arrives on a tunnel goes to the pod only. With more than two nodes
-/// a full mesh of tunnels under the `NORMAL` action would loop broadcasts.
-/// ovs-vswitchd must run and the ports must exist.
-pub fn split_horizon(node: &IpsecNode, pod: &str, tunnels: &[&str]) -> Result<(), IpsecError> {
-    forward(&node.netns().entry(), pod, tunnels, false)
-}
-
-/// [`split_horizon_ovn_option`] on the switch of the node `entry` enters,
-/// for a caller that holds no [`IpsecNode`] (a thread playing
-/// ovn-controller, whose packets carry OVN's option like the real one's).
-pub fn split_horizon_ovn_option_in(
-    entry: &Entry,
-    pod: &str,
-    tunnels: &[&str],
-) -> Result<(), IpsecError> {
-    forward(entry, pod, tunnels, true)
-}
-
-/// [`split_horizon`] with OVN's Geneve option on every packet the pod
-/// sends (one 4-byte option, class 0x0102, type 0x80: OVN's logical
-/// ports), so the wire format — and what ESP's MTU arithmetic must leave
-/// room for — is OVN's, byte for byte. Without it a packet is 8 bytes
-/// shorter on the wire than OVN's.
-pub fn split_horizon_ovn_option(
-    node: &IpsecNode,
-    pod: &str,
-    tunnels: &[&str],
-) -> Result<(), IpsecError> {
-    forward(&node.netns().entry(), pod, tunnels, true)
-}
-
-fn forward(entry: &Entry, pod: &str, tunnels: &[&str], option: bool) -> Result<(), IpsecError> {
+/// Replaces `br-int`'s flows on the switch of the node `entry` enters with
+/// a split horizon, as OVN forwards between chassis: what the pod `pod`
+/// sends goes out of every tunnel in `tunnels`, what arrives on a tunnel
+/// goes to the pod only (with more than two nodes a full mesh of tunnels
+/// under the `NORMAL` action would loop broadcasts). Every packet the pod
+/// sends carries OVN's Geneve option (one 4-byte option, class 0x0102,
+/// type 0x80: OVN's logical ports), so the wire format — and what ESP's
+/// MTU arithmetic must leave room for — is OVN's, byte for byte; without
+/// it a packet is 8 bytes shorter on the wire than OVN's. ovs-vswitchd
+/// must run and the ports must exist. `entry` rather than a node: the
+/// caller is a thread playing ovn-controller for a node it does not own.
+pub fn split_horizon(entry: &Entry, pod: &str, tunnels: &[&str]) -> Result<(), IpsecError> {
     let ofctl = |args: &[&str]| -> Result<(), IpsecError> {
         let out = entry.run("ovs-ofctl", args)?;
         if out.status.success() {
@@ -205,17 +183,14 @@ fn forward(entry: &Entry, pod: &str, tunnels: &[&str], option: bool) -> Result<(
         }
     };
     ofctl(&["del-flows", "br-int"])?;
-    let mut actions: Vec<String> = Vec::new();
-    if option {
-        // Flows first, then the mapping they used: a second call starts clean.
-        ofctl(&["del-tlv-map", "br-int"])?;
-        ofctl(&[
-            "add-tlv-map",
-            "br-int",
-            "{class=0x102,type=0x80,len=4}->tun_metadata0",
-        ])?;
-        actions.push("set_field:0x1->tun_metadata0".into());
-    }
+    // Flows first, then the mapping they used: a second call starts clean.
+    ofctl(&["del-tlv-map", "br-int"])?;
+    ofctl(&[
+        "add-tlv-map",
+        "br-int",
+        "{class=0x102,type=0x80,len=4}->tun_metadata0",
+    ])?;
+    let mut actions = vec!["set_field:0x1->tun_metadata0".to_owned()];
     actions.extend(tunnels.iter().map(|t| format!("output:{t}")));
     ofctl(&[
         "add-flow",

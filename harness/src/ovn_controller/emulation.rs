@@ -311,7 +311,7 @@ async fn pass(
         let names: Vec<String> = wanted.keys().cloned().collect();
         if state.forwarded.as_ref() != Some(&names) {
             let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-            overlay::split_horizon_ovn_option_in(entry, pod, &refs).map_err(|e| e.to_string())?;
+            overlay::split_horizon(entry, pod, &refs).map_err(|e| e.to_string())?;
             log.line(&format!("forwarding {pod} <-> [{}]", names.join(", ")));
             state.forwarded = Some(names);
         }
