@@ -227,6 +227,7 @@ impl OvnController {
     ) -> Result<RunningOvnController, IpsecError> {
         let log = n.log_dir().join("ovn-controller-emulated.log");
         let player = match self {
+            OvnController::Real { binary, .. } => return start_real(binary, n, central, pod),
             OvnController::Emulated => Player::Emulation(Emulation::start(EmulationConfig {
                 chassis: n.ipsec_node().chassis().to_owned(),
                 ip: n.ipsec_node().ip(),
@@ -239,7 +240,6 @@ impl OvnController {
                 forward: pod.map(|_| (n.ipsec_node().netns().entry(), POD_PORT.to_owned())),
                 log: log.clone(),
             })?),
-            OvnController::Real { binary, .. } => return start_real(binary, n, central, pod),
         };
         Ok(RunningOvnController { player, log })
     }

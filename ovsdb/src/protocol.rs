@@ -162,6 +162,15 @@ fn row_json(row: &Row) -> Value {
 }
 
 impl Operation {
+    /// `columns` of every row of `table`.
+    pub fn select(table: &str, columns: &[&str]) -> Self {
+        Operation::Select {
+            table: table.into(),
+            conditions: Vec::new(),
+            columns: Some(columns.iter().map(|c| (*c).to_owned()).collect()),
+        }
+    }
+
     /// The operation's `op` name.
     pub fn name(&self) -> &'static str {
         match self {

@@ -119,11 +119,7 @@ async fn any_intent(db: &ovsdb::Client) -> bool {
     let rows = db
         .transact(
             "Open_vSwitch",
-            &[ovsdb::Operation::Select {
-                table: "Interface".into(),
-                conditions: Vec::new(),
-                columns: Some(vec!["options".into()]),
-            }],
+            &[ovsdb::Operation::select("Interface", &["options"])],
         )
         .await
         .unwrap();

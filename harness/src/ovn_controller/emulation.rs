@@ -160,6 +160,77 @@ struct Existing {
     options: BTreeMap<String, String>,
 }
 
+/// `SB_Global.ipsec` and the other chassis' Geneve encaps (chassis →
+/// address), from one transaction.
+async fn read_sb(
+    config: &EmulationConfig,
+    sb: &Client,
+) -> Result<(bool, BTreeMap<String, String>), String> {
+    let read = sb
+        .transact(
+            "OVN_Southbound",
+            &[
+                Operation::select("SB_Global", &["ipsec"]),
+                Operation::select("Encap", &["chassis_name", "type", "ip"]),
+            ],
+        )
+        .await
+        .map_err(|e| format!("reading SB: {e}"))?;
+    let ipsec = rows(&read, 0)
+        .first()
+        .and_then(|r| r.get("ipsec"))
+        .and_then(Datum::as_bool)
+        .unwrap_or(false);
+    let peers = rows(&read, 1)
+        .iter()
+        .filter_map(
+            |r| match (text(r, "chassis_name"), text(r, "type"), text(r, "ip")) {
+                (Some(chassis), Some("geneve"), Some(ip)) if chassis != config.chassis => {
+                    Some((chassis.to_owned(), ip.to_owned()))
+                }
+                _ => None,
+            },
+        )
+        .collect();
+    Ok((ipsec, peers))
+}
+
+/// The node's `external_ids` and its geneve tunnels, from one transaction.
+async fn read_node(
+    node: &Client,
+) -> Result<(BTreeMap<String, String>, BTreeMap<String, Existing>), String> {
+    let read = node
+        .transact(
+            "Open_vSwitch",
+            &[
+                Operation::select("Open_vSwitch", &["external_ids"]),
+                Operation::select("Interface", &["name", "type", "options"]),
+            ],
+        )
+        .await
+        .map_err(|e| format!("reading the node's OVSDB: {e}"))?;
+    let external_ids = rows(&read, 0)
+        .first()
+        .and_then(|r| r.get("external_ids"))
+        .and_then(Datum::as_string_map)
+        .unwrap_or_default();
+    let existing = rows(&read, 1)
+        .iter()
+        .filter_map(|r| {
+            let (Some(name), Some("geneve")) = (text(r, "name"), text(r, "type")) else {
+                return None;
+            };
+            let options = r
+                .get("options")
+                .and_then(Datum::as_string_map)
+                .unwrap_or_default();
+            let remote_ip = options.get("remote_ip").cloned();
+            Some((name.to_owned(), Existing { remote_ip, options }))
+        })
+        .collect();
+    Ok((external_ids, existing))
+}
+
 /// Reads SB and the node, writes what differs.
 async fn pass(
     config: &EmulationConfig,
@@ -168,65 +239,8 @@ async fn pass(
     state: &mut PassState,
     log: &mut Log,
 ) -> Result<(), String> {
-    let sb_rows = sb
-        .transact(
-            "OVN_Southbound",
-            &[
-                select("SB_Global", &["ipsec"]),
-                select("Encap", &["chassis_name", "type", "ip"]),
-            ],
-        )
-        .await
-        .map_err(|e| format!("reading SB: {e}"))?;
-    let ipsec = rows(&sb_rows, 0)
-        .first()
-        .and_then(|r| r.get("ipsec"))
-        .and_then(Datum::as_bool)
-        .unwrap_or(false);
-    let mut peers: BTreeMap<String, String> = BTreeMap::new();
-    for r in rows(&sb_rows, 1) {
-        let (Some(chassis), Some(kind), Some(ip)) =
-            (text(r, "chassis_name"), text(r, "type"), text(r, "ip"))
-        else {
-            continue;
-        };
-        if kind == "geneve" && chassis != config.chassis {
-            peers.insert(chassis.to_owned(), ip.to_owned());
-        }
-    }
-
-    let node_rows = node
-        .transact(
-            "Open_vSwitch",
-            &[
-                select("Open_vSwitch", &["external_ids"]),
-                select("Interface", &["name", "type", "options"]),
-            ],
-        )
-        .await
-        .map_err(|e| format!("reading the node's OVSDB: {e}"))?;
-    let external_ids = rows(&node_rows, 0)
-        .first()
-        .and_then(|r| r.get("external_ids"))
-        .and_then(Datum::as_string_map)
-        .unwrap_or_default();
-    let mut existing: BTreeMap<String, Existing> = BTreeMap::new();
-    for r in rows(&node_rows, 1) {
-        let (Some(name), Some("geneve")) = (text(r, "name"), text(r, "type")) else {
-            continue;
-        };
-        let options = r
-            .get("options")
-            .and_then(Datum::as_string_map)
-            .unwrap_or_default();
-        existing.insert(
-            name.to_owned(),
-            Existing {
-                remote_ip: options.get("remote_ip").cloned(),
-                options,
-            },
-        );
-    }
+    let (ipsec, mut peers) = read_sb(config, sb).await?;
+    let (external_ids, existing) = read_node(node).await?;
 
     // The lease matters only while IPsec is on; then without one there
     // are no tunnels.
@@ -366,14 +380,6 @@ fn describe(want: Option<&[(&str, String); 4]>) -> String {
         let _ = write!(s, "{k}={v} ");
     }
     s.trim_end().to_owned()
-}
-
-fn select(table: &str, columns: &[&str]) -> Operation {
-    Operation::Select {
-        table: table.into(),
-        conditions: Vec::new(),
-        columns: Some(columns.iter().map(|c| (*c).to_owned()).collect()),
-    }
 }
 
 /// The rows of the `i`th operation's result.
