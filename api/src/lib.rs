@@ -36,6 +36,9 @@
 //!   conflict (the caller says what a conflict is).
 //! * [`strongswan`] — `ipsec statusall` and `listcerts` output, parsed (the
 //!   agent's probe and the testbed's waits read it the same way).
+//! * [`rekeying`] — lifetimes and rekey timing of every IKE_SA and
+//!   CHILD_SA (rekeyed, never reauthenticated), checked once and handed to
+//!   the patched monitor.
 //! * [`coordination`] — the coordination record, phase state machine,
 //!   [`Receipt`] and [`ReleaseReceipt`].
 //! * [`logsafe`] — what may reach a log line: the event targets never
@@ -73,6 +76,7 @@ pub mod logsafe;
 pub mod names;
 pub mod pki;
 pub mod reason;
+pub mod rekeying;
 pub mod signed;
 pub mod status;
 pub mod strongswan;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use kube_ovn_ipsec_api::Sha256Digest;
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
+use kube_ovn_ipsec_api::rekeying::Rekeying;
 
 use crate::Error;
 use crate::process::{Launcher, ProcessSpec, Supervised};
@@ -39,6 +40,11 @@ pub struct MonitorConfig {
     /// How long one `ovs-appctl` request may take; a health probe that
     /// runs over it fails.
     pub command_timeout: Duration,
+    /// Lifetimes and rekeying of every connection, passed as the patched
+    /// monitor's arguments; `None` for a monitor that takes none (Debian's,
+    /// or a patch before v4): strongSwan's defaults then reauthenticate
+    /// every IKE_SA, break before make.
+    pub rekeying: Option<Rekeying>,
 }
 
 impl Default for MonitorConfig {
@@ -53,6 +59,7 @@ impl Default for MonitorConfig {
             appctl: "ovs-appctl".into(),
             stop_grace: Duration::from_secs(10),
             command_timeout: crate::ike::DEFAULT_COMMAND_TIMEOUT,
+            rekeying: None,
         }
     }
 }
@@ -342,6 +349,9 @@ impl Monitor {
             let mut a = OsString::from("--log-file=");
             a.push(log);
             args.push(a);
+        }
+        if let Some(r) = &config.rekeying {
+            args.extend(r.monitor_args().into_iter().map(OsString::from));
         }
         let spec = ProcessSpec {
             name: "monitor",

@@ -7,7 +7,7 @@
 //! marker line
 //!
 //! ```text
-//! # kube-ovn-ipsec: ovs-monitor-ipsec-patch v3
+//! # kube-ovn-ipsec: ovs-monitor-ipsec-patch v4
 //! ```
 //!
 //! The agent reads the script it is about to run (it runs the script, so the
@@ -31,7 +31,7 @@ pub const DEFAULT_MONITOR_SCRIPT: &str = "/usr/share/openvswitch/scripts/ovs-mon
 pub const MARKER_PREFIX: &str = "# kube-ovn-ipsec: ovs-monitor-ipsec-patch v";
 
 /// The patch version this crate's image carries.
-pub const CURRENT_PATCH_VERSION: u32 = 3;
+pub const CURRENT_PATCH_VERSION: u32 = 4;
 
 /// What the script is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,15 @@ impl MonitorPatch {
     /// them all down whenever any tunnel is added or removed.
     pub fn refresh_keeps_established_sas(self) -> bool {
         !self.needs_ca_workaround()
+    }
+
+    /// Whether the monitor takes the rekeying arguments (`--ike-lifetime`,
+    /// `--child-lifetime`, `--rekey-margin`, `--rekey-fuzz`) and writes
+    /// `reauth=no` into every connection (patch v4 and later). Any other
+    /// monitor leaves strongSwan's defaults: every IKE_SA reauthenticated,
+    /// break before make, every 2h42–2h51.
+    pub fn takes_rekeying(self) -> bool {
+        matches!(self, MonitorPatch::Patched { version } if version >= 4)
     }
 }
 
@@ -126,6 +135,19 @@ mod tests {
         assert_eq!(p, MonitorPatch::Patched { version: 1 });
         assert!(!p.needs_ca_workaround());
         assert!(p.refresh_keeps_established_sas());
+    }
+
+    #[test]
+    fn rekeying_arguments_from_v4() {
+        assert!(!MonitorPatch::Unpatched.takes_rekeying());
+        assert!(!MonitorPatch::Patched { version: 3 }.takes_rekeying());
+        assert!(MonitorPatch::Patched { version: 4 }.takes_rekeying());
+        assert!(
+            MonitorPatch::Patched {
+                version: CURRENT_PATCH_VERSION
+            }
+            .takes_rekeying()
+        );
     }
 
     #[test]

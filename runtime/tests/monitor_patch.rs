@@ -4,7 +4,7 @@
 //!
 //! - the patch applies to Debian's script exactly (no fuzz, no offset);
 //! - detection: the Debian script is `Unpatched`, the patched copy
-//!   `Patched { version: 3 }`;
+//!   `Patched { version: 4 }`;
 //! - unpatched monitor: without the CA copy IKE fails to authenticate; with
 //!   it an IKE_SA comes up and adding one unrelated tunnel deletes it
 //!   (demonstrates the defect; fails loudly once Debian fixes it);
@@ -12,7 +12,9 @@
 //!   tunnel additions and removals (same unique id and SPIs);
 //! - the patched script spells `xfrm_acq_expires`, and charon applies it;
 //! - a monitor restarted with a certificate renewed meanwhile takes a new
-//!   version and the peer can still set up CHILD_SAs (full kernel only).
+//!   version and the peer can still set up CHILD_SAs (full kernel only);
+//! - every connection rekeys with the monitor's lifetimes instead of
+//!   reauthenticating, and ECDSA node keys authenticate.
 //!
 //! Without kernel ESP CHILD_SAs fail: the other tests assert on IKE_SAs
 //! only, and the restart test says NOT CHECKED.
@@ -29,7 +31,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use kube_ovn_ipsec_api::rekeying::Rekeying;
 use kube_ovn_ipsec_api::strongswan::IkeSa;
+use kube_ovn_ipsec_api::test_util::TestKeyAlg;
 use kube_ovn_ipsec_runtime::monitor_patch::{self, MonitorPatch};
 use testbed::ipsec::{CaFiles, DEBIAN_MONITOR_SCRIPT, IpsecNode, StartOptions, Tunnel};
 
@@ -98,11 +102,17 @@ struct Pair {
 }
 
 fn start_pair(script: &Path) -> (Pair, Duration) {
+    start_pair_with(script, |_| {})
+}
+
+/// [`start_pair`] with `adjust` applied to both nodes' start options.
+fn start_pair_with(script: &Path, adjust: impl Fn(&mut StartOptions<'_>)) -> (Pair, Duration) {
     let t0 = Instant::now();
     let ca = CaFiles::create("kube-ovn-ipsec test CA").unwrap();
     let (mut a, mut b) = IpsecNode::pair(PREFIX, "chass-a", "chass-b").unwrap();
     let mut opts = StartOptions::new(&ca, script);
     opts.write_ovs_conf = true;
+    adjust(&mut opts);
     a.start(&opts).unwrap();
     b.start(&opts).unwrap();
     let to_b = Tunnel::to(&b, 0);
@@ -476,6 +486,78 @@ fn patched_monitor_keeps_established_ike_sa_across_refreshes() {
 }
 
 /// The names of `node`'s CHILD_SAs that `ipsec status` shows INSTALLED.
+/// Every connection says `reauth=no` and carries the monitor's lifetimes,
+/// so charon rekeys the IKE_SA (a new IKE_SA its CHILD_SAs move to) rather
+/// than reauthenticating it (new CHILD_SAs, break before make); the nodes'
+/// ECDSA P-256 keys load through `: PKCS8` and authenticate.
+#[test]
+fn patched_monitor_rekeys_instead_of_reauthenticating_with_ecdsa_keys() {
+    require_programs();
+    banner_esp();
+    let secs = Duration::from_secs;
+    let rekeying = Rekeying::new(secs(20), secs(20), secs(4), 0).unwrap();
+    let (p, _) = start_pair_with(patched_script(), |o| {
+        o.key_alg = TestKeyAlg::P256;
+        o.monitor_args = rekeying.monitor_args();
+    });
+    let conf = std::fs::read_to_string(p.a.etc_path("ipsec.conf")).unwrap();
+    let section = conf
+        .split("\nconn ")
+        .find(|s| s.starts_with(&format!("{}-out-", p.to_b.name)))
+        .unwrap_or_else(|| panic!("no connection of {}:\n{conf}", p.to_b.name));
+    for line in [
+        "reauth=no",
+        "ikelifetime=20s",
+        "lifetime=20s",
+        "margintime=4s",
+        "rekeyfuzz=0%",
+    ] {
+        assert!(
+            section.lines().any(|l| l.trim() == line),
+            "{line} missing:\n{section}"
+        );
+    }
+    let secrets = std::fs::read_to_string(p.a.etc_path("ipsec.secrets")).unwrap();
+    assert!(
+        secrets.contains(" : PKCS8 ") && !secrets.contains(" : RSA "),
+        "{secrets}"
+    );
+
+    let (sa, waited) = p.establish();
+    let sa = sa.unwrap_or_else(|| panic!("ECDSA keys: no IKE_SA\n{}", p.diagnostics()));
+    eprintln!("[rekeying] ECDSA IKE_SA {sa:?} established {waited:?} after the packet");
+    let status = p.a.ipsec(&["statusall"]).unwrap();
+    assert!(
+        status.contains("rekeying in") && !status.contains("reauthentication in"),
+        "the IKE_SA is scheduled for reauthentication, not a rekey:\n{status}"
+    );
+    // Rekeyed 16 s after it was set up (20 s − 4 s, no fuzz): a new IKE_SA
+    // of the same connection, with new SPIs, and no new authentication.
+    let rekeyed = testbed::netns::wait_for(secs(30), Duration::from_millis(200), || {
+        p.a.ike_sas().ok()?.into_iter().find(|s| {
+            s.unique_id != sa.unique_id
+                && s.state == "ESTABLISHED"
+                && s.conn.starts_with(&p.to_b.name)
+                && s.spi_i != sa.spi_i
+        })
+    })
+    .unwrap_or_else(|| panic!("the IKE_SA was not rekeyed in 30 s\n{}", p.diagnostics()));
+    eprintln!("[rekeying] rekeyed into {rekeyed:?}");
+    let log = p.a.charon_log() + &p.b.charon_log();
+    assert!(
+        log.contains("scheduling rekeying in") && !log.contains("scheduling reauthentication in"),
+        "charon scheduled a reauthentication:\n{log}"
+    );
+    assert!(
+        p.a.ike_sas()
+            .unwrap()
+            .iter()
+            .all(|s| s.unique_id != sa.unique_id),
+        "the old IKE_SA is still there after its rekey\n{}",
+        p.diagnostics()
+    );
+}
+
 fn installed_children(node: &IpsecNode) -> Vec<String> {
     let status = node.ipsec(&["status"]).unwrap_or_default();
     status

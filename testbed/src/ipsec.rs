@@ -92,9 +92,10 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IpsecError + '_ {
     }
 }
 
-/// The workspace's one test CA (`api`'s, RSA-2048, as OVS 3.1's
-/// ovs-monitor-ipsec loads only RSA into strongSwan) written out as the PEM
-/// files strongSwan and the monitor read.
+/// The workspace's one test CA (`api`'s, RSA-2048; Debian's
+/// ovs-monitor-ipsec loads only RSA node keys into strongSwan, the patched
+/// one any PKCS#8 key) written out as the PEM files strongSwan and the
+/// monitor read.
 #[derive(Debug)]
 pub struct CaFiles {
     dir: tempfile::TempDir,
@@ -148,7 +149,17 @@ impl CaFiles {
     /// renewed identity gets files of its own, as a new key-directory
     /// generation does.
     pub fn issue_as(&self, chassis: &str, stem: &str) -> Result<NodeCert, IpsecError> {
-        let leaf = self.ca.issue(chassis, TestKeyAlg::Rsa2048);
+        self.issue_with(chassis, stem, TestKeyAlg::Rsa2048)
+    }
+
+    /// [`CaFiles::issue_as`] with a key of type `alg`.
+    pub fn issue_with(
+        &self,
+        chassis: &str,
+        stem: &str,
+        alg: TestKeyAlg,
+    ) -> Result<NodeCert, IpsecError> {
+        let leaf = self.ca.issue(chassis, alg);
         let base = self.dir.path().join(stem);
         let key = base.with_extension("key");
         let cert = base.with_extension("pem");
@@ -181,15 +192,23 @@ pub struct StartOptions<'a> {
     /// monitor runs with `--no-restart-ike-daemon`, so it never writes it
     /// itself; this shows what charon does with the script's settings.
     pub write_ovs_conf: bool,
+    /// The node key's type.
+    pub key_alg: TestKeyAlg,
+    /// Arguments the monitor gets after the agent's own (a patched
+    /// monitor's `--ike-lifetime` and the like); kept for its restarts.
+    pub monitor_args: Vec<String>,
 }
 
 impl<'a> StartOptions<'a> {
-    /// Runs `monitor_script` with a certificate from `ca`; no `ovs.conf`.
+    /// Runs `monitor_script` with an RSA certificate from `ca`; no
+    /// `ovs.conf`, no extra monitor arguments.
     pub fn new(ca: &'a CaFiles, monitor_script: &'a Path) -> Self {
         Self {
             ca,
             monitor_script,
             write_ovs_conf: false,
+            key_alg: TestKeyAlg::Rsa2048,
+            monitor_args: Vec::new(),
         }
     }
 }
@@ -379,6 +398,7 @@ pub struct IpsecNode {
     ip: Ipv4Addr,
     cert: Option<NodeCert>,
     daemons: Option<Daemons>,
+    monitor_args: Vec<String>,
     // Dropped after the daemons (field order): processes first, then the
     // namespace, then the files.
     netns: Netns,
@@ -448,6 +468,7 @@ impl IpsecNode {
             ip,
             cert: None,
             daemons: None,
+            monitor_args: Vec::new(),
             netns,
             dir,
         })
@@ -558,7 +579,10 @@ impl IpsecNode {
     /// paths in `other_config`), starts `ipsec start --nofork` and waits for
     /// charon, then starts the monitor and waits for its control socket.
     pub fn start(&mut self, opts: &StartOptions<'_>) -> Result<(), IpsecError> {
-        let cert = opts.ca.issue(&self.chassis)?;
+        let cert = opts
+            .ca
+            .issue_with(&self.chassis, &self.chassis, opts.key_alg)?;
+        self.monitor_args.clone_from(&opts.monitor_args);
         let db = self.dir.path().join("conf.db");
         netns::run(
             Command::new("ovsdb-tool")
@@ -654,18 +678,17 @@ impl IpsecNode {
     /// is killed, so nothing outlives the error.
     fn spawn_monitor(&self, script: &Path) -> Result<Child, IpsecError> {
         let python = interpreter_of(script)?;
-        let mut monitor = self.spawn(
-            &python,
-            &[
-                script.to_string_lossy().as_ref(),
-                "unix:/run/openvswitch/db.sock",
-                "--ike-daemon=strongswan",
-                "--no-restart-ike-daemon",
-                "--pidfile=/run/openvswitch/ovs-monitor-ipsec.pid",
-                "--log-file=/run/ovs-monitor-ipsec.log",
-            ],
-            "ovs-monitor-ipsec.out",
-        )?;
+        let script = script.to_string_lossy();
+        let mut args = vec![
+            script.as_ref(),
+            "unix:/run/openvswitch/db.sock",
+            "--ike-daemon=strongswan",
+            "--no-restart-ike-daemon",
+            "--pidfile=/run/openvswitch/ovs-monitor-ipsec.pid",
+            "--log-file=/run/ovs-monitor-ipsec.log",
+        ];
+        args.extend(self.monitor_args.iter().map(String::as_str));
+        let mut monitor = self.spawn(&python, &args, "ovs-monitor-ipsec.out")?;
         let ctl = self.run_path(&format!(
             "openvswitch/ovs-monitor-ipsec.{}.ctl",
             monitor.id()

@@ -9,14 +9,15 @@ use std::time::Duration;
 
 use actors::pki::KeyType;
 use kube_ovn_ipsec_api::names::{defaults, k8s};
+use kube_ovn_ipsec_api::rekeying::{Rekeying, RekeyingError};
 
 /// Key algorithm of the node identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum KeyAlgorithm {
-    /// RSA-2048: the default, and the only key type OVS 3.1's
-    /// ovs-monitor-ipsec loads into strongSwan.
+    /// RSA-2048: the default.
     Rsa2048,
-    /// ECDSA P-256.
+    /// ECDSA P-256. Needs the monitor patch v4 or later: an older
+    /// ovs-monitor-ipsec loads its key as `: RSA`, which refuses it.
     EcdsaP256,
 }
 
@@ -170,6 +171,23 @@ pub struct RunArgs {
     #[arg(long)]
     pub monitor_output_file: Option<PathBuf>,
 
+    // --- Rekeying (patched monitor v4 and later) ---
+    /// IKE_SA lifetime in seconds. IKE_SAs are rekeyed before it ends,
+    /// never reauthenticated: a rekey keeps the CHILD_SAs, a
+    /// reauthentication rebuilds them.
+    #[arg(long, env = "OVN_IPSEC_IKE_LIFETIME", default_value_t = Rekeying::DEFAULT.ike_lifetime().as_secs())]
+    pub ike_lifetime: u64,
+    /// CHILD_SA lifetime in seconds.
+    #[arg(long, env = "OVN_IPSEC_CHILD_LIFETIME", default_value_t = Rekeying::DEFAULT.child_lifetime().as_secs())]
+    pub child_lifetime: u64,
+    /// Seconds before a lifetime ends at which rekeying starts.
+    #[arg(long, env = "OVN_IPSEC_REKEY_MARGIN", default_value_t = 540)]
+    pub rekey_margin: u64,
+    /// Random extra margin, in percent of `--rekey-margin`, so that the two
+    /// ends of a pair seldom rekey the same SA at once.
+    #[arg(long, env = "OVN_IPSEC_REKEY_FUZZ", default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub rekey_fuzz: u32,
+
     // --- Supervision of the runtime ---
     /// Seconds the agent keeps serving `/status` (phase
     /// `CapabilityMissing`) and a failing `/readyz` after the capability
@@ -278,6 +296,17 @@ impl RunArgs {
     /// [`RunArgs::request_timeout`] as a duration.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout)
+    }
+
+    /// The rekeying flags, checked: a margin that (with its fuzz) reaches
+    /// a lifetime is refused with the numbers.
+    pub fn rekeying(&self) -> Result<Rekeying, RekeyingError> {
+        Rekeying::new(
+            Duration::from_secs(self.ike_lifetime),
+            Duration::from_secs(self.child_lifetime),
+            Duration::from_secs(self.rekey_margin),
+            self.rekey_fuzz,
+        )
     }
 }
 

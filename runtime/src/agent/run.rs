@@ -116,6 +116,9 @@ pub enum AgentError {
     /// A configured choice this build does not support.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The rekeying flags leave no time to rekey before a lifetime ends.
+    #[error("rekeying flags: {0}; nothing on this node was touched")]
+    Rekeying(kube_ovn_ipsec_api::rekeying::RekeyingError),
     /// A runtime adapter could not be set up (monitor script, XFRM socket).
     #[error("runtime: {0}")]
     Runtime(crate::Error),
@@ -258,6 +261,7 @@ pub async fn run_with(
             "--ike-daemon=libreswan is not supported yet; use strongswan".into(),
         ));
     }
+    let rekeying = args.rekeying().map_err(AgentError::Rekeying)?;
     // Who the node is, read only: its OVSDB row and chassis. Nothing is
     // written before the two claims below.
     let ovs = ovsdb::Client::connect_str(&args.node.ovsdb)
@@ -361,6 +365,14 @@ pub async fn run_with(
     tracing::info!("capability gate passed: both ovn-controllers advertise output protection");
     let patch = monitor_patch::inspect(&args.monitor_script).map_err(AgentError::Runtime)?;
     tracing::info!(?patch, ca_workaround = patch.needs_ca_workaround(), script = %args.monitor_script.display(), "ovs-monitor-ipsec");
+    if !patch.takes_rekeying() {
+        tracing::warn!(
+            ?patch,
+            "this ovs-monitor-ipsec takes no rekeying arguments: strongSwan's defaults apply, and \
+             every IKE_SA is reauthenticated break-before-make every 2h42-2h51 (traffic waits \
+             for new CHILD_SAs); the image's patch v4 rekeys instead"
+        );
+    }
     // Opening the socket (in another namespace: a helper thread that
     // enters it) blocks: off the executor, like every netlink call.
     let netns = args.node.xfrm_netns.clone();
@@ -398,6 +410,7 @@ pub async fn run_with(
         appctl: args.ovs_appctl.clone(),
         stop_grace,
         command_timeout,
+        rekeying: patch.takes_rekeying().then_some(rekeying),
     };
     // The data path's counters and MTUs, read in the same namespace as XFRM.
     let netns = args.node.xfrm_netns.clone();
@@ -647,6 +660,27 @@ mod tests {
         let err = run(cli.run, rx).await.unwrap_err();
         assert!(matches!(err, AgentError::Unsupported(_)), "{err}");
         assert!(err.to_string().contains("libreswan"), "{err}");
+        assert_eq!(err.exit_code(), 1);
+    }
+
+    #[tokio::test]
+    async fn rekeying_that_leaves_no_time_is_refused_before_anything_starts() {
+        let cli = parse(&[]).unwrap();
+        assert_eq!(
+            cli.run.rekeying(),
+            Ok(kube_ovn_ipsec_api::rekeying::Rekeying::DEFAULT)
+        );
+        let cli = parse(&["--child-lifetime", "60", "--rekey-margin", "30"]).unwrap();
+        let (_tx, rx) = watch::channel(false);
+        // No OVSDB is reachable here: the refusal comes before any
+        // connection is tried.
+        let err = run(cli.run, rx).await.unwrap_err();
+        assert!(matches!(err, AgentError::Rekeying(_)), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("rekey margin of 30 s") && text.contains("60 s lifetime"),
+            "{text}"
+        );
         assert_eq!(err.exit_code(), 1);
     }
 
