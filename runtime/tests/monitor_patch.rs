@@ -11,8 +11,11 @@
 //! - patched monitor, no CA copy: the IKE_SA comes up and survives ten
 //!   tunnel additions and removals (same unique id and SPIs);
 //! - the patched script spells `xfrm_acq_expires`, and charon applies it;
-//! - a monitor restarted with a certificate renewed meanwhile takes a new
-//!   version and the peer can still set up CHILD_SAs (full kernel only);
+//! - a renewal (with the monitor running, or while none ran) keeps the
+//!   established connections; one of their CHILD_SAs gone, or
+//!   `tunnels/rebuild`, replaces them make-before-break, after which the
+//!   peer can set up CHILD_SAs again; a plain restart replaces nothing
+//!   (full kernel only);
 //! - every connection rekeys with the monitor's lifetimes instead of
 //!   reauthenticating, and ECDSA node keys authenticate.
 //!
@@ -558,9 +561,10 @@ fn patched_monitor_rekeys_instead_of_reauthenticating_with_ecdsa_keys() {
     );
 }
 
+/// The connections with an installed CHILD_SA on `node`, sorted.
 fn installed_children(node: &IpsecNode) -> Vec<String> {
     let status = node.ipsec(&["status"]).unwrap_or_default();
-    status
+    let mut children: Vec<String> = status
         .lines()
         .filter_map(|l| {
             let (name, rest) = l.trim_start().split_once(':')?;
@@ -569,7 +573,9 @@ fn installed_children(node: &IpsecNode) -> Vec<String> {
                 .starts_with("INSTALLED")
                 .then(|| conn.to_owned())
         })
-        .collect()
+        .collect();
+    children.sort();
+    children
 }
 
 /// (c) A renewal the monitor did not see: the agent's probe killed the
@@ -584,13 +590,13 @@ fn installed_children(node: &IpsecNode) -> Vec<String> {
 /// sets up a new CHILD_SA. A plain restart after that resumes version 2
 /// and replaces nothing.
 #[test]
-fn restarted_monitor_with_a_renewed_certificate_takes_a_new_version() {
+fn a_renewal_keeps_established_connections_until_one_is_gone_or_rebuilt() {
     require_programs();
     banner_esp();
     if !testbed::netns::esp_available().unwrap() {
         eprintln!(
-            "!!! NOT CHECKED: a monitor restarted with a renewed certificate needs \
-             installed CHILD_SAs (kernel ESP)"
+            "!!! NOT CHECKED: keeping connections across a renewal needs installed \
+             CHILD_SAs (kernel ESP)"
         );
         return;
     }
@@ -600,68 +606,159 @@ fn restarted_monitor_with_a_renewed_certificate_takes_a_new_version() {
     assert!(sa.is_some(), "no IKE_SA\n{}", p.diagnostics());
     let to_b = p.to_b.name.clone();
     let to_a = Tunnel::to(&p.a, 0).name;
-    let out_1 = format!("{to_b}-out-1");
+    let version = |v: u32| [format!("{to_b}-in-{v}"), format!("{to_b}-out-{v}")];
+    // B's outbound connection makes A's inbound CHILD_SA; B sets it up
+    // by name so that both of A's CHILD_SAs of version 1 exist.
+    let _ = p.b.ipsec(&["up", &format!("{to_a}-out-1")]);
+    let both = |v: u32, p: &Pair| {
+        let children = installed_children(&p.a);
+        version(v).iter().all(|c| children.contains(c))
+    };
     let up = testbed::netns::wait_for(IKE_TIMEOUT, Duration::from_millis(50), || {
-        installed_children(&p.a).contains(&out_1).then_some(())
+        both(1, &p).then_some(())
     });
-    assert!(up.is_some(), "{out_1} not installed\n{}", p.diagnostics());
+    assert!(up.is_some(), "version 1 not installed\n{}", p.diagnostics());
+    let ike_ids = |p: &Pair| -> Vec<u32> {
+        let mut ids: Vec<u32> = p.a.ike_sas().unwrap().iter().map(|s| s.unique_id).collect();
+        ids.sort_unstable();
+        ids
+    };
+    let before = (ike_ids(&p), installed_children(&p.a));
 
+    // 1. A renewal while the monitor runs: version 2 is written with the
+    //    new certificate and routed; version 1 carries on untouched.
     let renewed = p.ca.issue_as(p.a.chassis(), "chass-a-renewed").unwrap();
-    let t0 = Instant::now();
-    p.a.restart_monitor(script, Some(renewed.clone())).unwrap();
-    let new = [format!("{to_b}-in-2"), format!("{to_b}-out-2")];
-    let replaced =
-        testbed::netns::wait_for(Duration::from_secs(60), Duration::from_millis(100), || {
-            let children = installed_children(&p.a);
-            (new.iter().all(|c| children.contains(c))
-                && !children.iter().any(|c| c.ends_with("-1")))
+    p.a.renew(renewed.clone()).unwrap();
+    let written = testbed::netns::wait_for(IKE_TIMEOUT, Duration::from_millis(100), || {
+        let conf = std::fs::read_to_string(p.a.etc_path("ipsec.conf")).ok()?;
+        conf.contains(&renewed.cert.display().to_string())
             .then_some(())
+    });
+    assert!(
+        written.is_some(),
+        "version 2 never written\n{}",
+        p.a.monitor_log()
+    );
+    // Give a replacement (if one started) the time to show.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        (ike_ids(&p), installed_children(&p.a)),
+        before,
+        "the renewal replaced established connections\n{}",
+        p.a.monitor_log()
+    );
+    assert!(
+        p.a.monitor_log().contains("only the certificate changed"),
+        "{}",
+        p.a.monitor_log()
+    );
+    eprintln!(
+        "[renewal] version 1 kept across the renewal: {:?}",
+        before.1
+    );
+
+    // 2. A renewal while no monitor ran, then a new monitor: version 3,
+    //    version 1 still kept.
+    let renewed = p.ca.issue_as(p.a.chassis(), "chass-a-renewed-2").unwrap();
+    p.a.restart_monitor(script, Some(renewed.clone())).unwrap();
+    let loaded =
+        testbed::netns::wait_for(Duration::from_secs(30), Duration::from_millis(200), || {
+            p.a.monitor_show()
+                .ok()
+                .filter(|show| show.contains(&to_b))
+                .map(|_| ())
         });
     assert!(
-        replaced.is_some(),
-        "the restarted monitor did not replace version 1 with {new:?} (installed: {:?})\n{}\n{}",
+        loaded.is_some(),
+        "the restarted monitor never showed {to_b}"
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        (ike_ids(&p), installed_children(&p.a)),
+        before,
+        "a monitor restarted after a renewal replaced established connections\n{}",
+        p.a.monitor_log()
+    );
+    let conf = std::fs::read_to_string(p.a.etc_path("ipsec.conf")).unwrap();
+    assert!(conf.contains(&version(3)[1]), "{conf}");
+    eprintln!("[renewal] a restarted monitor (version 3 written) kept version 1");
+
+    // 3. B deletes its outbound CHILD_SA (A's inbound one of version 1) and
+    //    sets it up again. A's IKE_SA of version 1 has no connection in
+    //    starter any more: A replaces the tunnel with version 3 once it
+    //    sees the CHILD_SA gone, and B's CHILD_SA comes up.
+    let b_out = format!("{to_a}-out-1");
+    let _ = p.b.ipsec(&["down", &format!("{b_out}{{*}}")]);
+    let t0 = Instant::now();
+    let _ = p.b.ipsec(&["up", &b_out]);
+    let again =
+        testbed::netns::wait_for(Duration::from_secs(60), Duration::from_millis(100), || {
+            (installed_children(&p.b).contains(&b_out) && both(3, &p)).then_some(())
+        });
+    assert!(
+        again.is_some(),
+        "after B's CHILD_SA went, A did not move to version 3 or B could not set it up \
+         again (TS_UNACCEPTABLE in B's log: {}; A installed: {:?})\n{}\n{}",
+        p.b.charon_log().contains("TS_UNACCEPT"),
         installed_children(&p.a),
         p.a.monitor_log(),
         p.diagnostics()
     );
-    let conf = std::fs::read_to_string(p.a.etc_path("ipsec.conf")).unwrap();
+    let gone =
+        testbed::netns::wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
+            (!installed_children(&p.a).iter().any(|c| c.ends_with("-1"))).then_some(())
+        });
     assert!(
-        conf.contains(&renewed.cert.display().to_string()) && !conf.contains(&out_1),
-        "{conf}"
+        gone.is_some(),
+        "version 1 outlived its replacement\n{}",
+        p.a.monitor_log()
     );
     eprintln!(
-        "[restart] version 2 with the renewed certificate replaced version 1 in {:?}",
+        "[renewal] a lost CHILD_SA moved A to version 3 in {:?}",
         t0.elapsed()
     );
 
-    // B sets up a new CHILD_SA towards A inside whatever IKE_SA is current.
-    let b_out = format!("{to_a}-out-1");
-    let _ = p.b.ipsec(&["down", &format!("{b_out}{{*}}")]);
-    let gone = testbed::netns::wait_for(IKE_TIMEOUT, Duration::from_millis(50), || {
-        (!installed_children(&p.b).contains(&b_out)).then_some(())
+    // 4. Another renewal keeps version 3; tunnels/rebuild replaces it with
+    //    version 4 make-before-break.
+    let renewed = p.ca.issue_as(p.a.chassis(), "chass-a-renewed-3").unwrap();
+    p.a.renew(renewed).unwrap();
+    let kept = testbed::netns::wait_for(IKE_TIMEOUT, Duration::from_millis(100), || {
+        let conf = std::fs::read_to_string(p.a.etc_path("ipsec.conf")).ok()?;
+        conf.contains(&version(4)[1]).then_some(())
     });
     assert!(
-        gone.is_some(),
-        "{b_out} still installed\n{}",
-        p.diagnostics()
+        kept.is_some(),
+        "version 4 never written\n{}",
+        p.a.monitor_log()
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        both(3, &p) && !both(4, &p),
+        "{:?}",
+        installed_children(&p.a)
     );
     let t0 = Instant::now();
-    let _ = p.b.ipsec(&["up", &b_out]);
-    let again =
-        testbed::netns::wait_for(Duration::from_secs(30), Duration::from_millis(50), || {
-            installed_children(&p.b).contains(&b_out).then_some(())
+    let reply = p.a.monitor_command("tunnels/rebuild").unwrap();
+    assert!(reply.contains(&to_b), "tunnels/rebuild answered {reply:?}");
+    let rebuilt =
+        testbed::netns::wait_for(Duration::from_secs(60), Duration::from_millis(100), || {
+            let children = installed_children(&p.a);
+            (both(4, &p) && !children.iter().any(|c| c.ends_with("-3"))).then_some(())
         });
     assert!(
-        again.is_some(),
-        "B could not set up {b_out} again (A refused it: {})\n{}",
-        p.b.charon_log().contains("TS_UNACCEPT"),
-        p.diagnostics()
+        rebuilt.is_some(),
+        "tunnels/rebuild did not replace version 3 with 4 (installed: {:?})\n{}",
+        installed_children(&p.a),
+        p.a.monitor_log()
     );
-    eprintln!("[restart] B set up {b_out} again in {:?}", t0.elapsed());
+    eprintln!(
+        "[renewal] tunnels/rebuild moved A to version 4 in {:?}",
+        t0.elapsed()
+    );
 
-    // A plain restart now, the established connections at version 2: the
-    // new monitor resumes version 2 and replaces nothing.
-    let sas_before: Vec<u32> = p.a.ike_sas().unwrap().iter().map(|s| s.unique_id).collect();
+    // 5. A plain restart now, the established connections at version 4:
+    //    the new monitor resumes version 4 and replaces nothing.
+    let sas_before = ike_ids(&p);
     let children_before = installed_children(&p.a);
     let replacing = |node: &IpsecNode| node.monitor_log().matches("replacing ").count();
     let replaced_before = replacing(&p.a);
@@ -679,14 +776,11 @@ fn restarted_monitor_with_a_renewed_certificate_takes_a_new_version() {
     );
     // A replacement would start at that refresh; give it the poller's turns.
     std::thread::sleep(Duration::from_secs(3));
-    let sas_after: Vec<u32> = p.a.ike_sas().unwrap().iter().map(|s| s.unique_id).collect();
     assert_eq!(
-        (replacing(&p.a), &sas_after, installed_children(&p.a)),
-        (replaced_before, &sas_before, children_before.clone()),
+        (replacing(&p.a), ike_ids(&p), installed_children(&p.a)),
+        (replaced_before, sas_before, children_before.clone()),
         "a plain restart replaced connections\n{}",
         p.a.monitor_log()
     );
-    let conf = std::fs::read_to_string(p.a.etc_path("ipsec.conf")).unwrap();
-    assert!(conf.contains(&new[1]), "{conf}");
-    eprintln!("[restart] a plain restart kept version 2: {children_before:?}");
+    eprintln!("[renewal] a plain restart kept version 4: {children_before:?}");
 }

@@ -720,14 +720,7 @@ impl IpsecNode {
         let _ = d.monitor.kill();
         let _ = d.monitor.wait();
         if let Some(cert) = cert {
-            self.vsctl(&[
-                "set",
-                "Open_vSwitch",
-                ".",
-                &format!("other_config:certificate={}", cert.cert.display()),
-                &format!("other_config:private_key={}", cert.key.display()),
-            ])?;
-            self.cert = Some(cert);
+            self.renew(cert)?;
         }
         let monitor = self.spawn_monitor(script)?;
         if let Some(d) = self.daemons.as_mut() {
@@ -912,10 +905,31 @@ impl IpsecNode {
     /// control requests only between main-loop iterations, so a reply also
     /// means its last refresh (including any `ipsec stroke down-nb`) is done.
     pub fn monitor_show(&self) -> Result<String, IpsecError> {
+        self.monitor_command("tunnels/show")
+    }
+
+    /// Runs `command` on the node's ovs-monitor-ipsec (`ovs-appctl`), its
+    /// reply.
+    pub fn monitor_command(&self, command: &str) -> Result<String, IpsecError> {
         let out = self
             .netns
-            .run("ovs-appctl", ["-t", "ovs-monitor-ipsec", "tunnels/show"])?;
+            .run("ovs-appctl", ["-t", "ovs-monitor-ipsec", command])?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Points OVSDB at `cert` (certificate and key in one transaction), as
+    /// the agent's activation of a renewed identity does; a running
+    /// monitor sees it at once.
+    pub fn renew(&mut self, cert: NodeCert) -> Result<(), IpsecError> {
+        self.vsctl(&[
+            "set",
+            "Open_vSwitch",
+            ".",
+            &format!("other_config:certificate={}", cert.cert.display()),
+            &format!("other_config:private_key={}", cert.key.display()),
+        ])?;
+        self.cert = Some(cert);
+        Ok(())
     }
 
     /// The monitor's log so far.
