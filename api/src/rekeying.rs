@@ -124,8 +124,10 @@ impl Rekeying {
         (Duration::from_secs(earliest), Duration::from_secs(latest))
     }
 
-    /// The patched monitor's arguments (`--ike-lifetime` and the like).
-    pub fn monitor_args(&self) -> Vec<String> {
+    /// `--ike-lifetime=…`, `--child-lifetime=…`, `--rekey-margin=…` and
+    /// `--rekey-fuzz=…`: the agent's flags, and the same arguments of the
+    /// patched monitor.
+    pub fn flags(&self) -> Vec<String> {
         vec![
             format!("--ike-lifetime={}", self.ike_lifetime.as_secs()),
             format!("--child-lifetime={}", self.child_lifetime.as_secs()),
@@ -160,7 +162,7 @@ mod tests {
         assert_eq!(d.rekey_window(d.child_lifetime()), (secs(2520), secs(3060)));
         assert_eq!(d.rekey_window(d.ike_lifetime()), (secs(9720), secs(10260)));
         assert_eq!(
-            d.monitor_args(),
+            d.flags(),
             [
                 "--ike-lifetime=10800",
                 "--child-lifetime=3600",

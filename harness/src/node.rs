@@ -30,6 +30,7 @@ use apiserver::chart::{self, CONTAINER_AGENT, CONTAINER_CLEANUP};
 use apiserver::kube_ovn::{CniNode, Shape};
 use kube_ovn_ipsec_api::lease::PublishedLease;
 use kube_ovn_ipsec_api::pki::Certificate;
+use kube_ovn_ipsec_api::rekeying::Rekeying;
 use kube_ovn_ipsec_api::status::Status;
 use kube_ovn_ipsec_runtime::ike::CA_FILE_PREFIX;
 use kube_ovn_ipsec_runtime::process::{Launcher, ProcessSpec, Supervised};
@@ -94,6 +95,9 @@ pub struct AgentOptions {
     /// Install the image's strongSwan settings (the `ovs.conf` the patched
     /// monitor would write) before the agent starts.
     pub image_strongswan_conf: bool,
+    /// `--ike-lifetime`, `--child-lifetime`, `--rekey-margin` and
+    /// `--rekey-fuzz`, when not the agent's defaults.
+    pub rekeying: Option<Rekeying>,
     /// Every other flag (`--flag value`, `--flag=value`, `--switch`),
     /// applied last.
     pub extra: Vec<String>,
@@ -122,6 +126,7 @@ impl AgentOptions {
             coordination_off: false,
             chart_capabilities: true,
             image_strongswan_conf: true,
+            rekeying: None,
             extra: Vec::new(),
             env: Vec::new(),
         }
@@ -139,6 +144,7 @@ impl AgentOptions {
             coordination_off: true,
             chart_capabilities: false,
             image_strongswan_conf: false,
+            rekeying: None,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             env,
         }
@@ -337,6 +343,9 @@ impl SimNode {
         }
         if let Some(i) = &options.tunnel_mtu_interface {
             process.set("tunnel-mtu-interface", Some(i));
+        }
+        if let Some(r) = &options.rekeying {
+            set_flags(&mut process, &r.flags())?;
         }
         set_flags(&mut process, &options.extra)?;
         let mut command = if options.chart_capabilities {

@@ -52,6 +52,14 @@ struct UpCli {
     /// The probe streams' interval, in milliseconds.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(50..=5000))]
     probe_interval_ms: u64,
+    /// The agents' IKE_SA lifetime, in seconds: short, so that IKE_SAs are
+    /// rekeyed while the lab watches. Rekeying starts one to two margins
+    /// (a quarter of the shorter lifetime) before a lifetime ends.
+    #[arg(long, default_value_t = lab::up::DEFAULT_IKE_LIFETIME, value_parser = clap::value_parser!(u64).range(20..))]
+    ike_lifetime: u64,
+    /// The agents' CHILD_SA lifetime, in seconds.
+    #[arg(long, default_value_t = lab::up::DEFAULT_CHILD_LIFETIME, value_parser = clap::value_parser!(u64).range(20..))]
+    child_lifetime: u64,
     /// Keep the nodes' logs (agent, controller, charon, monitor,
     /// vswitchd) after a run that passed, as a failed run keeps them;
     /// `down` removes them.
@@ -112,6 +120,7 @@ async fn up(cli: UpCli) -> anyhow::Result<()> {
         nodes: usize::from(cli.nodes),
         certificate_lifetime: cli.certificate_lifetime,
         probe_interval: std::time::Duration::from_millis(cli.probe_interval_ms),
+        rekeying: lab::up::lab_rekeying(cli.ike_lifetime, cli.child_lifetime)?,
         json: cli.json,
         keep_logs: cli.keep_logs,
         ovn_controller: cli.ovn_controller.filter(|p| !p.as_os_str().is_empty()),

@@ -36,6 +36,10 @@ pub struct Summary {
     pub pairs: Vec<PairRow>,
     /// Echoes sent and lost per phase, over every pair's probe stream.
     pub phases: Vec<PhaseLoss>,
+    /// Every lifecycle event the lab caused or saw, with the echoes lost
+    /// around it.
+    #[serde(default)]
+    pub events: Vec<EventLoss>,
     /// Each step's end, in seconds since `up`.
     pub steps: Vec<StepTime>,
     /// The run's figures.
@@ -113,7 +117,51 @@ pub struct PhaseLoss {
     /// Whether losses are expected in it (the flips, the lab's
     /// negotiation), rather than a fault.
     pub window: bool,
+    /// Plaintext Geneve packets captured on the nodes' underlays in it.
+    #[serde(default)]
+    pub plaintext: Option<u32>,
+    /// Every XFRM error counter that grew in it, per node.
+    #[serde(default)]
+    pub xfrm: Vec<CounterGrowth>,
 }
+
+/// One XFRM error counter (`/proc/net/xfrm_stat`) that grew on one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CounterGrowth {
+    /// The node's name.
+    pub node: String,
+    /// The counter (`XfrmOutPolBlock`, …).
+    pub counter: String,
+    /// By how much.
+    pub by: u64,
+}
+
+/// One lifecycle event and what it cost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EventLoss {
+    /// What happened: `renewal`, `monitor killed`, `IKE_SA rekey`,
+    /// `CHILD_SA rekey`.
+    pub kind: String,
+    /// The node it happened on.
+    pub node: String,
+    /// What it was about (a generation, a connection).
+    pub detail: String,
+    /// When, in seconds since `up`.
+    pub at_s: f64,
+    /// The phase it fell in.
+    pub phase: String,
+    /// Echoes lost within [`EVENT_SPAN_S`] of it on the node's pairs,
+    /// outside the windows.
+    pub lost: u32,
+}
+
+/// How far before and after an event its lost echoes are counted, seconds:
+/// the event's time is when it completed (charon's log line) or when the
+/// lab saw it (a renewal, polled every second), and what it disturbs lies
+/// within one negotiation of that.
+pub const EVENT_SPAN_S: f64 = 5.0;
 
 /// When a step ended.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -246,7 +294,11 @@ impl Summary {
             }
         }
         if !self.phases.is_empty() {
-            let _ = writeln!(s, "\n{:<18} {:>6} {:>5}", "PHASE", "SENT", "LOST");
+            let _ = writeln!(
+                s,
+                "\n{:<18} {:>6} {:>5} {:>9}  XFRM COUNTERS GROWN",
+                "PHASE", "SENT", "LOST", "PLAINTEXT"
+            );
             for p in &self.phases {
                 let note = if p.window {
                     "  (a window: expected)"
@@ -255,7 +307,38 @@ impl Summary {
                 } else {
                     ""
                 };
-                let _ = writeln!(s, "{:<18} {:>6} {:>5}{note}", p.phase, p.sent, p.lost);
+                let grown: Vec<String> = p
+                    .xfrm
+                    .iter()
+                    .map(|g| format!("{} {} +{}", g.node, g.counter, g.by))
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    "{:<18} {:>6} {:>5} {:>9}  {}{note}",
+                    p.phase,
+                    p.sent,
+                    p.lost,
+                    dash(p.plaintext.map(|v| v.to_string())),
+                    if grown.is_empty() {
+                        "-".to_string()
+                    } else {
+                        grown.join(", ")
+                    }
+                );
+            }
+        }
+        if !self.events.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n{:>8} {:<15} {:<8} {:<14} {:>5}  DETAIL",
+                "AT", "EVENT", "NODE", "PHASE", "LOST"
+            );
+            for e in &self.events {
+                let _ = writeln!(
+                    s,
+                    "{:>7.1}s {:<15} {:<8} {:<14} {:>5}  {}",
+                    e.at_s, e.kind, e.node, e.phase, e.lost, e.detail
+                );
             }
         }
         let f = &self.figures;
@@ -322,14 +405,30 @@ mod tests {
                     sent: 40,
                     lost: 0,
                     window: false,
+                    plaintext: Some(120),
+                    xfrm: Vec::new(),
                 },
                 PhaseLoss {
                     phase: "enable flip".into(),
                     sent: 10,
                     lost: 3,
                     window: true,
+                    plaintext: Some(8),
+                    xfrm: vec![CounterGrowth {
+                        node: "node-0".into(),
+                        counter: "XfrmOutPolBlock".into(),
+                        by: 5,
+                    }],
                 },
             ],
+            events: vec![EventLoss {
+                kind: "CHILD_SA rekey".into(),
+                node: "node-0".into(),
+                detail: "ovn-chassi-0-out-1".into(),
+                at_s: 151.25,
+                phase: "renewal".into(),
+                lost: 0,
+            }],
             ..Summary::default()
         }
     }
@@ -360,6 +459,8 @@ mod tests {
         assert!(t.contains("node-0") && t.contains("chassis-0") && t.contains("armed"));
         assert!(t.contains("0<->1") && t.contains("840"));
         assert!(t.contains("(a window: expected)"));
+        assert!(t.contains("node-0 XfrmOutPolBlock +5"), "{t}");
+        assert!(t.contains("151.2s CHILD_SA rekey"), "{t}");
         assert!(t.contains("running: disable"));
         s.failed = Some(Failure {
             step: "renewal".into(),

@@ -12,6 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use kube_ovn_ipsec_api::rekeying::{Rekeying, RekeyingError};
 use testbed::guest::{GuestKernel, HostFeatures, KERNEL_ENV, KernelChoice, run_in_guest_sharing};
 
 use crate::lifecycle::{self, Options, Report};
@@ -25,6 +26,28 @@ pub const STATUS_FILE: &str = "status.json";
 /// How long a guest run may take before it is killed.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(1800);
 
+/// The lab's IKE_SA lifetime (`--ike-lifetime`), seconds: each IKE_SA
+/// rekeyed 136–158 s after it was set up, so at least once per pair between
+/// `Enabled` and the disable.
+pub const DEFAULT_IKE_LIFETIME: u64 = 180;
+
+/// The lab's CHILD_SA lifetime (`--child-lifetime`), seconds: each CHILD_SA
+/// rekeyed every 46–68 s.
+pub const DEFAULT_CHILD_LIFETIME: u64 = 90;
+
+/// The agents' rekeying in the lab: the given lifetimes, a margin of a
+/// quarter of the shorter one and strongSwan's 100 % fuzz (strongSwan has
+/// one margin for both kinds of SA): every SA is rekeyed one to two
+/// margins before its lifetime ends.
+pub fn lab_rekeying(ike_lifetime: u64, child_lifetime: u64) -> Result<Rekeying, RekeyingError> {
+    Rekeying::new(
+        Duration::from_secs(ike_lifetime),
+        Duration::from_secs(child_lifetime),
+        Duration::from_secs(ike_lifetime.min(child_lifetime) / 4),
+        100,
+    )
+}
+
 /// What `up` was asked for.
 #[derive(Debug, Clone)]
 pub struct UpArgs {
@@ -35,6 +58,8 @@ pub struct UpArgs {
     pub certificate_lifetime: Option<u32>,
     /// The probe streams' interval.
     pub probe_interval: Duration,
+    /// The agents' lifetimes and rekey timing ([`lab_rekeying`]).
+    pub rekeying: Rekeying,
     /// Progress lines to stderr (stdout carries JSON).
     pub json: bool,
     /// Keep the logs of a run that passed too (a failed run's always
@@ -217,6 +242,7 @@ async fn run_on(
                     .certificate_lifetime
                     .unwrap_or(default_lifetime(choice)),
                 probe_interval: args.probe_interval,
+                rekeying: args.rekeying,
                 kernel: "this host's kernel (it has ESP, GENEVE and the OVS kernel datapath)"
                     .into(),
                 dir: dir.to_path_buf(),
@@ -262,6 +288,10 @@ async fn run_on(
                     .to_string(),
                 "--probe-interval-ms".into(),
                 args.probe_interval.as_millis().to_string(),
+                "--ike-lifetime".into(),
+                args.rekeying.ike_lifetime().as_secs().to_string(),
+                "--child-lifetime".into(),
+                args.rekeying.child_lifetime().as_secs().to_string(),
             ];
             let mut command = command;
             if let Some(binary) = &args.ovn_controller {
@@ -350,6 +380,7 @@ pub async fn in_guest(args: &UpArgs, kernel: String, share: PathBuf) -> Summary 
             .certificate_lifetime
             .unwrap_or(default_lifetime(KernelChoice::Host)),
         probe_interval: args.probe_interval,
+        rekeying: args.rekeying,
         kernel,
         dir: dir.clone(),
         logs: share.clone(),

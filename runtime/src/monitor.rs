@@ -351,7 +351,7 @@ impl Monitor {
             args.push(a);
         }
         if let Some(r) = &config.rekeying {
-            args.extend(r.monitor_args().into_iter().map(OsString::from));
+            args.extend(r.flags().into_iter().map(OsString::from));
         }
         let spec = ProcessSpec {
             name: "monitor",

@@ -501,7 +501,7 @@ fn patched_monitor_rekeys_instead_of_reauthenticating_with_ecdsa_keys() {
     let rekeying = Rekeying::new(secs(20), secs(20), secs(4), 0).unwrap();
     let (p, _) = start_pair_with(patched_script(), |o| {
         o.key_alg = TestKeyAlg::P256;
-        o.monitor_args = rekeying.monitor_args();
+        o.monitor_args = rekeying.flags();
     });
     let conf = std::fs::read_to_string(p.a.etc_path("ipsec.conf")).unwrap();
     let section = conf

@@ -413,7 +413,10 @@ pub const CHARON_PLUGINS_CONF: &str =
 impl IpsecNode {
     /// Creates the node's directory (`run/`, `etc/ipsec.conf`,
     /// `etc/ipsec.secrets`, `etc/ipsec.d/*`, a copy of `/etc/strongswan.d`
-    /// with the image's plugin list, plus a charon file log at `/run/charon.log`) and its namespace.
+    /// with the image's plugin list, plus a charon file log at
+    /// `/run/charon.log`, each line stamped with Unix seconds and
+    /// milliseconds so it lines up with the probes' times) and its
+    /// namespace.
     /// `ip` is the underlay address the node gets once linked.
     pub fn new(prefix: &str, chassis: &str, ip: Ipv4Addr) -> Result<Self, IpsecError> {
         let dir = tempfile::Builder::new()
@@ -451,8 +454,8 @@ impl IpsecNode {
         write(
             root.join("etc/strongswan.d/zz-testbed-log.conf"),
             "charon {\n  filelog {\n    testbed {\n      path = /run/charon.log\n      \
-             time_format = %H:%M:%S\n      default = 1\n      ike = 2\n      cfg = 2\n      \
-             flush_line = yes\n      append = no\n    }\n  }\n}\n",
+             time_format = %s\n      time_add_ms = yes\n      default = 1\n      ike = 2\n      \
+             cfg = 2\n      flush_line = yes\n      append = no\n    }\n  }\n}\n",
         )?;
         let etc = root.join("etc");
         let mounts = Mounts {

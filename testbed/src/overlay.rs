@@ -279,6 +279,17 @@ impl Capture {
     /// Starts capturing every packet on `iface` in `ns` into `file` and
     /// waits until tcpdump says it is listening.
     pub fn start(ns: &Netns, iface: &str, file: &Path) -> Result<Self, IpsecError> {
+        Self::start_filtered(ns, iface, file, &[])
+    }
+
+    /// [`Capture::start`], keeping only the packets `filter` (tcpdump's
+    /// expression, one word per item) admits.
+    pub fn start_filtered(
+        ns: &Netns,
+        iface: &str,
+        file: &Path,
+        filter: &[&str],
+    ) -> Result<Self, IpsecError> {
         crate::require_program("tcpdump").map_err(|e| failed("tcpdump", e.to_string()))?;
         let mut child = ns
             .command("tcpdump")
@@ -296,6 +307,7 @@ impl Capture {
                 "-w",
             ])
             .arg(file)
+            .args(filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -365,6 +377,24 @@ impl Capture {
             dropped_by_kernel,
         })
     }
+}
+
+/// When each packet of the pcap `file` that `filter` admits was captured
+/// (Unix seconds), read while tcpdump may still be writing it: a packet cut
+/// short at the end of the file is left out, not an error.
+pub fn pcap_times(file: &Path, filter: &[&str]) -> Result<Vec<f64>, IpsecError> {
+    let out = std::process::Command::new("tcpdump")
+        .args(["-tt", "-n", "-r"])
+        .arg(file)
+        .args(filter)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| failed("running tcpdump -r", e.to_string()))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .collect())
 }
 
 impl Drop for Capture {

@@ -26,6 +26,12 @@ pub(super) async fn actor_kill(run: &mut Run<'_>, w: &mut World) -> Step {
         nix::unistd::Pid::from_raw(raw),
         nix::sys::signal::Signal::SIGKILL,
     )?;
+    w.event(
+        "monitor killed",
+        i,
+        testbed::probe::unix_now(),
+        format!("SIGKILL to PID {pid}"),
+    );
     run.line(
         "actor kill",
         &name,

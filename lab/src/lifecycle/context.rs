@@ -87,6 +87,11 @@ impl<'a> Run<'a> {
         self.phases.push((name.to_string(), at));
     }
 
+    /// When the run started, in Unix seconds (the probes' clock).
+    pub(super) fn t0_unix(&self) -> f64 {
+        unix_now() - self.t0.elapsed().as_secs_f64()
+    }
+
     /// Seconds since the run started, to a tenth.
     pub(super) fn secs(&self) -> f64 {
         (self.t0.elapsed().as_secs_f64() * 10.0).round() / 10.0

@@ -14,12 +14,27 @@ use super::rows::update_row;
 use super::world::World;
 use testbed::probe::unix_now;
 
+/// The `--key-algorithm` of node `i`: RSA and ECDSA by turns, so that every
+/// run has pairs of both kinds and mixed ones.
+pub(super) fn key_algorithm(i: usize) -> &'static str {
+    if i.is_multiple_of(2) {
+        "rsa2048"
+    } else {
+        "ecdsa-p256"
+    }
+}
+
 /// Agents, controller, the barriers, the flip.
 pub(super) async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
     run.begin("enable");
     let mut options = harness::node::AgentOptions::lab(w.lifetime);
-    options.extra = w.ovn.agent_flags();
+    options.rekeying = Some(w.rekeying);
     for (i, sim) in w.nodes.iter_mut().enumerate() {
+        let mut options = options.clone();
+        options.extra = w.ovn.agent_flags();
+        options
+            .extra
+            .extend(["--key-algorithm".into(), key_algorithm(i).into()]);
         sim.start_agent(
             &w.bins.agent,
             &w.cp.nodes[i],
@@ -32,8 +47,12 @@ pub(super) async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
         "enable",
         "-",
         format!(
-            "agents started (kube-ovn-ipsec run, certificate lifetime {} s); controller started with enable-ipsec=true",
-            w.lifetime
+            "agents started (kube-ovn-ipsec run, certificate lifetime {} s, IKE_SA lifetime {} s, \
+             CHILD_SA lifetime {} s, keys RSA-2048 and ECDSA P-256 by turns); controller started \
+             with enable-ipsec=true",
+            w.lifetime,
+            w.rekeying.ike_lifetime().as_secs(),
+            w.rekeying.child_lifetime().as_secs()
         ),
     );
     w.cp.start_controller(&w.bins.controller, true)?;

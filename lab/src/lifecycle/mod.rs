@@ -32,6 +32,7 @@ mod datapath;
 mod disable;
 mod enable;
 mod encrypted;
+mod evidence;
 mod intent;
 mod leftovers;
 mod logs;

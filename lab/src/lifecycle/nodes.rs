@@ -99,11 +99,13 @@ pub(super) fn bring_up<'w>(
         nodes,
         _vswitchds: vswitchds,
         probes: Vec::new(),
+        evidence: None,
         pairs,
         before,
         bins: bins.clone(),
         monitor,
         lifetime: opts.certificate_lifetime,
+        rekeying: opts.rekeying,
         issued_generation: vec![0; n],
         _mesh: mesh,
     });

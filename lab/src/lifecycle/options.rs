@@ -6,6 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kube_ovn_ipsec_api::rekeying::Rekeying;
+
 use crate::summary::Summary;
 
 /// What a run is asked to do.
@@ -18,6 +20,9 @@ pub struct Options {
     pub certificate_lifetime: u32,
     /// The probe streams' interval.
     pub probe_interval: Duration,
+    /// Lifetimes and rekey timing every agent gets: short, so that
+    /// CHILD_SAs and IKE_SAs are rekeyed while the probes run.
+    pub rekeying: Rekeying,
     /// Which kernel runs the nodes, as printed.
     pub kernel: String,
     /// Where the lab's files go.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use testbed::probe::ProbeStream;
 
 use super::context::{Run, Step, fail};
+use super::evidence::Evidence;
 use super::pod::pod_ip;
 use super::windows::first_replies;
 use super::world::World;
@@ -35,6 +36,7 @@ pub(super) fn plaintext_overlay(run: &mut Run<'_>, w: &mut World, interval: Dura
             interval,
         )?);
     }
+    w.evidence = Some(Evidence::start(&w.nodes)?);
     run.phase("before enable");
     run.line(
         "probes",

@@ -21,6 +21,7 @@ pub(super) async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
     let n = w.nodes.len();
     let mut renewed = vec![false; n];
     let mut renewed_before = vec![false; n];
+    let mut early = Vec::new();
     for (i, (r, before)) in renewed
         .iter_mut()
         .zip(renewed_before.iter_mut())
@@ -34,6 +35,8 @@ pub(super) async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
         {
             *r = true;
             *before = true;
+            // When is not known: the lab did not watch for it.
+            early.push((i, g));
             run.line(
                 "renewal",
                 &w.cp.nodes[i].name.clone(),
@@ -46,6 +49,7 @@ pub(super) async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
     let backdate = kube_ovn_ipsec_api::pki::LEAF_BACKDATE.as_secs();
     let latest = (u64::from(w.lifetime) + backdate) * 6 / 10 - backdate;
     let deadline = Instant::now() + Duration::from_secs(latest + 120);
+    let mut seen = Vec::new();
     run.line(
         "renewal",
         "-",
@@ -64,6 +68,7 @@ pub(super) async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
                     && s.configuration_applied
                 {
                     *done = true;
+                    seen.push((i, s.generation.unwrap_or_default(), unix_now()));
                     run.line(
                         "renewal",
                         &w.cp.nodes[i].name.clone(),
@@ -81,6 +86,18 @@ pub(super) async fn renewal(run: &mut Run<'_>, w: &mut World) -> Step {
             return fail("not every agent renewed its certificate in time; see agent.log");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    for (i, g, at) in seen {
+        w.event("renewal", i, at, format!("generation {g} active"));
+    }
+    for (i, g) in early {
+        let at = started;
+        w.event(
+            "renewal",
+            i,
+            at,
+            format!("generation {g}, before the step (its time unknown)"),
+        );
     }
     // Echoes sent just before the last renewal need a few seconds to be judged.
     tokio::time::sleep(Duration::from_secs(3)).await;
