@@ -85,6 +85,10 @@ pub struct MonitorState {
     /// restarted monitor starts with none and installs again, so a CA
     /// directory changed while no monitor ran is put right.
     installed_trust: Option<Sha256Digest>,
+    /// A CA left the installed bundle: the connections kept across
+    /// renewals are rebuilt once the daemon has the new trust (the
+    /// acknowledgement), and until that succeeds.
+    rebuild_due: bool,
     ovsdb: Arc<dyn OvsdbIdentity>,
     board: StatusBoard,
     ack_retry: Duration,
@@ -105,10 +109,38 @@ impl MonitorState {
     /// this incarnation did already), then reads the monitor and the
     /// daemon back.
     async fn read_back(&mut self, keys: &OvsdbIdentityKeys) -> Result<Acknowledgement> {
-        if let Some(digest) = self.ike.install_trust(keys, self.installed_trust).await? {
-            self.installed_trust = Some(digest);
+        if let Some(t) = self.ike.install_trust(keys, self.installed_trust).await? {
+            self.installed_trust = Some(t.digest);
+            if t.retired > 0 {
+                tracing::info!(
+                    retired = t.retired,
+                    "a CA left the trust bundle: the IKE_SAs kept across renewals will be rebuilt"
+                );
+                self.rebuild_due = true;
+            }
         }
         self.monitor.process().acknowledge(keys).await
+    }
+
+    /// Rebuilds the kept connections if a CA was retired and the daemon
+    /// has the new trust; tried again at the next acknowledgement or probe
+    /// when it fails.
+    async fn rebuild_if_due(&mut self) {
+        if !self.rebuild_due || self.acknowledged.is_none() || !self.monitor.healthy() {
+            return;
+        }
+        match self.monitor.process().rebuild().await {
+            Ok(tunnels) => {
+                tracing::info!(
+                    ?tunnels,
+                    "rebuilt the tunnels kept across renewals, make-before-break, under the current trust"
+                );
+                self.rebuild_due = false;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "rebuilding the tunnels kept across renewals failed; trying again")
+            }
+        }
     }
 }
 
@@ -137,6 +169,7 @@ impl MonitorActor {
                     .board
                     .set_acknowledgement(generation, ack.trust_digest);
                 state.acknowledged = Some(generation);
+                state.rebuild_if_due().await;
                 return;
             }
             Ok(ack) => {
@@ -193,6 +226,7 @@ impl Actor for MonitorActor {
             monitor,
             ike: args.ike,
             installed_trust: None,
+            rebuild_due: false,
             ovsdb: args.ovsdb,
             board: args.board,
             ack_retry: args.ack_retry,
@@ -237,6 +271,7 @@ impl Actor for MonitorActor {
                     // healthy is acknowledged now.
                     self.try_acknowledge(&myself, state).await;
                 }
+                state.rebuild_if_due().await;
             }
         }
         Ok(())

@@ -218,5 +218,5 @@ pub use self::datapath::{DatapathPort, DatapathSample, PeerSample, SaSample};
 mod tunnel;
 pub use self::tunnel::{
     Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,
-    ProtectionPort, RunningMonitor, RunningProcess, SaSummary, protection_reason,
+    ProtectionPort, RunningMonitor, RunningProcess, SaSummary, TrustInstalled, protection_reason,
 };

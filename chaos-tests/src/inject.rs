@@ -373,6 +373,9 @@ impl RunningMonitor for FaultyMonitor {
         }
         r
     }
+    async fn rebuild(&mut self) -> Result<Vec<String>> {
+        self.inner.rebuild().await
+    }
 }
 
 #[derive(Debug)]

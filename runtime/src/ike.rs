@@ -290,6 +290,19 @@ impl CaInstall {
     pub fn changed(&self) -> bool {
         !self.written.is_empty() || !self.removed.is_empty()
     }
+
+    /// CAs removed because they left the bundle (not the legacy one-file
+    /// bundle, not interrupted temporary files): retired CAs.
+    pub fn retired(&self) -> usize {
+        self.removed
+            .iter()
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(is_ca_file_name)
+            })
+            .count()
+    }
 }
 
 /// Reads and checks the trust bundle at `path` (every PEM block a CA).

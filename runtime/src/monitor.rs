@@ -418,6 +418,19 @@ impl Monitor {
         self.appctl("tunnels/show").await
     }
 
+    /// `tunnels/rebuild` (patch v5 and later): the tunnels whose
+    /// connections kept across renewals are replaced make-before-break.
+    pub async fn rebuild(&self) -> Result<Vec<String>, Error> {
+        Ok(self
+            .appctl("tunnels/rebuild")
+            .await?
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect())
+    }
+
     /// `tunnels/show`, parsed.
     pub async fn tunnels(&self) -> Result<Vec<TunnelShow>, Error> {
         Ok(parse_tunnels_show(&self.tunnels_show_raw().await?))

@@ -7,7 +7,7 @@
 //! marker line
 //!
 //! ```text
-//! # kube-ovn-ipsec: ovs-monitor-ipsec-patch v4
+//! # kube-ovn-ipsec: ovs-monitor-ipsec-patch v5
 //! ```
 //!
 //! The agent reads the script it is about to run (it runs the script, so the
@@ -31,7 +31,7 @@ pub const DEFAULT_MONITOR_SCRIPT: &str = "/usr/share/openvswitch/scripts/ovs-mon
 pub const MARKER_PREFIX: &str = "# kube-ovn-ipsec: ovs-monitor-ipsec-patch v";
 
 /// The patch version this crate's image carries.
-pub const CURRENT_PATCH_VERSION: u32 = 4;
+pub const CURRENT_PATCH_VERSION: u32 = 5;
 
 /// What the script is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +77,12 @@ impl MonitorPatch {
     /// break before make, every 2h42–2h51.
     pub fn takes_rekeying(self) -> bool {
         matches!(self, MonitorPatch::Patched { version } if version >= 4)
+    }
+
+    /// Whether a renewal keeps the established connections and the
+    /// monitor answers `tunnels/rebuild` (patch v5 and later).
+    pub fn rebuilds(self) -> bool {
+        matches!(self, MonitorPatch::Patched { version } if version >= 5)
     }
 }
 
@@ -142,6 +148,8 @@ mod tests {
         assert!(!MonitorPatch::Unpatched.takes_rekeying());
         assert!(!MonitorPatch::Patched { version: 3 }.takes_rekeying());
         assert!(MonitorPatch::Patched { version: 4 }.takes_rekeying());
+        assert!(!MonitorPatch::Patched { version: 4 }.rebuilds());
+        assert!(MonitorPatch::Patched { version: 5 }.rebuilds());
         assert!(
             MonitorPatch::Patched {
                 version: CURRENT_PATCH_VERSION

@@ -158,14 +158,25 @@ pub trait IkePort: Send + Sync + Debug + 'static {
     /// the certificate `keys.certificate` it belongs to) into the daemon's
     /// CA directory, one file per CA, and has the daemon reread its CA
     /// certificates — unless `installed`, the bundle digest the caller
-    /// installed last, is that bundle's already. Returns the digest of the
-    /// bundle now installed; `None` when OVSDB names no certificate or CA
-    /// (nothing to install; the acknowledgement reports it).
+    /// installed last, is that bundle's already. Says what is installed
+    /// now; `None` when OVSDB names no certificate or CA (nothing to
+    /// install; the acknowledgement reports it).
     async fn install_trust(
         &self,
         keys: &OvsdbIdentityKeys,
         installed: Option<Sha256Digest>,
-    ) -> Result<Option<Sha256Digest>>;
+    ) -> Result<Option<TrustInstalled>>;
+}
+
+/// The trust bundle the IKE daemon now checks peers against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrustInstalled {
+    /// Its digest.
+    pub digest: Sha256Digest,
+    /// CAs this installation took out of the daemon's CA directory: a CA
+    /// retired from the bundle. IKE_SAs authenticated under it are then
+    /// rebuilt ([`RunningMonitor::rebuild`]).
+    pub retired: usize,
 }
 
 /// The monitor's and the IKE daemon's view of the active identity.
@@ -187,6 +198,10 @@ pub trait RunningMonitor: RunningProcess {
     /// (`keys`). Only reads: the caller has the trust bundle installed
     /// first ([`IkePort::install_trust`]).
     async fn acknowledge(&mut self, keys: &OvsdbIdentityKeys) -> Result<Acknowledgement>;
+    /// Replaces, make-before-break, the connections the monitor kept
+    /// across renewals (their IKE_SAs were authenticated with an earlier
+    /// certificate, perhaps under a CA now retired): the tunnels rebuilt.
+    async fn rebuild(&mut self) -> Result<Vec<String>>;
 }
 
 /// Starts the monitor.

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::ports::{
     Acknowledgement, GuardChange, GuardReadback, IkePort, LeaseSummary, MonitorPort,
-    OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess, SaSummary,
+    OvsdbIdentityKeys, ProtectionPort, RunningMonitor, RunningProcess, SaSummary, TrustInstalled,
 };
 
 #[derive(Debug, Default)]
@@ -241,6 +241,10 @@ struct ProcInner {
     read_backs: Vec<u64>,
     /// Steps of the trust installs that wrote (not the skipped ones).
     trust_installs: Vec<u64>,
+    /// CAs the next trust install that writes reports retired.
+    retire_next: usize,
+    /// Steps of the rebuilds asked of the monitor.
+    rebuilds: Vec<u64>,
 }
 
 /// A fake foreground process (for [`IkePort`] and [`MonitorPort`]) and
@@ -309,6 +313,14 @@ impl FakeProcess {
     /// with another fake's [`FakeProcess::read_backs`].
     pub fn trust_installs(&self) -> Vec<u64> {
         self.lock().trust_installs.clone()
+    }
+    /// The next trust install that writes reports `n` CAs retired.
+    pub fn retire_on_next_install(&self, n: usize) {
+        self.lock().retire_next = n;
+    }
+    /// The steps of the rebuilds asked of the monitor so far.
+    pub fn rebuilds(&self) -> Vec<u64> {
+        self.lock().rebuilds.clone()
     }
 
     fn start_one(&self) -> Result<FakeRunning> {
@@ -395,6 +407,11 @@ impl RunningMonitor for FakeRunning {
             },
         })
     }
+
+    async fn rebuild(&mut self) -> Result<Vec<String>> {
+        self.lock().rebuilds.push(next_step());
+        Ok(vec!["fake-tunnel".into()])
+    }
 }
 
 #[async_trait]
@@ -409,7 +426,7 @@ impl IkePort for FakeProcess {
         &self,
         keys: &OvsdbIdentityKeys,
         installed: Option<Sha256Digest>,
-    ) -> Result<Option<Sha256Digest>> {
+    ) -> Result<Option<TrustInstalled>> {
         let (Some(_), Some(ca)) = (&keys.certificate, &keys.ca_cert) else {
             return Ok(None);
         };
@@ -418,10 +435,13 @@ impl IkePort for FakeProcess {
             reason: format!("fake reads {ca}: {e}"),
         })?;
         let digest = Sha256Digest::of(&bundle);
+        let mut retired = 0;
         if installed != Some(digest) {
-            self.lock().trust_installs.push(next_step());
+            let mut i = self.lock();
+            i.trust_installs.push(next_step());
+            retired = std::mem::take(&mut i.retire_next);
         }
-        Ok(Some(digest))
+        Ok(Some(TrustInstalled { digest, retired }))
     }
 }
 

@@ -266,6 +266,39 @@ async fn the_trust_bundle_is_installed_before_the_read_back_once_per_monitor() {
     assert!(installs[1] < h.monitor.read_backs()[before]);
 }
 
+/// A CA retired from the trust bundle (the install took its file out of
+/// the IKE daemon's CA directory) has the monitor rebuild the connections
+/// it kept across renewals, once, after the read-back shows the daemon has
+/// the new trust; an install that retires nothing rebuilds nothing.
+#[tokio::test(start_paused = true)]
+async fn a_retired_ca_rebuilds_the_kept_connections_after_the_read_back() {
+    let h = harness().await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    assert!(h.monitor.rebuilds().is_empty(), "nothing retired yet");
+
+    // A restarted monitor installs again; this time a CA left.
+    h.ike.retire_on_next_install(1);
+    let before = h.monitor.read_backs().len();
+    h.monitor.kill();
+    until("rebuilt", Duration::from_secs(30), || {
+        !h.monitor.rebuilds().is_empty()
+    })
+    .await;
+    let rebuilds = h.monitor.rebuilds();
+    let read_back = h.monitor.read_backs()[before];
+    assert!(
+        rebuilds[0] > read_back,
+        "rebuilt at step {} before the read-back at step {read_back}",
+        rebuilds[0]
+    );
+    // Probes go on; the rebuild is not repeated.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(h.monitor.rebuilds().len(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn failing_probe_restarts_and_unacknowledged_monitor_is_not_ready() {
     let h = harness().await;

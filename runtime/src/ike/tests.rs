@@ -118,6 +118,7 @@ fn install_writes_one_file_per_ca_is_idempotent_and_keeps_foreign_files() {
     assert_eq!(got.files, vec![d.join(&old_file), d.join(&new_file)]);
     assert_eq!(got.written, got.files);
     assert_eq!(got.removed, vec![d.join(LEGACY_TRUST_FILE)]);
+    assert_eq!(got.retired(), 0, "the one-file bundle is no retired CA");
     let mut want = names(&[&old_file, &new_file, "operator-root.pem"]);
     want.sort();
     assert_eq!(dir_names(d), want);
@@ -140,6 +141,7 @@ fn install_writes_one_file_per_ca_is_idempotent_and_keeps_foreign_files() {
     let retired = install_trust_bundle(d, &bundle(&[&new])).unwrap();
     assert!(retired.written.is_empty(), "{retired:?}");
     assert_eq!(retired.removed, vec![d.join(&old_file)]);
+    assert_eq!(retired.retired(), 1);
     let mut want = names(&[&new_file, "operator-root.pem"]);
     want.sort();
     assert_eq!(dir_names(d), want);

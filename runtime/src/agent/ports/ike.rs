@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use actors::ports::{IkePort, OvsdbIdentityKeys, RunningProcess, blocking};
+use actors::ports::{IkePort, OvsdbIdentityKeys, RunningProcess, TrustInstalled, blocking};
 use async_trait::async_trait;
 use kube_ovn_ipsec_api::digest::Sha256Digest;
 
@@ -98,7 +98,7 @@ impl IkePort for IkeAdapter {
         &self,
         keys: &OvsdbIdentityKeys,
         installed: Option<Sha256Digest>,
-    ) -> actors::Result<Option<Sha256Digest>> {
+    ) -> actors::Result<Option<TrustInstalled>> {
         let (Some(cert), Some(ca)) = (&keys.certificate, &keys.ca_cert) else {
             return Ok(None);
         };
@@ -107,7 +107,10 @@ impl IkePort for IkeAdapter {
         let active = ActiveIdentity::load(Path::new(cert), Path::new(ca))
             .map_err(|e| process_err("ike", e))?;
         if installed == Some(active.trust_digest) {
-            return Ok(installed);
+            return Ok(Some(TrustInstalled {
+                digest: active.trust_digest,
+                retired: 0,
+            }));
         }
         // strongSwan loads only the first CA of a PEM file, the monitor's
         // `cacert=` included: every CA gets a file of its own.
@@ -128,6 +131,9 @@ impl IkePort for IkeAdapter {
             trust_digest = %active.trust_digest,
             "trust bundle installed for the IKE daemon, one file per CA"
         );
-        Ok(Some(active.trust_digest))
+        Ok(Some(TrustInstalled {
+            digest: active.trust_digest,
+            retired: done.retired(),
+        }))
     }
 }

@@ -95,6 +95,18 @@ impl RunningMonitor for RunningMon {
             mismatches: ack.mismatches,
         })
     }
+
+    async fn rebuild(&mut self) -> actors::Result<Vec<String>> {
+        if !self.adapter.patch.rebuilds() {
+            // Nothing was kept: an older monitor replaces every renewed
+            // tunnel at once.
+            return Ok(Vec::new());
+        }
+        self.monitor
+            .rebuild()
+            .await
+            .map_err(|e| process_err("monitor", e))
+    }
 }
 
 #[async_trait]
