@@ -207,6 +207,46 @@ pub fn is_window(phase: &str) -> bool {
     WINDOWS.contains(&phase)
 }
 
+/// Phases in which every tunnel carries IPsec intent from start to end: a
+/// plaintext Geneve packet on the underlay in one of them is a leak.
+pub const INTENT_ON: [&str; 4] = ["Enabled", "negotiation", "renewal", "actor kill"];
+
+impl Summary {
+    /// What the run's accounting says is wrong, for the operator: plaintext
+    /// Geneve on an underlay while intent was on, an XFRM error counter
+    /// that grew outside the windows, echoes lost around an event outside
+    /// them. Empty when all is as the design promises.
+    pub fn faults(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for p in &self.phases {
+            if INTENT_ON.contains(&p.phase.as_str()) && p.plaintext.unwrap_or(0) > 0 {
+                out.push(format!(
+                    "{} plaintext Geneve packets on the underlay in {} (intent on): a leak",
+                    p.plaintext.unwrap_or(0),
+                    p.phase
+                ));
+            }
+            if !p.window {
+                for g in &p.xfrm {
+                    out.push(format!(
+                        "{} {} grew by {} in {}, outside the windows",
+                        g.node, g.counter, g.by, p.phase
+                    ));
+                }
+            }
+        }
+        for e in &self.events {
+            if e.lost > 0 {
+                out.push(format!(
+                    "{} echoes lost around the {} on {} at {:.1} s ({})",
+                    e.lost, e.kind, e.node, e.at_s, e.detail
+                ));
+            }
+        }
+        out
+    }
+}
+
 impl Summary {
     /// The JSON document (`--json`, `status --json`).
     pub fn to_json(&self) -> String {
@@ -450,6 +490,30 @@ mod tests {
         assert!(err.contains("not a lab summary"), "{err}");
         let err = Summary::from_json("{\"kernel\":\"x\",\"bogus\":1}").unwrap_err();
         assert!(err.contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn faults_name_leaks_counters_and_events_outside_the_windows() {
+        let mut s = sample();
+        // The sample's growth and plaintext are in a window and before
+        // intent; its event lost nothing.
+        assert!(s.faults().is_empty(), "{:?}", s.faults());
+        s.phases.push(PhaseLoss {
+            phase: "renewal".into(),
+            plaintext: Some(2),
+            xfrm: vec![CounterGrowth {
+                node: "node-1".into(),
+                counter: "XfrmInNoStates".into(),
+                by: 3,
+            }],
+            ..PhaseLoss::default()
+        });
+        s.events[0].lost = 4;
+        let f = s.faults();
+        assert_eq!(f.len(), 3, "{f:?}");
+        assert!(f[0].contains("2 plaintext Geneve packets") && f[0].contains("renewal"));
+        assert!(f[1].contains("node-1 XfrmInNoStates grew by 3 in renewal"));
+        assert!(f[2].contains("4 echoes lost around the CHILD_SA rekey on node-0"));
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! measured → a renewal while traffic runs → one agent actor's process
 //! killed and recovered → disable → the node-by-node cleanup rollout →
 //! `Disabled` → plaintext again → every namespace checked for leftover
-//! project state (none) and foreign state (untouched). A probe stream per
+//! project state (none) and foreign state (untouched) → the accounting:
+//! no echo lost around an event, no plaintext while intent was on, no XFRM
+//! error counter grown outside the windows. A probe stream per
 //! pod pair runs from before enable to after `Disabled`.
 //!
 //! A step fails on what would be a fault in a cluster (no SA, plaintext on
@@ -24,6 +26,7 @@
 // covers every step's submodule.
 #![allow(clippy::disallowed_methods)]
 
+mod accounting;
 mod actor_kill;
 mod cleanup;
 mod context;
@@ -113,5 +116,6 @@ async fn steps(
     cleanup::cleanup_rollout(run, w, intent_given).await?;
     plaintext_again::plaintext_again(run, w)?;
     leftovers::leftovers(run, w)?;
+    accounting::accounting(run, w)?;
     Ok(())
 }
