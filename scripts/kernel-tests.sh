@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the kernel-dependent integration tests (kernel ESP, SA attribution,
-# the ESP data path, the encrypted overlay end to end) and the overlay bench
-# in its quick mode on a full kernel through testbed's koi-kernel-run: the
-# host's kernel when it has ESP, GENEVE and openvswitch, otherwise Debian's
+# the ESP data path, the encrypted overlay end to end) and the overlay and
+# SA rekey benches in their quick mode on a full kernel through testbed's
+# koi-kernel-run: the host's kernel when it has ESP, GENEVE and openvswitch, otherwise Debian's
 # under qemu (one boot for all of them; each test timed on its own). Fails
 # when a test fails or when any check still says SKIPPED or NOT CHECKED.
 # Called by scripts/test.sh.
@@ -13,18 +13,18 @@ source scripts/lib/kernel.sh
 require_toolchain
 
 # Test binaries that need the full kernel (the runtime crate's, and the chaos
-# suite's process kills on the encrypted overlay), and the one
-# bench that does (run with --quick: a bench that no longer works fails here;
+# suite's process kills on the encrypted overlay), and the benches that do
+# (run with --quick: a bench that no longer works fails here;
 # scripts/bench.sh takes its figures).
 TESTS=(ike_monitor monitor_patch agent_runtime overlay coordination_overlay datapath_health overlay_kills)
-BENCHES=(overlay_datapath)
+BENCHES=(overlay_datapath sa_rekey)
 # Of these binaries, only the tests named here need the full kernel; the
 # others assert nothing the host's kernel lacks and ran in the workspace
 # run (monitor_patch's refresh tests assert on IKE_SAs; the lab and
 # coordination_overlay refresh tunnels beside installed CHILD_SAs;
 # agent_runtime's capability test refuses before any kernel state).
 declare -A ONLY=(
-  [monitor_patch]="restarted_monitor_with_a_renewed_certificate_takes_a_new_version"
+  [monitor_patch]="a_renewal_keeps_established_connections_until_one_is_gone_or_rebuilt"
   [agent_runtime]="real_ike_daemon_and_monitor_restart_with_guards_in_place"
 )
 

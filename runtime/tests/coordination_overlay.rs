@@ -54,6 +54,7 @@ use agent_node::{AgentNode, attach_overlay, prepare_node, prerequisites, start_a
 use apiserver::{ADMIN_TOKEN, ApiServer};
 use harness::controller_cluster as cc;
 use harness::controller_cluster::coordination::{flags, nb_sb, record};
+use harness::node::SimNode;
 use harness::ovn_controller::OvnController;
 use kube_ovn_ipsec_api::coordination::CoordinationPhase;
 use kube_ovn_ipsec_api::names::ovs;
@@ -353,6 +354,13 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     //    and the lease from the start; the others build theirs to it as soon
     //    as its chassis is in SB, with their own leases.
     let joining = Capture::start(late.netns(), "eth0", &late.dir().join("join.pcap")).unwrap();
+    // The pairs already encrypted keep a probe stream through the join:
+    // their tunnels are untouched while the joiner's appear beside them.
+    let existing: Vec<ProbeStream> = pairs
+        .iter()
+        .map(|&(i, j)| ProbeStream::start(nodes[i].node.netns(), pod(j), PING_INTERVAL).unwrap())
+        .collect();
+    let join_from = unix_now();
     let fx = cc::add_node(&api, &admin, &ds_uid, NODES).await;
     let joined_at = Instant::now();
     nodes.push(prepare_node(late, &fx, dir.path()));
@@ -436,6 +444,20 @@ async fn enable_over_the_overlay_loses_nothing_before_the_flip_and_ends_in_esp()
     }
     let (nb_on, sb_on) = nb_sb(&central).await;
     assert!(nb_on && sb_on, "NB {nb_on} SB {sb_on} after the join");
+    let join_to = unix_now();
+    tokio::time::sleep(2 * PING_INTERVAL).await;
+    for (p, &(i, j)) in existing.into_iter().zip(&pairs) {
+        let t = p.stop().tally(join_from, join_to);
+        println!("{i}→{j} across the join: {t:?}");
+        assert!(t.sent >= 10, "too short a join to judge: {t:?}");
+        assert_eq!(
+            t.lost,
+            0,
+            "{i}→{j}: echoes lost while a node joined: {t:?}\n{}\n{}",
+            sa_events(&nodes[i], join_from, join_to),
+            sa_events(&nodes[j], join_from, join_to)
+        );
+    }
     println!(
         "three nodes encrypted, the joiner admitted, after {:?}",
         t0.elapsed()
@@ -458,4 +480,42 @@ fn ping_peers_captured(nodes: &[AgentNode], i: usize, pcap: &str) -> (u32, Captu
             .received;
     }
     (answered, cap.stop().unwrap())
+}
+
+/// What charon and the monitor of `n` did to SAs between `from` and `to`
+/// (Unix seconds): the lines a lost echo is traced to.
+fn sa_events(n: &SimNode, from: f64, to: f64) -> String {
+    let charon: Vec<String> = n
+        .node
+        .charon_log()
+        .lines()
+        .filter(|l| {
+            l.split_once(' ')
+                .and_then(|(t, _)| t.parse::<f64>().ok())
+                .is_some_and(|t| t >= from - 1.0 && t <= to)
+        })
+        .filter(|l| {
+            [
+                "established",
+                "closing",
+                "initiating",
+                "deleting",
+                "rekey",
+                "acquire",
+                "duplicate",
+                "TS_",
+                "failed",
+            ]
+            .iter()
+            .any(|w| l.contains(w))
+        })
+        .map(str::to_string)
+        .collect();
+    format!(
+        "{} charon:\n{}\n{} monitor:\n{}",
+        n.node.chassis(),
+        charon.join("\n"),
+        n.node.chassis(),
+        n.node.monitor_log()
+    )
 }

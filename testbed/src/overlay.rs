@@ -171,10 +171,10 @@ pub fn add_pod(node: &IpsecNode, name: &str, cidr: &str) -> Result<(), IpsecErro
 /// must run and the ports must exist. `entry` rather than a node: the
 /// caller is a thread playing ovn-controller for a node it does not own.
 pub fn split_horizon(entry: &Entry, pod: &str, tunnels: &[&str]) -> Result<(), IpsecError> {
-    let ofctl = |args: &[&str]| -> Result<(), IpsecError> {
+    let ofctl = |args: &[&str]| -> Result<String, IpsecError> {
         let out = entry.run("ovs-ofctl", args)?;
         if out.status.success() {
-            Ok(())
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
             Err(failed(
                 format!("ovs-ofctl {}", args.join(" ")),
@@ -182,28 +182,34 @@ pub fn split_horizon(entry: &Entry, pod: &str, tunnels: &[&str]) -> Result<(), I
             ))
         }
     };
-    ofctl(&["del-flows", "br-int"])?;
-    // Flows first, then the mapping they used: a second call starts clean.
-    ofctl(&["del-tlv-map", "br-int"])?;
-    ofctl(&[
-        "add-tlv-map",
-        "br-int",
-        "{class=0x102,type=0x80,len=4}->tun_metadata0",
-    ])?;
-    let mut actions = vec!["set_field:0x1->tun_metadata0".to_owned()];
-    actions.extend(tunnels.iter().map(|t| format!("output:{t}")));
-    ofctl(&[
-        "add-flow",
-        "br-int",
-        &format!("in_port={pod},actions={}", actions.join(",")),
-    ])?;
-    for t in tunnels {
+    // The option's mapping once: every call maps it the same way.
+    let map = ofctl(&["dump-tlv-map", "br-int"])?;
+    if !map.contains("tun_metadata0") {
         ofctl(&[
-            "add-flow",
+            "add-tlv-map",
             "br-int",
-            &format!("in_port={t},actions=output:{pod}"),
+            "{class=0x102,type=0x80,len=4}->tun_metadata0",
         ])?;
     }
+    let mut actions = vec!["set_field:0x1->tun_metadata0".to_owned()];
+    actions.extend(tunnels.iter().map(|t| format!("output:{t}")));
+    let mut flows = vec![format!("in_port={pod},actions={}", actions.join(","))];
+    flows.extend(
+        tunnels
+            .iter()
+            .map(|t| format!("in_port={t},actions=output:{pod}")),
+    );
+    // One replace-flows: ovs-vswitchd gets only the difference, so a tunnel
+    // added or removed never leaves the pods' flows missing for a moment
+    // (deleting every flow first dropped the traffic of the tunnels that
+    // stayed, seconds long under TCG).
+    let file = tempfile::Builder::new()
+        .prefix("koi-flows-")
+        .tempfile()
+        .map_err(|e| failed("writing the flows", e.to_string()))?;
+    std::fs::write(file.path(), flows.join("\n") + "\n")
+        .map_err(|e| failed("writing the flows", e.to_string()))?;
+    ofctl(&["replace-flows", "br-int", &file.path().to_string_lossy()])?;
     Ok(())
 }
 

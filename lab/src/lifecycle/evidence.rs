@@ -142,12 +142,12 @@ impl Drop for Evidence {
 
 /// The rekeys in one node's charon log: (Unix seconds, kind, what).
 ///
-/// A CHILD_SA rekey is logged where it starts, on the end whose kernel
-/// reported the SA's soft lifetime over: `creating rekey job for CHILD_SA
-/// ESP/0x<inbound SPI>/<own address>`. An IKE_SA rekey is logged on both
-/// ends when it completes: `IKE_SA <conn>[<n>] rekeyed between
-/// <own address>[<id>]...<peer address>[<id>]`; the caller keeps one of the
-/// two.
+/// A CHILD_SA rekey is logged where it starts, by each end whose kernel
+/// reported one of the SA's states past its soft lifetime: `creating rekey
+/// job for CHILD_SA ESP/0x<SPI>/<destination>` (the SPI names the SA on
+/// both ends). An IKE_SA rekey is logged on both ends when it completes:
+/// `IKE_SA <conn>[<n>] rekeyed between <own address>[<id>]...<peer
+/// address>[<id>]`. The caller keeps one line per rekey.
 pub(super) fn rekeys_in_log(log: &str) -> Vec<(f64, &'static str, String)> {
     log.lines()
         .filter_map(|line| {
@@ -161,8 +161,8 @@ pub(super) fn rekeys_in_log(log: &str) -> Vec<(f64, &'static str, String)> {
                 return Some((at, "IKE_SA rekey", ends.join(" <-> ")));
             }
             let (_, tail) = rest.split_once("creating rekey job for CHILD_SA ESP/")?;
-            let spi = tail.split('/').next()?;
-            Some((at, "CHILD_SA rekey", format!("inbound SPI {spi}")))
+            let (spi, dst) = tail.trim_end().split_once('/')?;
+            Some((at, "CHILD_SA rekey", format!("SPI {spi} to {dst}")))
         })
         .collect()
 }
@@ -188,7 +188,7 @@ mod tests {
                 (
                     1796606239.832,
                     "CHILD_SA rekey",
-                    "inbound SPI 0xc75ff568".to_string()
+                    "SPI 0xc75ff568 to 10.77.0.2".to_string()
                 ),
                 (
                     1796606336.224,

@@ -131,20 +131,32 @@ fn events(
         .iter()
         .map(|e| (e.at, e.kind.clone(), e.node, e.detail.clone()))
         .collect();
-    // An IKE_SA rekey is logged by both ends: keep the first line of a
-    // pair within two seconds.
+    // Both ends log an IKE_SA rekey, and both may log a CHILD_SA's: keep
+    // the first line of a pair's IKE_SA rekey within two seconds, and of an
+    // SA's SPI (it names the SA on both ends).
     let mut ike: BTreeSet<(String, i64)> = BTreeSet::new();
+    let mut child: BTreeSet<String> = BTreeSet::new();
+    let mut lines: Vec<(f64, &'static str, usize, String)> = Vec::new();
     for (i, n) in w.nodes.iter().enumerate() {
         for (at, kind, what) in rekeys_in_log(&n.node.charon_log()) {
-            let slot = (at / 2.0).floor() as i64;
-            if kind == "IKE_SA rekey" {
-                if (slot - 1..=slot + 1).any(|s| ike.contains(&(what.clone(), s))) {
-                    continue;
-                }
-                ike.insert((what.clone(), slot));
-            }
-            all.push((at, kind.to_string(), i, what));
+            lines.push((at, kind, i, what));
         }
+    }
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (at, kind, i, what) in lines {
+        if kind == "IKE_SA rekey" {
+            let slot = (at / 2.0).floor() as i64;
+            if (slot - 1..=slot + 1).any(|s| ike.contains(&(what.clone(), s))) {
+                continue;
+            }
+            ike.insert((what.clone(), slot));
+        } else {
+            let spi = what.split(' ').nth(1).unwrap_or_default().to_string();
+            if !child.insert(spi) {
+                continue;
+            }
+        }
+        all.push((at, kind.to_string(), i, what));
     }
     all.sort_by(|a, b| a.0.total_cmp(&b.0));
     let start = run.t0_unix();
