@@ -79,6 +79,13 @@ impl MonitorPatch {
         matches!(self, MonitorPatch::Patched { version } if version >= 4)
     }
 
+    /// Whether the monitor loads an ECDSA node key (patch v4 and later
+    /// write `: PKCS8`; every other monitor writes `: RSA`, which charon
+    /// refuses for an ECDSA key: "no private key found", no IKE_SA).
+    pub fn loads_ecdsa_keys(self) -> bool {
+        self.takes_rekeying()
+    }
+
     /// Whether a renewal keeps the established connections and the
     /// monitor answers `tunnels/rebuild` (patch v5 and later).
     pub fn rebuilds(self) -> bool {
@@ -149,6 +156,9 @@ mod tests {
         assert!(!MonitorPatch::Patched { version: 3 }.takes_rekeying());
         assert!(MonitorPatch::Patched { version: 4 }.takes_rekeying());
         assert!(!MonitorPatch::Patched { version: 4 }.rebuilds());
+        assert!(!MonitorPatch::Unpatched.loads_ecdsa_keys());
+        assert!(!MonitorPatch::Patched { version: 3 }.loads_ecdsa_keys());
+        assert!(MonitorPatch::Patched { version: 4 }.loads_ecdsa_keys());
         assert!(MonitorPatch::Patched { version: 5 }.rebuilds());
         assert!(
             MonitorPatch::Patched {

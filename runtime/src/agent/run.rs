@@ -45,7 +45,7 @@ use actors::coordinator::plan::RecordView;
 use actors::tree::CoordinationPorts;
 use kube_ovn_ipsec_api::names::k8s;
 
-use super::config::{CoordinationMode, IkeDaemonKind, NodeArgs, RunArgs};
+use super::config::{CoordinationMode, IkeDaemonKind, KeyAlgorithm, NodeArgs, RunArgs};
 use super::coordination::{self, KubeReceipts};
 use super::events::{EventForwarder, ForwarderArgs, NodeEvents};
 use super::http;
@@ -365,6 +365,16 @@ pub async fn run_with(
     tracing::info!("capability gate passed: both ovn-controllers advertise output protection");
     let patch = monitor_patch::inspect(&args.monitor_script).map_err(AgentError::Runtime)?;
     tracing::info!(?patch, ca_workaround = patch.needs_ca_workaround(), script = %args.monitor_script.display(), "ovs-monitor-ipsec");
+    if args.key_algorithm == KeyAlgorithm::EcdsaP256 && !patch.loads_ecdsa_keys() {
+        // Refused before any key exists: a node with an ECDSA key this
+        // monitor cannot load would authenticate no IKE_SA at all.
+        return Err(AgentError::Unsupported(format!(
+            "--key-algorithm ecdsa-p256 needs the ovs-monitor-ipsec patch v4 or later: {} \
+             ({patch:?}) writes the node key into ipsec.secrets as `: RSA`, which strongSwan \
+             refuses for an ECDSA key; use --key-algorithm rsa2048 or the image's monitor",
+            args.monitor_script.display()
+        )));
+    }
     if !patch.takes_rekeying() {
         tracing::warn!(
             ?patch,
