@@ -26,7 +26,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ike_node::{Node, Overlay, POD_B, overlay_pair, wait_for_pod_reply};
-use testbed::guest::{GuestKernel, HostFeatures, run_in_guest};
+use testbed::guest::{GuestKernel, run_in_guest};
 use testbed::netns::wait_for;
 use testbed::overlay::{self, PingStats, Throughput};
 
@@ -163,7 +163,6 @@ fn first_line(s: &str) -> &str {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let bench = args.iter().any(|a| a == "--bench");
     let quick = args.iter().any(|a| a == "--quick");
     let sizes = if quick {
         Sizes {
@@ -178,48 +177,30 @@ fn main() {
             tcp_for: Duration::from_secs(5),
         }
     };
-    let features = HostFeatures::probe();
-    if features.complete() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(datapath(sizes));
-        return;
-    }
-    if !bench {
-        println!(
-            "overlay_datapath: this kernel lacks {features:?}; scripts/kernel-tests.sh runs \
-             `overlay_datapath --quick` on a full kernel, scripts/bench.sh the full bench"
-        );
-        return;
-    }
-    let kernel = GuestKernel::prepare(&GuestKernel::cache_dir()).unwrap();
-    println!(
-        "overlay_datapath: guest boot to command, TCG: {:?}",
-        boot_times(&kernel, false, 3, Duration::from_secs(120))
-    );
-    let kvm = if Path::new("/dev/kvm").exists() {
-        format!(
-            "{:?}",
-            boot_times(&kernel, true, 1, Duration::from_secs(60))
-        )
-    } else {
-        "no /dev/kvm".to_string()
-    };
-    println!("overlay_datapath: guest boot to command, KVM: {kvm}");
-    let exe = std::env::current_exe().unwrap();
-    let cwd = std::env::current_dir().unwrap();
-    let run = run_in_guest(
-        &kernel,
-        false,
-        &cwd,
-        &[exe.display().to_string(), "--bench".to_string()],
-        &[],
+    testbed::guest::bench_on_full_kernel(
+        "overlay_datapath",
+        &args,
         Duration::from_secs(900),
-        &mut std::io::stdout(),
+        || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(datapath(sizes));
+        },
+        |kernel| {
+            println!(
+                "overlay_datapath: guest boot to command, TCG: {:?}",
+                boot_times(kernel, false, 3, Duration::from_secs(120))
+            );
+            let kvm = if Path::new("/dev/kvm").exists() {
+                format!("{:?}", boot_times(kernel, true, 1, Duration::from_secs(60)))
+            } else {
+                "no /dev/kvm".to_string()
+            };
+            println!("overlay_datapath: guest boot to command, KVM: {kvm}");
+        },
     )
     .unwrap();
-    assert_eq!(run.status, 0, "the bench failed in the guest: {run:?}");
 }

@@ -33,7 +33,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use harness::ike_node::{Node, Overlay, POD_B, overlay_pair, wait_for_pod_reply};
-use testbed::guest::{GuestKernel, HostFeatures, run_in_guest};
 use testbed::netns::wait_for;
 use testbed::overlay::xfrm_stats;
 use testbed::probe::{ProbeStream, unix_now};
@@ -369,41 +368,24 @@ async fn rekey_paths(rounds: usize) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let bench = args.iter().any(|a| a == "--bench");
     let rounds = if args.iter().any(|a| a == "--quick") {
         1
     } else {
         3
     };
-    let features = HostFeatures::probe();
-    if features.complete() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(rekey_paths(rounds));
-        return;
-    }
-    if !bench {
-        println!(
-            "sa_rekey: this kernel lacks {features:?}; scripts/kernel-tests.sh runs \
-             `sa_rekey --quick` on a full kernel, scripts/bench.sh the full bench"
-        );
-        return;
-    }
-    let kernel = GuestKernel::prepare(&GuestKernel::cache_dir()).unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let cwd = std::env::current_dir().unwrap();
-    let run = run_in_guest(
-        &kernel,
-        false,
-        &cwd,
-        &[exe.display().to_string(), "--bench".to_string()],
-        &[],
+    testbed::guest::bench_on_full_kernel(
+        "sa_rekey",
+        &args,
         Duration::from_secs(1200),
-        &mut std::io::stdout(),
+        || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(rekey_paths(rounds));
+        },
+        |_| {},
     )
     .unwrap();
-    assert_eq!(run.status, 0, "the bench failed in the guest: {run:?}");
 }

@@ -561,6 +561,21 @@ fn patched_monitor_rekeys_instead_of_reauthenticating_with_ecdsa_keys() {
     );
 }
 
+/// Waits until `node`'s (restarted) monitor shows `tunnel`.
+fn wait_shown(node: &IpsecNode, tunnel: &str) {
+    let loaded =
+        testbed::netns::wait_for(Duration::from_secs(30), Duration::from_millis(200), || {
+            node.monitor_show()
+                .ok()
+                .filter(|show| show.contains(tunnel))
+                .map(|_| ())
+        });
+    assert!(
+        loaded.is_some(),
+        "the restarted monitor never showed {tunnel}"
+    );
+}
+
 /// The connections with an installed CHILD_SA on `node`, sorted.
 fn installed_children(node: &IpsecNode) -> Vec<String> {
     let status = node.ipsec(&["status"]).unwrap_or_default();
@@ -661,17 +676,7 @@ fn a_renewal_keeps_established_connections_until_one_is_gone_or_rebuilt() {
     //    version 1 still kept.
     let renewed = p.ca.issue_as(p.a.chassis(), "chass-a-renewed-2").unwrap();
     p.a.restart_monitor(script, Some(renewed.clone())).unwrap();
-    let loaded =
-        testbed::netns::wait_for(Duration::from_secs(30), Duration::from_millis(200), || {
-            p.a.monitor_show()
-                .ok()
-                .filter(|show| show.contains(&to_b))
-                .map(|_| ())
-        });
-    assert!(
-        loaded.is_some(),
-        "the restarted monitor never showed {to_b}"
-    );
+    wait_shown(&p.a, &to_b);
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(
         (ike_ids(&p), installed_children(&p.a)),
@@ -763,17 +768,7 @@ fn a_renewal_keeps_established_connections_until_one_is_gone_or_rebuilt() {
     let replacing = |node: &IpsecNode| node.monitor_log().matches("replacing ").count();
     let replaced_before = replacing(&p.a);
     p.a.restart_monitor(script, None).unwrap();
-    let loaded =
-        testbed::netns::wait_for(Duration::from_secs(30), Duration::from_millis(200), || {
-            p.a.monitor_show()
-                .ok()
-                .filter(|show| show.contains(&to_b))
-                .map(|_| ())
-        });
-    assert!(
-        loaded.is_some(),
-        "the restarted monitor never showed {to_b}"
-    );
+    wait_shown(&p.a, &to_b);
     // A replacement would start at that refresh; give it the poller's turns.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(

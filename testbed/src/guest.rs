@@ -443,6 +443,58 @@ impl Drop for Qemu {
     }
 }
 
+/// How a bench binary that needs ESP, GENEVE and openvswitch runs, as its
+/// `main`: `here` when this kernel has them; otherwise, run as a bench
+/// (`--bench` among `args`), `before_guest` with the prepared guest kernel
+/// and then this same binary with `--bench` inside the TCG guest, bounded
+/// by `limit`, an error if it fails there; under `cargo test` (no
+/// `--bench`) on a kernel without them, `name` says where it runs and
+/// nothing else happens.
+pub fn bench_on_full_kernel(
+    name: &str,
+    args: &[String],
+    limit: Duration,
+    here: impl FnOnce(),
+    before_guest: impl FnOnce(&GuestKernel),
+) -> Result<(), GuestError> {
+    let features = HostFeatures::probe();
+    if features.complete() {
+        here();
+        return Ok(());
+    }
+    if !args.iter().any(|a| a == "--bench") {
+        println!(
+            "{name}: this kernel lacks {features:?}; scripts/kernel-tests.sh runs `{name} \
+             --quick` on a full kernel, scripts/bench.sh the full bench"
+        );
+        return Ok(());
+    }
+    let kernel = GuestKernel::prepare(&GuestKernel::cache_dir())?;
+    before_guest(&kernel);
+    let step = |what: &'static str, e: std::io::Error| GuestError::Step {
+        step: what,
+        detail: e.to_string(),
+    };
+    let exe = std::env::current_exe().map_err(|e| step("locating the bench binary", e))?;
+    let cwd = std::env::current_dir().map_err(|e| step("the working directory", e))?;
+    let run = run_in_guest(
+        &kernel,
+        false,
+        &cwd,
+        &[exe.display().to_string(), "--bench".to_string()],
+        &[],
+        limit,
+        &mut std::io::stdout(),
+    )?;
+    if run.status != 0 {
+        return Err(GuestError::Step {
+            step: "the bench in the guest",
+            detail: format!("{name} exited with {}", run.status),
+        });
+    }
+    Ok(())
+}
+
 /// Runs `command` (program and arguments) in a guest booted from `kernel`,
 /// in `cwd`, with `env` exported; streams the guest's console to `out`;
 /// bounded by `timeout`.
