@@ -232,6 +232,9 @@ BAD = [
     ({"features": {"enableOvnIpsec": True}, "networking": {"tunnelType": "stt"}}, "geneve and vxlan tunnels only"),
     ({"cni": {"capabilities": ["NET_ADMIN", "SYS_NICE"]}}, "always drops it"),
     ({"controller": {"ovnNb": "ssl:10.0.0.1:6641"}}, "only tcp:HOST:PORT"),
+    ({"features": {"enableOvnIpsec": True}, "ipsec": {"childLifetime": 600, "rekeyMargin": 300}},
+     "starts rekeying before a 600 s lifetime has begun"),
+    ({"ipsec": {"rekeyFuzz": -5}}, "/ipsec/rekeyFuzz"),
 ]
 
 

@@ -209,7 +209,7 @@ pub fn is_window(phase: &str) -> bool {
 
 /// Phases in which every tunnel carries IPsec intent from start to end: a
 /// plaintext Geneve packet on the underlay in one of them is a leak.
-pub const INTENT_ON: [&str; 4] = ["Enabled", "negotiation", "renewal", "actor kill"];
+pub const INTENT_ON: [&str; 5] = ["Enabled", "negotiation", "renewal", "actor kill", "rekeys"];
 
 impl Summary {
     /// What the run's accounting says is wrong, for the operator: plaintext

@@ -242,6 +242,7 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
         "Enabled",
         "renewal",
         "actor kill",
+        "rekeys",
         "cleanup rollout",
         "Disabled",
     ] {

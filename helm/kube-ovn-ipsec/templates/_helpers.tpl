@@ -117,6 +117,28 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
   mountPath: {{ include "kube-ovn-ipsec.keyDirectory" . }}
 {{- end -}}
 
+{{/* The agent's rekeying, as its environment; refused when the margin,
+     stretched by the fuzz, reaches a lifetime (the agent would refuse to
+     start: say it at render time). */}}
+{{- define "kube-ovn-ipsec.rekeying" -}}
+{{- $ike := int64 .Values.ipsec.ikeLifetime -}}
+{{- $child := int64 .Values.ipsec.childLifetime -}}
+{{- $margin := int64 .Values.ipsec.rekeyMargin -}}
+{{- $fuzz := int64 .Values.ipsec.rekeyFuzz -}}
+{{- $shorter := min $ike $child -}}
+{{- if ge (mul $margin (add 100 $fuzz)) (mul $shorter 100) -}}
+{{- fail (printf "ipsec.rekeyMargin %d s with %d%% rekeyFuzz starts rekeying before a %d s lifetime has begun: shorten the margin or the fuzz, or lengthen ipsec.ikeLifetime/childLifetime" $margin $fuzz $shorter) -}}
+{{- end -}}
+- name: OVN_IPSEC_IKE_LIFETIME
+  value: {{ $ike | quote }}
+- name: OVN_IPSEC_CHILD_LIFETIME
+  value: {{ $child | quote }}
+- name: OVN_IPSEC_REKEY_MARGIN
+  value: {{ $margin | quote }}
+- name: OVN_IPSEC_REKEY_FUZZ
+  value: {{ $fuzz | quote }}
+{{- end -}}
+
 {{/* The `ipsec` container (IPsec on): include under the CNI Pod's
      `containers:`. */}}
 {{- define "kube-ovn-ipsec.cniContainers" -}}
@@ -137,6 +159,7 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
       value: {{ .Values.ipsec.requestTimeout | quote }}
     - name: OVN_IPSEC_RESERVED_MARK_BITS
       value: {{ .Values.ipsec.reservedMarkBits | quote }}
+    {{- include "kube-ovn-ipsec.rekeying" . | nindent 4 }}
     {{- with .Values.ipsec.tunnelMTU }}
     - name: OVN_IPSEC_TUNNEL_MTU
       value: {{ . | quote }}

@@ -5,8 +5,8 @@
 //! → tunnels gain intent → IKE and CHILD SAs between every pair → pod
 //! traffic encrypted (underlay: ESP only) → one IKE+CHILD negotiation
 //! measured → a renewal while traffic runs → one agent actor's process
-//! killed and recovered → disable → the node-by-node cleanup rollout →
-//! `Disabled` → plaintext again → every namespace checked for leftover
+//! killed and recovered → every pair's IKE_SA rekeyed → disable → the
+//! node-by-node cleanup rollout → `Disabled` → plaintext again → every namespace checked for leftover
 //! project state (none) and foreign state (untouched) → the accounting:
 //! no echo lost around an event, no plaintext while intent was on, no XFRM
 //! error counter grown outside the windows. A probe stream per
@@ -47,6 +47,7 @@ mod plaintext;
 mod plaintext_again;
 mod pod;
 mod readings;
+mod rekeys;
 mod renewal;
 mod rows;
 mod sas;
@@ -112,6 +113,7 @@ async fn steps(
     negotiation::negotiation(run, w)?;
     renewal::renewal(run, w).await?;
     actor_kill::actor_kill(run, w).await?;
+    rekeys::rekeys(run, w).await?;
     let intent_given = disable::disable(run, w).await?;
     cleanup::cleanup_rollout(run, w, intent_given).await?;
     plaintext_again::plaintext_again(run, w)?;
