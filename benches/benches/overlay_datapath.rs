@@ -181,14 +181,7 @@ fn main() {
         "overlay_datapath",
         &args,
         Duration::from_secs(900),
-        || {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(datapath(sizes));
-        },
+        datapath(sizes),
         |kernel| {
             println!(
                 "overlay_datapath: guest boot to command, TCG: {:?}",

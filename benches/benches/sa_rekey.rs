@@ -377,14 +377,7 @@ fn main() {
         "sa_rekey",
         &args,
         Duration::from_secs(1200),
-        || {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(rekey_paths(rounds));
-        },
+        rekey_paths(rounds),
         |_| {},
     )
     .unwrap();

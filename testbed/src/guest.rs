@@ -444,7 +444,7 @@ impl Drop for Qemu {
 }
 
 /// How a bench binary that needs ESP, GENEVE and openvswitch runs, as its
-/// `main`: `here` when this kernel has them; otherwise, run as a bench
+/// `main`: `here`, on a two-worker runtime, when this kernel has them; otherwise, run as a bench
 /// (`--bench` among `args`), `before_guest` with the prepared guest kernel
 /// and then this same binary with `--bench` inside the TCG guest, bounded
 /// by `limit`, an error if it fails there; under `cargo test` (no
@@ -454,12 +454,22 @@ pub fn bench_on_full_kernel(
     name: &str,
     args: &[String],
     limit: Duration,
-    here: impl FnOnce(),
+    here: impl std::future::Future<Output = ()>,
     before_guest: impl FnOnce(&GuestKernel),
 ) -> Result<(), GuestError> {
     let features = HostFeatures::probe();
     if features.complete() {
-        here();
+        // Two workers: the benches' daemons and probes run beside them on
+        // a two-core machine.
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| GuestError::Step {
+                step: "starting the bench's runtime",
+                detail: e.to_string(),
+            })?
+            .block_on(here);
         return Ok(());
     }
     if !args.iter().any(|a| a == "--bench") {
