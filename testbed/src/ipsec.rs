@@ -338,21 +338,40 @@ impl Switch {
         Ok(())
     }
 
-    /// Gives the existing Interface `tunnel.name` IPsec intent: sets
-    /// `remote_name` and the output-protection options in one transaction,
-    /// as the patched ovn-controller does when `SB_Global.ipsec` turns true.
-    pub fn protect_tunnel(&self, tunnel: &Tunnel) -> Result<(), IpsecError> {
-        let mut args = vec!["set".to_string(), "Interface".into(), tunnel.name.clone()];
-        args.extend(tunnel.protection_options());
+    /// Gives each of `tunnels` its intent and output-protection options,
+    /// all in one transaction: as ovn-controller writes one engine run's
+    /// changes, so the monitor sees them in one refresh.
+    pub fn protect_tunnels(&self, tunnels: &[Tunnel]) -> Result<(), IpsecError> {
+        let mut args: Vec<String> = Vec::new();
+        for tunnel in tunnels {
+            if !args.is_empty() {
+                args.push("--".into());
+            }
+            args.extend(["set".to_string(), "Interface".into(), tunnel.name.clone()]);
+            args.extend(tunnel.protection_options());
+        }
+        if args.is_empty() {
+            return Ok(());
+        }
         self.vsctl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
         Ok(())
     }
 
-    /// Takes IPsec intent away from Interface `name`: removes `remote_name`
-    /// and the output-protection options in one transaction.
-    pub fn unprotect_tunnel(&self, name: &str) -> Result<(), IpsecError> {
-        let mut args = vec!["remove", "Interface", name, "options"];
-        args.extend(ovs::TUNNEL_PROTECTION_OPTIONS);
+    /// Takes IPsec intent away from the Interfaces `names`: removes
+    /// `remote_name` and the output-protection options, all in one
+    /// transaction.
+    pub fn unprotect_tunnels(&self, names: &[&str]) -> Result<(), IpsecError> {
+        let mut args: Vec<&str> = Vec::new();
+        for name in names {
+            if !args.is_empty() {
+                args.push("--");
+            }
+            args.extend(["remove", "Interface", name, "options"]);
+            args.extend(ovs::TUNNEL_PROTECTION_OPTIONS);
+        }
+        if args.is_empty() {
+            return Ok(());
+        }
         self.vsctl(&args)?;
         Ok(())
     }
@@ -787,14 +806,14 @@ impl IpsecNode {
         self.switch().add_plain_tunnel(name, remote_ip)
     }
 
-    /// Gives a tunnel IPsec intent ([`Switch::protect_tunnel`]).
+    /// Gives a tunnel IPsec intent ([`Switch::protect_tunnels`]).
     pub fn protect_tunnel(&self, tunnel: &Tunnel) -> Result<(), IpsecError> {
-        self.switch().protect_tunnel(tunnel)
+        self.switch().protect_tunnels(std::slice::from_ref(tunnel))
     }
 
-    /// Takes IPsec intent away from a tunnel ([`Switch::unprotect_tunnel`]).
+    /// Takes IPsec intent away from a tunnel ([`Switch::unprotect_tunnels`]).
     pub fn unprotect_tunnel(&self, name: &str) -> Result<(), IpsecError> {
-        self.switch().unprotect_tunnel(name)
+        self.switch().unprotect_tunnels(&[name])
     }
 
     /// Removes a tunnel ([`Switch::remove_tunnel`]).

@@ -279,6 +279,10 @@ async fn pass(
             log.line(&format!("removed tunnel {name}"));
         }
     }
+    // Intent given or taken in one transaction for every tunnel of the
+    // pass, as ovn-controller commits one engine run.
+    let mut protect = Vec::new();
+    let mut unprotect = Vec::new();
     for (name, (chassis, ip)) in &wanted {
         let tunnel = Tunnel {
             name: name.clone(),
@@ -299,25 +303,36 @@ async fn pass(
             Some(have) => {
                 let want = lease.map(|l| l.intent_options(chassis));
                 if !intent_matches(&have.options, want.as_ref()) {
-                    if want.is_some() {
-                        config
-                            .switch
-                            .protect_tunnel(&tunnel)
-                            .map_err(|e| e.to_string())?;
-                        log.line(&format!(
-                            "gave tunnel {name} intent and marks: {}",
-                            describe(want.as_ref())
-                        ));
-                    } else {
-                        config
-                            .switch
-                            .unprotect_tunnel(name)
-                            .map_err(|e| e.to_string())?;
-                        log.line(&format!("removed intent and marks from tunnel {name}"));
+                    match want {
+                        Some(want) => protect.push((tunnel, want)),
+                        None => unprotect.push(name.as_str()),
                     }
                 }
             }
             None => add(config, &tunnel, lease.is_some(), log)?,
+        }
+    }
+    if !protect.is_empty() {
+        let tunnels: Vec<Tunnel> = protect.iter().map(|(t, _)| t.clone()).collect();
+        config
+            .switch
+            .protect_tunnels(&tunnels)
+            .map_err(|e| e.to_string())?;
+        for (tunnel, want) in &protect {
+            log.line(&format!(
+                "gave tunnel {} intent and marks: {}",
+                tunnel.name,
+                describe(Some(want))
+            ));
+        }
+    }
+    if !unprotect.is_empty() {
+        config
+            .switch
+            .unprotect_tunnels(&unprotect)
+            .map_err(|e| e.to_string())?;
+        for name in &unprotect {
+            log.line(&format!("removed intent and marks from tunnel {name}"));
         }
     }
 

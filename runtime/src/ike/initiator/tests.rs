@@ -100,14 +100,71 @@ fn initiates_after_the_grace_then_backs_off() {
     let at = |s: u64| start + Duration::from_millis(s);
     assert!(i.plan(&status, at(500)).is_empty(), "inside the grace");
     assert_eq!(i.plan(&status, at(1000)), vec!["ovn-cccccc-0-out-1"]);
-    assert_eq!(i.look_again_within(), None, "attempted: normal probes");
-    // Retries after 10 s, 20 s, 40 s, then every 60 s.
+    assert_eq!(
+        i.look_again_within(),
+        Some(Initiator::GRACE),
+        "a young stall is looked at every second"
+    );
+    // Retries after 2 s, 4 s, 8 s, ... then every 60 s.
     let mut last = 1000;
-    for wait in [10_000, 20_000, 40_000, 60_000, 60_000] {
+    for wait in [2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000] {
         assert!(i.plan(&status, at(last + wait - 1)).is_empty(), "{wait}");
         assert_eq!(i.plan(&status, at(last + wait)).len(), 1, "{wait}");
         last += wait;
     }
+    // An old stall: looked at when its next retry is due, not every second.
+    assert_eq!(i.look_again_within(), Some(Duration::from_secs(60)));
+    i.plan(&status, at(last + 45_000));
+    assert_eq!(i.look_again_within(), Some(Duration::from_secs(15)));
+}
+
+#[test]
+fn the_peers_ike_sa_has_the_stalled_connection_initiated_at_once() {
+    // The dark tunnel without any IKE_SA yet.
+    let no_ike: String = TWO_PEERS_ONE_DARK
+        .lines()
+        .filter(|l| !l.starts_with("ovn-cccccc-0-in-1[") && !l.starts_with("ovn-cccccc-0-in-1{6}"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let dark = parse_status(&no_ike);
+    assert_eq!(stalled_outbound(&dark), vec!["ovn-cccccc-0-out-1"]);
+    let start = t0();
+    let at = |ms: u64| start + Duration::from_millis(ms);
+    let mut i = Initiator::new();
+    i.plan(&dark, at(0));
+    assert_eq!(i.plan(&dark, at(1000)).len(), 1);
+    // The peer initiated: the tunnel's IKE_SA is up, its outbound CHILD_SA
+    // still missing (the ACQUIRE ignored for the shared reqid).
+    let peer_up = parse_status(&format!(
+        "{no_ike}ovn-cccccc-0-in-1[3]: ESTABLISHED 1 second ago, 10.77.0.1[CN=a]...10.77.0.3[CN=c]\n"
+    ));
+    assert_eq!(
+        i.plan(&peer_up, at(1500)),
+        vec!["ovn-cccccc-0-out-1"],
+        "no backoff once an IKE_SA carries the tunnel"
+    );
+    // Once per IKE_SA coming up: then the backoff again.
+    assert!(i.plan(&peer_up, at(2000)).is_empty());
+    assert_eq!(i.plan(&peer_up, at(5500)).len(), 1, "4 s after the second");
+}
+
+#[test]
+fn an_attempt_in_flight_keeps_its_backoff() {
+    let dark = parse_status(TWO_PEERS_ONE_DARK);
+    let connecting = parse_status(&format!(
+        "{TWO_PEERS_ONE_DARK}ovn-cccccc-0-out-1[3]: CONNECTING, 10.77.0.1[%any]...10.77.0.3[%any]\n"
+    ));
+    let start = t0();
+    let at = |ms: u64| start + Duration::from_millis(ms);
+    let mut i = Initiator::new();
+    i.plan(&dark, at(0));
+    assert_eq!(i.plan(&dark, at(1000)).len(), 1);
+    assert!(i.plan(&connecting, at(1500)).is_empty());
+    assert_eq!(i.look_again_within(), Some(Initiator::GRACE));
+    // The peer refused (no configuration yet): stalled again, retried on
+    // the backoff, not after a fresh grace.
+    assert!(i.plan(&dark, at(2500)).is_empty());
+    assert_eq!(i.plan(&dark, at(3000)).len(), 1);
 }
 
 #[test]
@@ -130,6 +187,7 @@ fn an_established_connection_is_forgotten_and_starts_over() {
 #[test]
 fn nothing_routed_nothing_to_do() {
     let mut i = Initiator::new();
+    assert_eq!(i.look_again_within(), None, "nothing seen yet");
     assert!(i.plan(&Status::default(), t0()).is_empty());
     assert_eq!(i.look_again_within(), None);
 }
