@@ -18,11 +18,25 @@
 //! monitor rewrites the IKE daemon's configuration asynchronously, so a
 //! mismatch is retried every `ack_retry` until it matches or a newer
 //! generation replaces it.
+//!
+//! Expiry: IKE_SAs are rekeyed, never reauthenticated, and the monitor
+//! keeps established connections across a renewal, so nothing in the IKE
+//! daemon ends an IKE_SA when the certificate that authenticated it
+//! expires. The actor does: at each probe while the active leaf has
+//! expired (the renewal failed past its end, no successor), it has the IKE
+//! port end every IKE_SA of the monitor's connections
+//! ([`IkePort::end_ike_sas`]). New ones cannot be set up with the expired
+//! leaf (peers refuse it), so the node's overlay traffic stays behind the
+//! guards while `/status` says `Expired`: closed and loud, never open with
+//! a proof of identity that ran out. A valid successor makes the monitor
+//! load new connections, which negotiate afresh.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube_ovn_ipsec_api::clock::Clock;
 use kube_ovn_ipsec_api::digest::Sha256Digest;
+use kube_ovn_ipsec_api::time::Timestamp;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::bus::{Bus, IdentityEvent};
@@ -33,7 +47,7 @@ use crate::ports::{
     Acknowledgement, IkePort, MonitorPort, OvsdbIdentity, OvsdbIdentityKeys, RunningMonitor,
 };
 use crate::process_watch::{ProcessConfig, ProcessWatch, StartPatience, WatchArgs};
-use crate::status::{RuntimeComponent, StatusBoard};
+use crate::status::{RuntimeComponent, StatusBoard, timestamp};
 
 /// Start-up arguments (cloned for every incarnation).
 #[derive(Debug, Clone)]
@@ -59,6 +73,8 @@ pub struct MonitorArgs {
     /// Delay between acknowledgement attempts while the read-back does not
     /// match yet.
     pub ack_retry: Duration,
+    /// Wall clock (the active leaf's expiry is checked against it).
+    pub clock: Arc<dyn Clock>,
 }
 
 /// Messages of the monitor actor.
@@ -68,8 +84,9 @@ pub enum MonitorMsg {
     ExitPoll,
     /// Internal (and on demand): run the health probe.
     Probe,
-    /// OVSDB now points at this generation: acknowledge it.
-    Activated(u64),
+    /// OVSDB now points at this generation (expiring at the timestamp):
+    /// acknowledge it.
+    Activated(u64, Timestamp),
     /// Internal: try the pending acknowledgement again.
     AckRetry,
     /// Health, PID and the generation acknowledged.
@@ -94,6 +111,9 @@ pub struct MonitorState {
     ack_retry: Duration,
     /// The active generation, as the last `Active` event said.
     active: Option<u64>,
+    /// When the active generation's leaf expires.
+    active_expires: Option<Timestamp>,
+    clock: Arc<dyn Clock>,
     /// The generation this incarnation's read-back matched.
     acknowledged: Option<u64>,
     retry_scheduled: bool,
@@ -140,6 +160,31 @@ impl MonitorState {
             Err(e) => {
                 tracing::warn!(error = %e, "rebuilding the tunnels kept across renewals failed; trying again")
             }
+        }
+    }
+
+    /// Ends the IKE_SAs of the monitor's connections while the active
+    /// leaf has expired (see the module docs); tried at every probe, so
+    /// one set up since is ended too.
+    async fn end_if_expired(&mut self) {
+        let Some(expires) = self.active_expires else {
+            return;
+        };
+        if timestamp(self.clock.now()) < expires {
+            return;
+        }
+        match self.ike.end_ike_sas().await {
+            Ok(ended) if ended.is_empty() => {}
+            Ok(ended) => tracing::warn!(
+                generation = ?self.active,
+                %expires,
+                ?ended,
+                "the active certificate expired without a successor: its IKE_SAs ended"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "the active certificate expired: ending its IKE_SAs failed; trying again"
+            ),
         }
     }
 }
@@ -207,7 +252,10 @@ impl Actor for MonitorActor {
         args.bus
             .identity
             .subscribe_with_current(myself.clone(), |e| match e {
-                IdentityEvent::Active(a) => Some(MonitorMsg::Activated(a.generation)),
+                IdentityEvent::Active(a) => Some(MonitorMsg::Activated(
+                    a.generation,
+                    a.certificate.not_after(),
+                )),
                 _ => None,
             });
         let watch = WatchArgs {
@@ -231,6 +279,8 @@ impl Actor for MonitorActor {
             board: args.board,
             ack_retry: args.ack_retry,
             active: None,
+            active_expires: None,
+            clock: args.clock,
             acknowledged: None,
             retry_scheduled: false,
         })
@@ -256,8 +306,9 @@ impl Actor for MonitorActor {
                 let acked = state.acknowledged.filter(|g| state.active == Some(*g));
                 let _ = reply.send((state.monitor.healthy(), state.monitor.pid(), acked));
             }
-            MonitorMsg::Activated(generation) => {
+            MonitorMsg::Activated(generation, expires) => {
                 state.active = Some(generation);
+                state.active_expires = Some(expires);
                 self.try_acknowledge(&myself, state).await;
             }
             MonitorMsg::AckRetry => {
@@ -272,6 +323,7 @@ impl Actor for MonitorActor {
                     self.try_acknowledge(&myself, state).await;
                 }
                 state.rebuild_if_due().await;
+                state.end_if_expired().await;
             }
         }
         Ok(())

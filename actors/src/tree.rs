@@ -164,6 +164,7 @@ pub fn tunnel_child_specs(a: &AgentTreeArgs, ports: TunnelPorts) -> Vec<ChildSpe
         config: ports.process_config,
         patience: StartPatience::default(),
         ack_retry: ports.ack_retry,
+        clock: a.clock.clone(),
     };
     vec![
         ChildSpec::actor(names::PROTECTION, Reason::GuardMissing, move || {

@@ -166,6 +166,12 @@ pub trait IkePort: Send + Sync + Debug + 'static {
         keys: &OvsdbIdentityKeys,
         installed: Option<Sha256Digest>,
     ) -> Result<Option<TrustInstalled>>;
+    /// Takes down, without waiting for the peers, every IKE_SA of the
+    /// monitor's connections (with their CHILD_SAs; the connections and
+    /// their traps stay loaded, nothing else of the daemon is touched).
+    /// Returns what it ended (`<connection>[<unique id>]`). Used when the
+    /// certificate those IKE_SAs were authenticated with has expired.
+    async fn end_ike_sas(&self) -> Result<Vec<String>>;
 }
 
 /// The trust bundle the IKE daemon now checks peers against.

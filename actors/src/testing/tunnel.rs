@@ -245,6 +245,10 @@ struct ProcInner {
     retire_next: usize,
     /// Steps of the rebuilds asked of the monitor.
     rebuilds: Vec<u64>,
+    /// The IKE_SAs the daemon holds (ended by `end_ike_sas`).
+    ike_sas: Vec<String>,
+    /// Steps of the `end_ike_sas` calls.
+    ike_sa_ends: Vec<u64>,
 }
 
 /// A fake foreground process (for [`IkePort`] and [`MonitorPort`]) and
@@ -321,6 +325,18 @@ impl FakeProcess {
     /// The steps of the rebuilds asked of the monitor so far.
     pub fn rebuilds(&self) -> Vec<u64> {
         self.lock().rebuilds.clone()
+    }
+    /// The IKE_SAs the fake daemon holds now (`<conn>[<id>]`).
+    pub fn set_ike_sas(&self, sas: &[&str]) {
+        self.lock().ike_sas = sas.iter().map(|s| s.to_string()).collect();
+    }
+    /// The IKE_SAs it holds (those not ended yet).
+    pub fn ike_sas(&self) -> Vec<String> {
+        self.lock().ike_sas.clone()
+    }
+    /// The steps of the calls to end the IKE_SAs so far.
+    pub fn ike_sa_ends(&self) -> Vec<u64> {
+        self.lock().ike_sa_ends.clone()
     }
 
     fn start_one(&self) -> Result<FakeRunning> {
@@ -442,6 +458,14 @@ impl IkePort for FakeProcess {
             retired = std::mem::take(&mut i.retire_next);
         }
         Ok(Some(TrustInstalled { digest, retired }))
+    }
+
+    /// Records the call; ends the IKE_SAs [`FakeProcess::set_ike_sas`]
+    /// says exist (none by default).
+    async fn end_ike_sas(&self) -> Result<Vec<String>> {
+        let mut i = self.lock();
+        i.ike_sa_ends.push(next_step());
+        Ok(std::mem::take(&mut i.ike_sas))
     }
 }
 

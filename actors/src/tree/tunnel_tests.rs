@@ -32,6 +32,7 @@ struct Harness {
     registry: prometheus_client::registry::Registry,
     protection_events: Arc<std::sync::Mutex<Vec<crate::bus::ProtectionEvent>>>,
     ovsdb: FakeOvsdb,
+    csr: FakeCsrApi,
 }
 
 async fn harness() -> Harness {
@@ -51,6 +52,20 @@ async fn harness_full(
     permit: crate::gate::ArmPermit,
     coordination: Option<CoordinationPorts>,
 ) -> Harness {
+    harness_inner(prepare, permit, coordination, None).await
+}
+
+/// The harness whose agent asks for `secs`-second certificates.
+async fn harness_with_lifetime(secs: u32) -> Harness {
+    harness_inner(|_| {}, crate::gate::ArmPermit::granted(), None, Some(secs)).await
+}
+
+async fn harness_inner(
+    prepare: impl FnOnce(&FakeProtection),
+    permit: crate::gate::ArmPermit,
+    coordination: Option<CoordinationPorts>,
+    lifetime: Option<u32>,
+) -> Harness {
     let tmp = tempfile::tempdir().unwrap();
     let clock = Arc::new(TokioClock::starting_at(
         UNIX_EPOCH + Duration::from_secs(1_800_000_000),
@@ -66,6 +81,9 @@ async fn harness_full(
     std::mem::forget(_trust_tx);
     let mut config = super::tests::node_7(tmp.path());
     config.key_type = crate::pki::KeyType::EcdsaP256;
+    if let Some(secs) = lifetime {
+        config.expiration_seconds = secs;
+    }
     let protection = FakeProtection::new();
     prepare(&protection);
     let ike = FakeProcess::new("ike");
@@ -76,7 +94,7 @@ async fn harness_full(
     let protection_events = crate::testing::record_bus(&bus.protection).await;
     let mut args = AgentTreeArgs {
         identity: config,
-        csr_api: Arc::new(csr),
+        csr_api: Arc::new(csr.clone()),
         ovsdb: Arc::new(ovsdb.clone()),
         clock,
         metrics,
@@ -114,6 +132,7 @@ async fn harness_full(
         registry,
         protection_events,
         ovsdb,
+        csr,
     }
 }
 
@@ -297,6 +316,39 @@ async fn a_retired_ca_rebuilds_the_kept_connections_after_the_read_back() {
     // Probes go on; the rebuild is not repeated.
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(h.monitor.rebuilds().len(), 1);
+}
+
+/// A leaf that expires without a successor (every renewal denied) has
+/// the IKE_SAs of the monitor's connections ended, at the first probe
+/// after its expiry and not before; one set up again later is ended too.
+#[tokio::test(start_paused = true)]
+async fn an_expired_leaf_without_a_successor_ends_the_ike_sas() {
+    // A 20-minute leaf keeps the paused clock's work (a probe every 5 s)
+    // small.
+    let h = harness_with_lifetime(1200).await;
+    until("ready", Duration::from_secs(30), || {
+        h.board.readyz().is_ok()
+    })
+    .await;
+    h.csr.otherwise(CsrScript::Deny("test: no renewal".into()));
+    h.ike.set_ike_sas(&["ovn-b-0-in-1[1]", "ovn-c-0-out-1[2]"]);
+    // At 1000 s the renewals (due at 40-60 %) have failed; nothing ends.
+    tokio::time::sleep(Duration::from_secs(1000)).await;
+    assert!(h.ike.ike_sa_ends().is_empty(), "ended before expiry");
+    assert_eq!(h.ike.ike_sas().len(), 2);
+    assert_eq!(h.board.snapshot().generation, Some(1), "no successor");
+    tokio::time::sleep(Duration::from_secs(200)).await;
+    until("IKE_SAs ended", Duration::from_secs(30), || {
+        h.ike.ike_sas().is_empty()
+    })
+    .await;
+    assert_eq!(h.board.readyz(), Err(Reason::Expired));
+    // One set up since (a peer that does not check expiry) goes too.
+    h.ike.set_ike_sas(&["ovn-b-0-in-1[3]"]);
+    until("ended again", Duration::from_secs(30), || {
+        h.ike.ike_sas().is_empty()
+    })
+    .await;
 }
 
 #[tokio::test(start_paused = true)]

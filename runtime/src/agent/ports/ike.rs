@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use actors::ports::{IkePort, OvsdbIdentityKeys, RunningProcess, TrustInstalled, blocking};
 use async_trait::async_trait;
 use kube_ovn_ipsec_api::digest::Sha256Digest;
+use kube_ovn_ipsec_api::strongswan::{MonitorConn, parse_status};
 
 use super::process_err;
 use crate::ike::{IkeConfig, IkeDaemon};
@@ -26,18 +27,19 @@ pub struct IkeAdapter {
     pub stale_pidfiles: Vec<PathBuf>,
 }
 
-/// Runs the control command `ipsec <cmd>` against the running daemon and
+/// Runs the control command `ipsec <args>` against the running daemon and
 /// returns its output; a non-zero exit is an error. The monitor adapter
 /// reads the daemon's certificates through it too.
 pub(super) async fn ipsec(
     config: &IkeConfig,
     launcher: &Launcher,
-    cmd: &str,
+    args: &[&str],
 ) -> actors::Result<String> {
+    let cmd = args.join(" ");
     let (status, out) = launcher
         .output(
             config.ipsec.clone(),
-            [OsString::from(cmd)],
+            args.iter().map(OsString::from),
             config.command_timeout,
         )
         .await
@@ -122,7 +124,7 @@ impl IkePort for IkeAdapter {
                 .map_err(|e| process_err("ike", e))
         })
         .await?;
-        ipsec(&self.config, &self.launcher, "rereadcacerts").await?;
+        ipsec(&self.config, &self.launcher, &["rereadcacerts"]).await?;
         tracing::info!(
             dir = %self.config.cacerts_dir.display(),
             cas = done.files.len(),
@@ -135,5 +137,23 @@ impl IkePort for IkeAdapter {
             digest: active.trust_digest,
             retired: done.retired(),
         }))
+    }
+
+    async fn end_ike_sas(&self) -> actors::Result<Vec<String>> {
+        let status = parse_status(&ipsec(&self.config, &self.launcher, &["statusall"]).await?);
+        let mut ended = Vec::new();
+        for sa in status
+            .ike_sas
+            .iter()
+            .filter(|sa| MonitorConn::parse(&sa.conn).is_some())
+        {
+            // By unique id: only that IKE_SA, not the connection's others
+            // nor its trap; not blocking, so a peer that does not answer
+            // the delete holds nothing up.
+            let name = format!("{}[{}]", sa.conn, sa.unique_id);
+            ipsec(&self.config, &self.launcher, &["stroke", "down-nb", &name]).await?;
+            ended.push(name);
+        }
+        Ok(ended)
     }
 }

@@ -41,7 +41,7 @@ struct RunningMon {
 
 impl RunningMon {
     async fn ipsec(&self, cmd: &str) -> actors::Result<String> {
-        super::ike::ipsec(&self.adapter.ike, &self.adapter.launcher, cmd).await
+        super::ike::ipsec(&self.adapter.ike, &self.adapter.launcher, &[cmd]).await
     }
 }
 
