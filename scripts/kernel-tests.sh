@@ -24,7 +24,7 @@ BENCHES=(overlay_datapath sa_rekey)
 # coordination_overlay refresh tunnels beside installed CHILD_SAs;
 # agent_runtime's capability test refuses before any kernel state).
 declare -A ONLY=(
-  [monitor_patch]="a_renewal_keeps_established_connections_until_one_is_gone_or_rebuilt"
+  [monitor_patch]="a_renewal_keeps_established_connections_until_one_is_gone_or_rebuilt a_new_tunnel_is_brought_up_by_the_monitors_without_traffic"
   [agent_runtime]="real_ike_daemon_and_monitor_restart_with_guards_in_place"
 )
 

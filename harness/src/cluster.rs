@@ -366,7 +366,7 @@ fn write_standins(dir: &Path, ca_pem: &str) {
         "ovs-monitor-ipsec",
         &format!(
             "#!/bin/sh\n# Stand-in, not the real class IPsecMonitor (tests).\n\
-             # kube-ovn-ipsec: ovs-monitor-ipsec-patch v5\n{idle}"
+             # kube-ovn-ipsec: ovs-monitor-ipsec-patch v6\n{idle}"
         ),
     )
     .unwrap();

@@ -7,7 +7,7 @@
 //! marker line
 //!
 //! ```text
-//! # kube-ovn-ipsec: ovs-monitor-ipsec-patch v5
+//! # kube-ovn-ipsec: ovs-monitor-ipsec-patch v6
 //! ```
 //!
 //! The agent reads the script it is about to run (it runs the script, so the
@@ -31,7 +31,7 @@ pub const DEFAULT_MONITOR_SCRIPT: &str = "/usr/share/openvswitch/scripts/ovs-mon
 pub const MARKER_PREFIX: &str = "# kube-ovn-ipsec: ovs-monitor-ipsec-patch v";
 
 /// The patch version this crate's image carries.
-pub const CURRENT_PATCH_VERSION: u32 = 5;
+pub const CURRENT_PATCH_VERSION: u32 = 6;
 
 /// What the script is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
