@@ -94,9 +94,13 @@ pub struct PairRow {
     pub a: usize,
     /// The second node's index.
     pub b: usize,
-    /// From the SB flip (SB's commit) to the first encrypted reply, ms.
+    /// From the SB flip (SB's commit) to the first encrypted reply, ms:
+    /// on the pair's probe stream, the first echo answered after the last
+    /// one the flip lost (until the stream has that, the first reply of a
+    /// probe the lab started once it saw the flip).
     pub enable_window_ms: Option<u64>,
-    /// From SB off (SB's commit) to the first plaintext reply, ms.
+    /// From SB off (SB's commit) to the first plaintext reply, ms, read
+    /// the same way.
     pub disable_window_ms: Option<u64>,
     /// Echoes sent on this pair's stream.
     pub sent: u32,
@@ -394,6 +398,20 @@ impl Summary {
             secs(f.actor_recovery_s),
             secs(f.disable_s),
         );
+        for (flip, of) in [
+            ("enable", self.pairs.iter().filter_map(|p| p.enable_window_ms).collect::<Vec<_>>()),
+            ("disable", self.pairs.iter().filter_map(|p| p.disable_window_ms).collect()),
+        ] {
+            let (Some(lo), Some(hi)) = (of.iter().min(), of.iter().max()) else {
+                continue;
+            };
+            let ratio = f
+                .negotiation_ms
+                .filter(|n| *n > 0)
+                .map(|n| format!(" ({:.1}× the negotiation)", *hi as f64 / n as f64))
+                .unwrap_or_default();
+            let _ = writeln!(s, "{flip} windows per pair {lo}–{hi} ms{ratio}");
+        }
         let _ = writeln!(s, "kernel: {}", self.kernel);
         if !self.ovn_controller.is_empty() {
             let _ = writeln!(s, "ovn-controller: {}", self.ovn_controller);

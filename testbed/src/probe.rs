@@ -198,6 +198,29 @@ impl ProbeLog {
             .collect()
     }
 
+    /// When the stream answered again after its last loss in
+    /// `[from, to)`: the send time of the first answered echo sent after
+    /// the last unanswered one sent in that span; `from` when none in it
+    /// went unanswered; `None` when nothing was answered after that loss.
+    /// A flip's window per pair, read from the stream itself rather than
+    /// from a probe started once the flip is seen.
+    pub fn answered_again(&self, from: f64, to: f64) -> Option<f64> {
+        let mut echoes = self.echoes();
+        echoes.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let Some(last_lost) = echoes
+            .iter()
+            .filter(|(at, answered)| *at >= from && *at < to && !answered)
+            .map(|(at, _)| *at)
+            .last()
+        else {
+            return Some(from);
+        };
+        echoes
+            .iter()
+            .find(|(at, answered)| *at > last_lost && *answered)
+            .map(|(at, _)| *at)
+    }
+
     /// Every echo the log knows of.
     pub fn total(&self) -> Tally {
         self.tally(f64::NEG_INFINITY, f64::INFINITY)
@@ -294,6 +317,21 @@ mod tests {
             log.record(echo);
         }
         log
+    }
+
+    #[test]
+    fn answered_again_is_the_first_answer_after_the_last_loss() {
+        let log = log_of(RUN);
+        // Echoes 5-7 lost (dated one spacing before their lines), 8 the
+        // first answered after them.
+        let eight = 1_796_223_012.748_622 - 0.047 / 1000.0;
+        let got = log.answered_again(1_796_223_011.0, 1_796_223_014.0).unwrap();
+        assert!((got - eight).abs() < 0.01, "{got}");
+        // A span without a loss: answered all along.
+        assert_eq!(log.answered_again(1_796_223_011.0, 1_796_223_012.0), Some(1_796_223_011.0));
+        // The loss at the end of a stream, nothing after it.
+        let cut = log_of(&RUN.lines().take(8).collect::<Vec<_>>().join("\n"));
+        assert_eq!(cut.answered_again(1_796_223_011.0, 1_796_223_014.0), None);
     }
 
     #[test]

@@ -40,6 +40,22 @@ pub(super) fn tally(run: &mut Run<'_>, w: &World) {
         run.summary.pairs[k].lost = total.lost;
         run.summary.nodes[a].lost += total.lost;
         run.summary.nodes[b].lost += total.lost;
+        let (enable, disable) = (
+            flip_window(log, &phases, "enable flip"),
+            flip_window(log, &phases, "disable flip"),
+        );
+        let pair = &mut run.summary.pairs[k];
+        pair.enable_window_ms = enable.or(pair.enable_window_ms);
+        pair.disable_window_ms = disable.or(pair.disable_window_ms);
+    }
+    for (i, row) in run.summary.nodes.iter_mut().enumerate() {
+        row.enable_window_ms = run
+            .summary
+            .pairs
+            .iter()
+            .filter(|p| p.a == i || p.b == i)
+            .filter_map(|p| p.enable_window_ms)
+            .max();
     }
     if let Some(ev) = &w.evidence {
         let names: Vec<&str> = w.cp.nodes.iter().map(|n| n.name.as_str()).collect();
@@ -48,6 +64,19 @@ pub(super) fn tally(run: &mut Run<'_>, w: &World) {
         run.summary.events = events(run, w, ev, &logs, &phases);
     }
     run.summary.phases = per_phase;
+}
+
+/// A flip's window on one pair's stream, in ms: from the phase's start
+/// (SB's commit) to the first echo answered after the last one the phase
+/// lost. `None` while the phase has not started or nothing was answered
+/// after its loss yet. Read from the stream that ran through the flip,
+/// so it does not depend on when the lab got round to looking.
+fn flip_window(log: &ProbeLog, phases: &[(&str, f64)], flip: &str) -> Option<u64> {
+    let k = phases.iter().position(|(name, _)| *name == flip)?;
+    let from = phases[k].1;
+    let to = phases.get(k + 1).map_or(f64::INFINITY, |p| p.1);
+    let again = log.answered_again(from, to)?;
+    Some(((again - from).max(0.0) * 1000.0).round() as u64)
 }
 
 /// The phase `at` falls in (each runs until the next one starts).
