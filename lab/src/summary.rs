@@ -399,8 +399,20 @@ impl Summary {
             secs(f.disable_s),
         );
         for (flip, of) in [
-            ("enable", self.pairs.iter().filter_map(|p| p.enable_window_ms).collect::<Vec<_>>()),
-            ("disable", self.pairs.iter().filter_map(|p| p.disable_window_ms).collect()),
+            (
+                "enable",
+                self.pairs
+                    .iter()
+                    .filter_map(|p| p.enable_window_ms)
+                    .collect::<Vec<_>>(),
+            ),
+            (
+                "disable",
+                self.pairs
+                    .iter()
+                    .filter_map(|p| p.disable_window_ms)
+                    .collect(),
+            ),
         ] {
             let (Some(lo), Some(hi)) = (of.iter().min(), of.iter().max()) else {
                 continue;

@@ -143,7 +143,10 @@ impl Pair {
     /// the IKE_SA at once when the monitors brought the tunnel up already
     /// (patch change 10: no traffic needed).
     fn establish(&self) -> (Option<IkeSa>, Duration) {
-        if let Some(sa) = self.a.wait_established(&self.to_b.name, Duration::from_secs(3)) {
+        if let Some(sa) = self
+            .a
+            .wait_established(&self.to_b.name, Duration::from_secs(3))
+        {
             return (Some(sa), Duration::ZERO);
         }
         // A failed CHILD_SA leaves a larval state that suppresses ACQUIREs

@@ -211,7 +211,7 @@ impl ProbeLog {
             .iter()
             .filter(|(at, answered)| *at >= from && *at < to && !answered)
             .map(|(at, _)| *at)
-            .last()
+            .next_back()
         else {
             return Some(from);
         };
@@ -325,10 +325,15 @@ mod tests {
         // Echoes 5-7 lost (dated one spacing before their lines), 8 the
         // first answered after them.
         let eight = 1_796_223_012.748_622 - 0.047 / 1000.0;
-        let got = log.answered_again(1_796_223_011.0, 1_796_223_014.0).unwrap();
+        let got = log
+            .answered_again(1_796_223_011.0, 1_796_223_014.0)
+            .unwrap();
         assert!((got - eight).abs() < 0.01, "{got}");
         // A span without a loss: answered all along.
-        assert_eq!(log.answered_again(1_796_223_011.0, 1_796_223_012.0), Some(1_796_223_011.0));
+        assert_eq!(
+            log.answered_again(1_796_223_011.0, 1_796_223_012.0),
+            Some(1_796_223_011.0)
+        );
         // The loss at the end of a stream, nothing after it.
         let cut = log_of(&RUN.lines().take(8).collect::<Vec<_>>().join("\n"));
         assert_eq!(cut.answered_again(1_796_223_011.0, 1_796_223_014.0), None);

@@ -135,18 +135,20 @@ impl Initiator {
     /// initiate now. Connections no longer stalled are forgotten.
     pub fn plan(&mut self, status: &Status, now: Instant) -> Vec<String> {
         let stalled = stalled_outbound(status);
-        let connecting = status.ike_sas.iter().any(|s| {
-            s.state == "CONNECTING" && MonitorConn::parse(&s.conn).is_some()
-        });
+        let connecting = status
+            .ike_sas
+            .iter()
+            .any(|s| s.state == "CONNECTING" && MonitorConn::parse(&s.conn).is_some());
         self.last_seen = Some((now, connecting));
         // An attempt in flight (its tunnel's IKE_SA connecting) keeps its
         // history, so a failed attempt is retried on the backoff rather
         // than as a fresh stall.
         self.stalled.retain(|conn, _| {
             stalled.contains(conn)
-                || status.ike_sas.iter().any(|s| {
-                    s.state == "CONNECTING" && tunnel_of(&s.conn) == tunnel_of(conn)
-                })
+                || status
+                    .ike_sas
+                    .iter()
+                    .any(|s| s.state == "CONNECTING" && tunnel_of(&s.conn) == tunnel_of(conn))
         });
         let mut due = Vec::new();
         for conn in stalled {
