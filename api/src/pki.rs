@@ -286,13 +286,56 @@ fn bad_cert(reason: impl fmt::Display) -> Error {
     }
 }
 
+/// The extensions the IKE daemon loads a certificate with when they are
+/// marked critical, by OID (dotted) and name.
+///
+/// strongSwan's x509 plugin refuses to load a certificate with any other
+/// critical extension (its `x509.enforce_critical`, on by default): a CA
+/// it refuses is silently absent from `ipsec listcacerts`, and every leaf
+/// it issued fails authentication. Measured against the image's charon
+/// (5.9.8, its plugin list) by runtime/tests/ca_bundle.rs, which fails
+/// when this list and the daemon disagree: Netscape certificate type,
+/// TLS feature, subject information access, freshest CRL, AS identifiers,
+/// subject directory attributes and private OIDs are refused.
+pub const IKE_CRITICAL_EXTENSIONS: &[(&str, &str)] = &[
+    ("2.5.29.14", "subjectKeyIdentifier"),
+    ("2.5.29.15", "keyUsage"),
+    ("2.5.29.17", "subjectAltName"),
+    ("2.5.29.18", "issuerAltName"),
+    ("2.5.29.19", "basicConstraints"),
+    ("2.5.29.30", "nameConstraints"),
+    ("2.5.29.31", "cRLDistributionPoints"),
+    ("2.5.29.32", "certificatePolicies"),
+    ("2.5.29.33", "policyMappings"),
+    ("2.5.29.35", "authorityKeyIdentifier"),
+    ("2.5.29.36", "policyConstraints"),
+    ("2.5.29.37", "extKeyUsage"),
+    ("2.5.29.54", "inhibitAnyPolicy"),
+    ("1.3.6.1.5.5.7.1.1", "authorityInfoAccess"),
+    ("1.3.6.1.5.5.7.1.7", "ipAddrBlocks"),
+];
+
 impl Certificate {
-    /// Parses one DER certificate. Rejects trailing bytes and keys other
-    /// than RSA >= 2048, P-256 and P-384.
+    /// Parses one DER certificate. Rejects trailing bytes, keys other
+    /// than RSA >= 2048, P-256 and P-384, and a critical extension the IKE
+    /// daemon would refuse the certificate for
+    /// ([`IKE_CRITICAL_EXTENSIONS`]): accepting it would mean a
+    /// certificate that every check here passes and the daemon never
+    /// loads.
     pub fn from_der(der: &[u8]) -> Result<Self> {
         let (rest, x) = X509Certificate::from_der(der).map_err(bad_cert)?;
         if !rest.is_empty() {
             return Err(bad_cert("trailing bytes after the certificate"));
+        }
+        for ext in x.extensions().iter().filter(|e| e.critical) {
+            let oid = ext.oid.to_id_string();
+            if !IKE_CRITICAL_EXTENSIONS.iter().any(|(o, _)| *o == oid) {
+                return Err(bad_cert(format!(
+                    "critical extension {oid} is one the IKE daemon does not implement, \
+                     and it refuses to load a certificate with it (reissue it without that \
+                     extension, or with the extension not critical)"
+                )));
+            }
         }
         let spki = x.public_key();
         let key = SpkiKey::from_spki(spki)?.key_algorithm()?;

@@ -43,7 +43,8 @@ pub enum Reason {
     CertificateMismatch,
     /// The trust ConfigMap is missing.
     TrustBundleMissing,
-    /// The trust bundle does not parse or has no CA.
+    /// The trust bundle does not parse, has no CA, or holds a CA the IKE
+    /// daemon would refuse to load.
     TrustBundleInvalid,
     /// The active identity does not verify against the current trust.
     IdentityUntrusted,
@@ -159,7 +160,8 @@ impl Reason {
             }
             TrustBundleInvalid => {
                 "ConfigMap ovn-ipsec-trust key ca.crt is not a valid PEM bundle of CA \
-                 certificates; fix the bundle at the controller"
+                 certificates the IKE daemon loads (the agent's log names the certificate and \
+                 why); fix the bundle at the controller"
             }
             IdentityUntrusted => {
                 "the active certificate does not verify against the current trust bundle (CA \

@@ -29,8 +29,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
-    DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, date_time_ymd,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, CustomExtension,
+    DistinguishedName, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, date_time_ymd,
 };
 
 use crate::clock::unix_seconds;
@@ -100,6 +100,7 @@ pub struct CaSpec {
     path_len: Option<u8>,
     is_ca: bool,
     cert_sign: bool,
+    critical: Vec<(Vec<u64>, Vec<u8>)>,
 }
 
 impl CaSpec {
@@ -113,7 +114,14 @@ impl CaSpec {
             path_len: None,
             is_ca: true,
             cert_sign: true,
+            critical: Vec::new(),
         }
+    }
+
+    /// An extension `oid` with DER `content`, marked critical.
+    pub fn critical_extension(mut self, oid: &[u64], content: Vec<u8>) -> Self {
+        self.critical.push((oid.to_vec(), content));
+        self
     }
 
     /// Key type of the CA.
@@ -173,6 +181,11 @@ impl CaSpec {
         if let Some((nb, na)) = self.validity {
             set_validity(&mut params, nb, na);
         }
+        for (oid, content) in &self.critical {
+            let mut ext = CustomExtension::from_oid_content(oid, content.clone());
+            ext.set_criticality(true);
+            params.custom_extensions.push(ext);
+        }
         params
     }
 
@@ -182,6 +195,14 @@ impl CaSpec {
         let params = self.params();
         let cert = params.self_signed(&key).expect("self-sign CA");
         TestCa::assemble(key, params, cert.der(), Vec::new(), true)
+    }
+
+    /// A self-signed root's DER alone, unparsed: for a certificate the
+    /// project's parser is meant to refuse.
+    pub fn self_signed_der(self) -> Vec<u8> {
+        let key = self.alg.generate();
+        let cert = self.params().self_signed(&key).expect("self-sign CA");
+        cert.der().to_vec()
     }
 
     /// An intermediate issued by `parent` (its chain is `parent`'s plus

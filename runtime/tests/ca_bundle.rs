@@ -468,3 +468,176 @@ async fn rotation_bundle_is_installed_per_ca_and_peers_of_both_cas_authenticate(
     mb.stop().await.unwrap();
     println!("total {:?}", t0.elapsed());
 }
+
+/// One CA per critical extension, as `openssl req -addext` writes it: every
+/// extension of `IKE_CRITICAL_EXTENSIONS` and some the daemon refuses.
+/// (name, OID, the `-addext` arguments).
+const CRITICAL_EXTENSION_CAS: &[(&str, &str, &[&str])] = &[
+    ("ski", "2.5.29.14", &["subjectKeyIdentifier=critical,hash"]),
+    (
+        "ku",
+        "2.5.29.15",
+        &["keyUsage=critical,keyCertSign,cRLSign"],
+    ),
+    (
+        "san",
+        "2.5.29.17",
+        &["subjectAltName=critical,DNS:ca.example"],
+    ),
+    (
+        "ian",
+        "2.5.29.18",
+        &["issuerAltName=critical,DNS:ca.example"],
+    ),
+    ("bc", "2.5.29.19", &[]),
+    (
+        "nc",
+        "2.5.29.30",
+        &["nameConstraints=critical,permitted;DNS:example.com"],
+    ),
+    (
+        "crldp",
+        "2.5.29.31",
+        &["crlDistributionPoints=critical,URI:http://ca.example/crl"],
+    ),
+    ("cp", "2.5.29.32", &["certificatePolicies=critical,1.2.3.4"]),
+    (
+        "pm",
+        "2.5.29.33",
+        &[
+            "certificatePolicies=1.2.3.4",
+            "policyMappings=critical,1.2.3.4:1.2.3.5",
+        ],
+    ),
+    (
+        "aki",
+        "2.5.29.35",
+        &["authorityKeyIdentifier=critical,keyid:always"],
+    ),
+    (
+        "pc",
+        "2.5.29.36",
+        &["policyConstraints=critical,requireExplicitPolicy:0"],
+    ),
+    (
+        "eku",
+        "2.5.29.37",
+        &["extendedKeyUsage=critical,serverAuth"],
+    ),
+    ("iap", "2.5.29.54", &["inhibitAnyPolicy=critical,0"]),
+    (
+        "aia",
+        "1.3.6.1.5.5.7.1.1",
+        &["authorityInfoAccess=critical,OCSP;URI:http://ca.example/ocsp"],
+    ),
+    (
+        "ipab",
+        "1.3.6.1.5.5.7.1.7",
+        &["sbgp-ipAddrBlock=critical,IPv4:10.0.0.0/8"],
+    ),
+    (
+        "nscert",
+        "2.16.840.1.113730.1.1",
+        &["nsCertType=critical,sslCA"],
+    ),
+    (
+        "tlsf",
+        "1.3.6.1.5.5.7.1.24",
+        &["1.3.6.1.5.5.7.1.24=critical,DER:3003020105"],
+    ),
+    (
+        "sia",
+        "1.3.6.1.5.5.7.1.11",
+        &["subjectInfoAccess=critical,caRepository;URI:http://ca.example/repo"],
+    ),
+    (
+        "fcrl",
+        "2.5.29.46",
+        &["freshestCRL=critical,URI:http://ca.example/delta"],
+    ),
+    (
+        "asid",
+        "1.3.6.1.5.5.7.1.8",
+        &["sbgp-autonomousSysNum=critical,AS:1"],
+    ),
+    ("sda", "2.5.29.9", &["2.5.29.9=critical,DER:3000"]),
+    (
+        "private",
+        "1.3.6.1.4.1.99999.1",
+        &["1.3.6.1.4.1.99999.1=critical,DER:0500"],
+    ),
+];
+
+/// The agent's parser and the real charon agree on every CA above: the
+/// parser accepts exactly the CAs that `ipsec listcacerts` shows loaded.
+/// A CA the daemon refuses is refused before activation (the trust bundle
+/// holding it is `TrustBundleInvalid` and the previous trust is kept);
+/// when strongSwan's list changes, this test says which entry differs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cas_the_agent_accepts_are_exactly_the_cas_charon_loads() {
+    use kube_ovn_ipsec_api::pki::{Certificate, IKE_CRITICAL_EXTENSIONS};
+    let r = rotation("koi-cab3").await;
+    let tested: Vec<&str> = CRITICAL_EXTENSION_CAS.iter().map(|c| c.1).collect();
+    for (oid, name) in IKE_CRITICAL_EXTENSIONS {
+        assert!(tested.contains(oid), "no CA here tests {name} ({oid})");
+    }
+    let files = tempfile::tempdir().unwrap();
+    let key = files.path().join("ca.key");
+    testbed::netns::run(
+        std::process::Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-out",
+            ])
+            .arg(&key),
+    )
+    .unwrap();
+    let dir = ike_config(&r.a.node).cacerts_dir;
+    let mut ours = Vec::new();
+    for (name, _, addext) in CRITICAL_EXTENSION_CAS {
+        let pem = dir.join(format!("critical-{name}.pem"));
+        let mut cmd = std::process::Command::new("openssl");
+        cmd.args(["req", "-x509", "-new", "-days", "30", "-key"])
+            .arg(&key)
+            .args(["-subj", &format!("/CN=critical-{name}")])
+            .args(["-addext", "basicConstraints=critical,CA:TRUE"]);
+        for a in *addext {
+            cmd.args(["-addext", a]);
+        }
+        testbed::netns::run(cmd.arg("-out").arg(&pem)).unwrap();
+        let accepted = Certificate::from_pem(&std::fs::read(&pem).unwrap());
+        ours.push((name, accepted));
+    }
+    r.a.node.ipsec(&["rereadcacerts"]).unwrap();
+    let loaded = cacerts(&r.a);
+    let mut disagree = Vec::new();
+    for (name, accepted) in &ours {
+        let subject = format!("CN=critical-{name}");
+        let by_charon = loaded
+            .iter()
+            .any(|c| c.subject.trim_matches('"') == subject);
+        println!(
+            "{name:8} charon {:8} agent {}",
+            if by_charon { "loads" } else { "refuses" },
+            match accepted {
+                Ok(_) => "accepts".to_string(),
+                Err(e) => format!("refuses: {e}"),
+            }
+        );
+        if by_charon != accepted.is_ok() {
+            disagree.push(*name);
+        }
+    }
+    assert!(
+        disagree.is_empty(),
+        "the agent and charon disagree on {disagree:?}\n{loaded:?}"
+    );
+    assert!(
+        ours.iter().any(|(_, a)| a.is_err()),
+        "no CA was refused: the test shows nothing"
+    );
+}

@@ -93,6 +93,31 @@ fn trust_bundle_digest_is_sha256_over_concatenated_der() {
 }
 
 #[test]
+fn a_critical_extension_the_ike_daemon_refuses_is_refused_with_its_oid() {
+    let good = test_util::CaSpec::new("good CA").self_signed();
+    // A private OID, critical: strongSwan will not load this CA.
+    let refused = test_util::CaSpec::new("private extension CA")
+        .critical_extension(&[1, 3, 6, 1, 4, 1, 99999, 1], vec![0x05, 0x00])
+        .self_signed_der();
+    let mut pem = good.cert_pem();
+    pem.push_str(&encode_pem(PEM_CERTIFICATE, &refused));
+    match TrustBundle::from_pem(pem.as_bytes()) {
+        Err(Error::InvalidTrustBundle { reason }) => {
+            assert!(reason.starts_with("certificate 2:"), "{reason}");
+            assert!(reason.contains("1.3.6.1.4.1.99999.1"), "{reason}");
+            assert!(reason.contains("IKE daemon"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // One the daemon implements (inhibitAnyPolicy, skipCerts 0) is fine,
+    // beside the critical basicConstraints and keyUsage every CA has.
+    let inhibit = test_util::CaSpec::new("inhibit CA")
+        .critical_extension(&[2, 5, 29, 54], vec![0x02, 0x01, 0x00])
+        .self_signed();
+    Certificate::from_der(inhibit.cert_der()).unwrap();
+}
+
+#[test]
 fn trust_bundle_rejects_leaves() {
     let leaf = test_util::p256_leaf();
     match TrustBundle::from_pem(leaf.cert_pem().as_bytes()) {
