@@ -55,13 +55,7 @@ struct Measured {
 
 /// The ESP SPIs in `n`'s kernel.
 fn spis(n: &Node) -> BTreeSet<String> {
-    let dump = n.node.xfrm_dump().unwrap();
-    dump.split_whitespace()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .filter(|w| w[0] == "spi")
-        .map(|w| w[1].to_string())
-        .collect()
+    n.node.esp_spis(None).unwrap()
 }
 
 /// The installed CHILD_SAs of `n` as `name{n}`.

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 use kube_ovn_ipsec_api::coordination::CoordinationRecord;
 use kube_ovn_ipsec_api::names::k8s;
+use kube_ovn_ipsec_api::pki::TrustBundle;
 use testbed::ovs::OvnCentral;
 
 /// The token the controller authenticates with (its ServiceAccount's).
@@ -67,6 +68,17 @@ pub enum ClusterError {
     /// The coordination record does not decode.
     #[error("the coordination record: {0}")]
     Record(String),
+    /// The published trust bundle does not parse.
+    #[error("the trust bundle: {0}")]
+    Trust(String),
+    /// An operator's command of the controller binary failed.
+    #[error("`kube-ovn-ipsec-controller {command}` failed: {stderr}")]
+    Command {
+        /// The command line after the binary.
+        command: String,
+        /// What it printed on stderr.
+        stderr: String,
+    },
 }
 
 /// The project's binaries the lab runs.
@@ -200,6 +212,9 @@ impl ControlPlane {
             .set("ovn-sb", Some(&self.central.sb.address()))
             .set("coordination-period", Some("1s"))
             .set("lease-duration", Some("3s"))
+            // A CA rotation is picked up, and the new CA announced, within
+            // a second of the operator's `ca rotate` (30 s in the chart).
+            .set("ca-reload", Some("1s"))
             // Kubernetes' floor: the lab's agents ask for short lifetimes
             // so that a renewal happens while it watches.
             .set("min-cert-lifetime", Some("10m"));
@@ -217,6 +232,31 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Runs the controller binary `bin` as the operator runs its `ca`
+    /// commands (`ca rotate`, `ca retire --acknowledged-digest D`), with
+    /// an administrator's kubeconfig; its stdout on success.
+    pub fn ca_command(&self, bin: &Path, args: &[&str]) -> Result<String, ClusterError> {
+        let io = |what| move |source| ClusterError::Io { what, source };
+        let kubeconfig = self.dir.join("admin.kubeconfig");
+        self.api.write_kubeconfig(&kubeconfig, ADMIN_TOKEN)?;
+        let out = std::process::Command::new(bin)
+            .args(["--namespace", NS, "ca"])
+            .args(args)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io("running the controller's ca command"))?;
+        if !out.status.success() {
+            return Err(ClusterError::Command {
+                command: format!("ca {}", args.join(" ")),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Stops the controller (SIGKILL: the coordinator is restart-safe, and
     /// a container restart gives no more notice).
     pub fn stop_controller(&mut self) {
@@ -224,6 +264,24 @@ impl ControlPlane {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// The trust bundle as the controller publishes it (ConfigMap
+    /// `ovn-ipsec-trust`, key `ca.crt`).
+    pub async fn trust(&self) -> Result<TrustBundle, ClusterError> {
+        let maps: Api<ConfigMap> = Api::namespaced(self.admin.clone(), NS);
+        let cm = maps
+            .get(k8s::TRUST_CONFIGMAP)
+            .await
+            .map_err(|source| ClusterError::Api {
+                what: "reading the trust bundle",
+                source,
+            })?;
+        let pem = cm
+            .data
+            .and_then(|mut d| d.remove(k8s::TRUST_CONFIGMAP_KEY))
+            .unwrap_or_default();
+        TrustBundle::from_pem(pem.as_bytes()).map_err(|e| ClusterError::Trust(e.to_string()))
     }
 
     /// The coordination record as stored (`None`: none yet).

@@ -102,6 +102,11 @@ pub struct PairRow {
     /// From SB off (SB's commit) to the first plaintext reply, ms, read
     /// the same way.
     pub disable_window_ms: Option<u64>,
+    /// From the old CA's retirement (`ca retire`) to the first echo
+    /// answered after the last one the rebuild lost, ms, read the same
+    /// way.
+    #[serde(default)]
+    pub retirement_window_ms: Option<u64>,
     /// Echoes sent on this pair's stream.
     pub sent: u32,
     /// Of those, lost.
@@ -201,9 +206,15 @@ pub struct Figures {
 }
 
 /// Phases in which lost echoes are expected: the design's two flip
-/// windows, and the lab's own negotiation measurement (it takes a pair's
-/// IKE_SA down on purpose).
-const WINDOWS: [&str; 3] = ["enable flip", "disable flip", "negotiation"];
+/// windows, the lab's own negotiation measurement (it takes a pair's
+/// IKE_SA down on purpose), and a CA's retirement (every tunnel rebuilt
+/// under the new trust, make-before-break).
+const WINDOWS: [&str; 4] = [
+    "enable flip",
+    "disable flip",
+    "negotiation",
+    "CA retirement",
+];
 
 /// Whether losses are expected in `phase` (a flip window, or the
 /// negotiation the lab causes).
@@ -213,7 +224,16 @@ pub fn is_window(phase: &str) -> bool {
 
 /// Phases in which every tunnel carries IPsec intent from start to end: a
 /// plaintext Geneve packet on the underlay in one of them is a leak.
-pub const INTENT_ON: [&str; 5] = ["Enabled", "negotiation", "renewal", "actor kill", "rekeys"];
+pub const INTENT_ON: [&str; 8] = [
+    "Enabled",
+    "negotiation",
+    "renewal",
+    "actor kill",
+    "rekeys",
+    "CA rotation",
+    "CA retirement",
+    "CA retired",
+];
 
 impl Summary {
     /// What the run's accounting says is wrong, for the operator: plaintext
@@ -322,16 +342,17 @@ impl Summary {
         if !self.pairs.is_empty() {
             let _ = writeln!(
                 s,
-                "\n{:<8} {:>10} {:>11} {:>6} {:>5}",
-                "PAIR", "ENABLE-MS", "DISABLE-MS", "SENT", "LOST"
+                "\n{:<8} {:>10} {:>11} {:>10} {:>6} {:>5}",
+                "PAIR", "ENABLE-MS", "DISABLE-MS", "RETIRE-MS", "SENT", "LOST"
             );
             for p in &self.pairs {
                 let _ = writeln!(
                     s,
-                    "{:<8} {:>10} {:>11} {:>6} {:>5}",
+                    "{:<8} {:>10} {:>11} {:>10} {:>6} {:>5}",
                     format!("{}<->{}", p.a, p.b),
                     dash(p.enable_window_ms.map(|v| v.to_string())),
                     dash(p.disable_window_ms.map(|v| v.to_string())),
+                    dash(p.retirement_window_ms.map(|v| v.to_string())),
                     p.sent,
                     p.lost
                 );
@@ -411,6 +432,13 @@ impl Summary {
                 self.pairs
                     .iter()
                     .filter_map(|p| p.disable_window_ms)
+                    .collect(),
+            ),
+            (
+                "CA retirement",
+                self.pairs
+                    .iter()
+                    .filter_map(|p| p.retirement_window_ms)
                     .collect(),
             ),
         ] {

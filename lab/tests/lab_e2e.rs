@@ -217,7 +217,9 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
     assert_eq!(summary.pairs.len(), n * (n - 1) / 2);
     for p in &summary.pairs {
         assert!(
-            p.enable_window_ms.is_some() && p.disable_window_ms.is_some(),
+            p.enable_window_ms.is_some()
+                && p.disable_window_ms.is_some()
+                && p.retirement_window_ms.is_some(),
             "{p:?}"
         );
         assert!(p.sent > 100, "{p:?}");
@@ -230,11 +232,13 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
             .unwrap_or_else(|| panic!("no phase {name}: {:?}", summary.phases))
     };
     // Outside the two flips (and the lab's own negotiation, which takes an
-    // IKE_SA down on purpose) no echo is lost: not before enable, not while
-    // the nodes arm, not across the renewals (the monitor keeps the
-    // established SAs), not when the monitor is killed after them, not
-    // across any CHILD_SA or IKE_SA rekey (rekeyed, never reauthenticated:
-    // docs/decisions.md), not in the cleanup rollout or after it.
+    // IKE_SA down on purpose, and the CA retirement's rebuild) no echo is
+    // lost: not before enable, not while the nodes arm, not across the
+    // renewals (the monitor keeps the established SAs), not when the
+    // monitor is killed after them, not across any CHILD_SA or IKE_SA
+    // rekey (rekeyed, never reauthenticated: docs/decisions.md), not while
+    // every node renews onto a new CA nor once the old one is retired, not
+    // in the cleanup rollout or after it.
     // The plaintext baseline, before any IPsec state exists: in clean-clone
     // CI runs of 2026-12-07 it lost 40-42 of about 220 echoes while the
     // agents and charons started, with no XFRM counter grown (0 in every
@@ -253,6 +257,8 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
         "renewal",
         "actor kill",
         "rekeys",
+        "CA rotation",
+        "CA retired",
         "cleanup rollout",
         "Disabled",
     ] {
@@ -265,6 +271,8 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
     let count = |kind: &str| summary.events.iter().filter(|e| e.kind == kind).count();
     assert!(count("renewal") >= n, "{:?}", summary.events);
     assert_eq!(count("monitor killed"), 1, "{:?}", summary.events);
+    assert_eq!(count("CA renewal"), n, "{:?}", summary.events);
+    assert_eq!(count("CA retired"), n, "{:?}", summary.events);
     assert!(
         count("CHILD_SA rekey") >= 3 && count("IKE_SA rekey") >= 1,
         "the short lifetimes did not rekey while the lab ran: {:?}",
@@ -285,7 +293,7 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
         "{:?}",
         summary.figures
     );
-    for window in ["enable flip", "disable flip"] {
+    for window in ["enable flip", "disable flip", "CA retirement"] {
         assert!(phase(window).window);
     }
     let f = &summary.figures;

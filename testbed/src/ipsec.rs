@@ -26,6 +26,7 @@
 //!
 //! Every process and the namespace go away when the node is dropped.
 
+use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -888,6 +889,16 @@ impl IpsecNode {
         Ok(format!("{p}\n--- states ---\n{s}"))
     }
 
+    /// The SPIs (`0x…`, as `ip xfrm state` prints them) of the ESP states
+    /// in the node's kernel, only those with `reqid` when given (a lease's
+    /// SAs, not the foreign state beside them).
+    pub fn esp_spis(&self, reqid: Option<u32>) -> Result<BTreeSet<String>, IpsecError> {
+        Ok(esp_spis_of(
+            &self.netns.ip(["xfrm", "state", "list"])?,
+            reqid,
+        ))
+    }
+
     /// Installs XFRM state this project never made, as another IPsec user
     /// of the host would: policies at the guards' priority and selector
     /// whose marks differ from a lease's only under their masks, an ESP
@@ -1127,4 +1138,46 @@ pub fn strongswan_conf_of(script: &Path) -> Result<String, IpsecError> {
     let python = interpreter_of(script)?;
     let out = netns::run(Command::new(python).arg("-c").arg(CODE).arg(script))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The ESP SPIs in an `ip xfrm state list` text, only those of `reqid`
+/// when given: each state's `proto esp spi 0x… reqid N` line.
+pub fn esp_spis_of(states: &str, reqid: Option<u32>) -> BTreeSet<String> {
+    states
+        .lines()
+        .filter_map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            let after = |key: &str| t.iter().position(|w| *w == key).and_then(|i| t.get(i + 1));
+            if after("proto") != Some(&"esp") {
+                return None;
+            }
+            let spi = after("spi")?;
+            let r = after("reqid").and_then(|r| r.parse::<u32>().ok());
+            (reqid.is_none() || r == reqid).then(|| (*spi).to_string())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::esp_spis_of;
+
+    const STATES: &str = "\
+src 10.77.0.1 dst 10.77.0.2
+\tproto esp spi 0xc1a2b3c4 reqid 4096 mode transport
+\treplay-window 0
+src 10.97.0.1 dst 10.97.0.2
+\tproto esp spi 0x00001000 reqid 4097 mode transport
+src 10.77.0.2 dst 10.77.0.1
+\tproto esp spi 0xcafe0001 reqid 4096 mode transport
+";
+
+    #[test]
+    fn esp_spis_by_reqid() {
+        let all = esp_spis_of(STATES, None);
+        assert_eq!(all.len(), 3);
+        let lease: Vec<String> = esp_spis_of(STATES, Some(4096)).into_iter().collect();
+        assert_eq!(lease, ["0xc1a2b3c4", "0xcafe0001"]);
+        assert!(esp_spis_of(STATES, Some(1)).is_empty());
+    }
 }

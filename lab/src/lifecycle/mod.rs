@@ -5,7 +5,9 @@
 //! → tunnels gain intent → IKE and CHILD SAs between every pair → pod
 //! traffic encrypted (underlay: ESP only) → one IKE+CHILD negotiation
 //! measured → a renewal while traffic runs → one agent actor's process
-//! killed and recovered → every pair's IKE_SA rekeyed → disable → the
+//! killed and recovered → every pair's IKE_SA rekeyed → the CA rotated
+//! (every node renews onto the new CA) and the old one retired (every
+//! node rebuilds its tunnels, a measured window) → disable → the
 //! node-by-node cleanup rollout → `Disabled` → plaintext again → every namespace checked for leftover
 //! project state (none) and foreign state (untouched) → the accounting:
 //! no echo lost around an event, no plaintext while intent was on, no XFRM
@@ -28,6 +30,7 @@
 
 mod accounting;
 mod actor_kill;
+mod ca_rotation;
 mod cleanup;
 mod context;
 mod control_plane;
@@ -114,6 +117,7 @@ async fn steps(
     renewal::renewal(run, w).await?;
     actor_kill::actor_kill(run, w).await?;
     rekeys::rekeys(run, w).await?;
+    ca_rotation::ca_rotation(run, w).await?;
     let intent_given = disable::disable(run, w).await?;
     cleanup::cleanup_rollout(run, w, intent_given).await?;
     plaintext_again::plaintext_again(run, w)?;

@@ -41,12 +41,14 @@ pub(super) fn tally(run: &mut Run<'_>, w: &World) {
         run.summary.nodes[a].lost += total.lost;
         run.summary.nodes[b].lost += total.lost;
         let (enable, disable) = (
-            flip_window(log, &phases, "enable flip"),
-            flip_window(log, &phases, "disable flip"),
+            phase_window(log, &phases, "enable flip"),
+            phase_window(log, &phases, "disable flip"),
         );
+        let retirement = phase_window(log, &phases, "CA retirement");
         let pair = &mut run.summary.pairs[k];
         pair.enable_window_ms = enable.or(pair.enable_window_ms);
         pair.disable_window_ms = disable.or(pair.disable_window_ms);
+        pair.retirement_window_ms = retirement.or(pair.retirement_window_ms);
     }
     for (i, row) in run.summary.nodes.iter_mut().enumerate() {
         row.enable_window_ms = run
@@ -66,12 +68,12 @@ pub(super) fn tally(run: &mut Run<'_>, w: &World) {
     run.summary.phases = per_phase;
 }
 
-/// A flip's window on one pair's stream, in ms: from the phase's start
-/// (SB's commit) to the first echo answered after the last one the phase
+/// A window phase's length on one pair's stream, in ms (a flip's, or the
+/// CA retirement's): from the phase's start (SB's commit, `ca retire`) to the first echo answered after the last one the phase
 /// lost. `None` while the phase has not started or nothing was answered
 /// after its loss yet. Read from the stream that ran through the flip,
 /// so it does not depend on when the lab got round to looking.
-fn flip_window(log: &ProbeLog, phases: &[(&str, f64)], flip: &str) -> Option<u64> {
+fn phase_window(log: &ProbeLog, phases: &[(&str, f64)], flip: &str) -> Option<u64> {
     let k = phases.iter().position(|(name, _)| *name == flip)?;
     let from = phases[k].1;
     let to = phases.get(k + 1).map_or(f64::INFINITY, |p| p.1);
