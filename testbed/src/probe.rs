@@ -185,6 +185,30 @@ impl ProbeLog {
         t
     }
 
+    /// The runs of consecutive lost echoes sent in `[from, to)`: (first
+    /// sent, last sent, how many), in order. Where a loss no phase allows
+    /// fell, for the operator reading a failed run.
+    pub fn lost_spans(&self, from: f64, to: f64) -> Vec<(f64, f64, u32)> {
+        let mut echoes = self.echoes();
+        echoes.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut spans: Vec<(f64, f64, u32)> = Vec::new();
+        let mut open = false;
+        for (at, answered) in echoes.into_iter().filter(|(at, _)| *at >= from && *at < to) {
+            match (answered, open, spans.last_mut()) {
+                (false, true, Some(last)) => {
+                    last.1 = at;
+                    last.2 += 1;
+                }
+                (false, _, _) => {
+                    spans.push((at, at, 1));
+                    open = true;
+                }
+                (true, _, _) => open = false,
+            }
+        }
+        spans
+    }
+
     /// Per phase, its tally: `phases` are (name, start) in order; each
     /// runs until the next one starts, the last until the end of the log.
     pub fn losses<'a>(&self, phases: &[(&'a str, f64)]) -> Vec<(&'a str, Tally)> {
@@ -337,6 +361,21 @@ mod tests {
         // The loss at the end of a stream, nothing after it.
         let cut = log_of(&RUN.lines().take(8).collect::<Vec<_>>().join("\n"));
         assert_eq!(cut.answered_again(1_796_223_011.0, 1_796_223_014.0), None);
+    }
+
+    #[test]
+    fn lost_spans_are_the_runs_of_lost_echoes() {
+        let log = log_of(RUN);
+        let spans = log.lost_spans(1_796_223_011.0, 1_796_223_014.0);
+        assert_eq!(spans.len(), 1, "{spans:?}");
+        let (first, last, n) = spans[0];
+        assert_eq!(n, 3);
+        assert!(
+            (first - (1_796_223_012.340_506 - 0.2)).abs() < 0.05,
+            "{first}"
+        );
+        assert!(last > first, "{last}");
+        assert!(log.lost_spans(1_796_223_011.0, 1_796_223_012.0).is_empty());
     }
 
     #[test]

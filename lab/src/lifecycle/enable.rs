@@ -31,7 +31,7 @@ pub(super) async fn enable(run: &mut Run<'_>, w: &mut World) -> Step {
     options.rekeying = Some(w.rekeying);
     for (i, sim) in w.nodes.iter_mut().enumerate() {
         let mut options = options.clone();
-        options.extra = w.ovn.agent_flags();
+        options.extra.extend(w.ovn.agent_flags());
         options
             .extra
             .extend(["--key-algorithm".into(), key_algorithm(i).into()]);
