@@ -445,6 +445,37 @@ impl SimNode {
         self.dir.join("kube-ovn-ipsec.ctl")
     }
 
+    /// Runs `ovs-appctl <args>` in the node's namespaces the way an
+    /// operator types it in the `ipsec` container: the image's link to the
+    /// agent binary `agent` first on `PATH` (`kube_ovn_ipsec_runtime::appctl`),
+    /// the agent's socket in `OVN_IPSEC_CTL` (this node's, which the agent
+    /// got as `--ctl-socket`).
+    pub fn container_appctl(
+        &self,
+        agent: &Path,
+        args: &[&str],
+    ) -> Result<std::process::Output, NodeError> {
+        use kube_ovn_ipsec_runtime::appctl;
+        let bin = self.dir.join("image-bin");
+        let link = bin.join(appctl::PROGRAM);
+        if !link.exists() {
+            std::fs::create_dir_all(&bin)
+                .and_then(|()| std::os::unix::fs::symlink(agent, &link))
+                .map_err(|e| failed(format!("linking {}", link.display()))(e.to_string()))?;
+        }
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut path_with = bin.into_os_string();
+        path_with.push(":");
+        path_with.push(path);
+        let mut cmd = self.node.netns().command(appctl::PROGRAM);
+        cmd.args(args)
+            .env("PATH", path_with)
+            .env(appctl::CTL_ENV, self.ctl_socket())
+            .stdin(Stdio::null());
+        cmd.output()
+            .map_err(|e| failed("running ovs-appctl in the node")(e.to_string()))
+    }
+
     /// `/status` as the server sent it, once it answers 200 with JSON.
     pub async fn status(&self) -> Option<serde_json::Value> {
         let (code, body) = http_get(self.port, "/status").await?;

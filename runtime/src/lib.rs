@@ -29,6 +29,9 @@
 //!   the trust bundle installed one file per CA.
 //! - [`monitor`]: ovs-monitor-ipsec — start, `tunnels/show`, the
 //!   acknowledgement of the active generation.
+//! - [`appctl`]: the binary started as `ovs-appctl` (the image's link): a
+//!   bare `ovs-appctl ipsec/show` reaches the agent, every other command
+//!   ovs-vswitchd.
 //! - [`cli`]: the `kube-ovn-ipsec` command line (`run`, `cleanup`), and
 //!   the logger with the secret guards of `kube_ovn_ipsec_api::logsafe`.
 //! - [`k8s_client`]: the Kubernetes client configuration, loaded without
@@ -37,6 +40,7 @@
 //! - [`Error`]: the crate's one error type.
 
 pub mod agent;
+pub mod appctl;
 pub mod capability;
 pub mod cleanup;
 pub mod cli;

@@ -85,7 +85,9 @@ impl VSwitchd {
             .args([
                 "unix:/run/openvswitch/db.sock",
                 "--pidfile=/run/openvswitch/ovs-vswitchd.pid",
-                "--unixctl=/run/openvswitch/ovs-vswitchd.ctl",
+                // The control socket at OVS's default name
+                // (`ovs-vswitchd.<pid>.ctl`), as in Kube-OVN's openvswitch
+                // container: a bare `ovs-appctl` in the node finds it.
                 "--no-chdir",
             ])
             .arg(format!("--log-file={}", log.display()))
@@ -95,10 +97,16 @@ impl VSwitchd {
             .spawn()
             .map_err(|e| failed("spawning ovs-vswitchd", e.to_string()))?;
         let mut me = Self { child, log };
-        let ctl = node.run_path("openvswitch/ovs-vswitchd.ctl");
+        let pidfile = node.run_path("openvswitch/ovs-vswitchd.pid");
+        let ctl = || {
+            let pid = std::fs::read_to_string(&pidfile).ok()?;
+            Some(node.run_path(&format!("openvswitch/ovs-vswitchd.{}.ctl", pid.trim())))
+        };
         let waited = Duration::from_secs(30);
         let up = netns::wait_for(waited, Duration::from_millis(50), || {
-            (ctl.exists() && node.netns().ip(["link", "show", "br-int"]).is_ok()).then_some(())
+            (ctl().is_some_and(|c| c.exists())
+                && node.netns().ip(["link", "show", "br-int"]).is_ok())
+            .then_some(())
         });
         if up.is_none() {
             return Err(IpsecError::NotReady {

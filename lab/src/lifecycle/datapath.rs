@@ -12,7 +12,9 @@ use super::world::World;
 
 /// Every agent's own view of its data path (SPEC §10): `datapathHealthy`,
 /// every peer `Healthy` from its SA counters, the MTU check passed, and
-/// `ovs-appctl -t <agent ctl> ipsec/show` answering over the real socket.
+/// a bare `ovs-appctl ipsec/show` answering in the node's namespaces as in
+/// the `ipsec` container (the image's link first on `PATH`), while a bare
+/// `ovs-appctl dpif/show` still reaches the node's ovs-vswitchd.
 pub(super) async fn datapath(run: &mut Run<'_>, w: &mut World) -> Step {
     run.begin("data path");
     let peers = w.nodes.len() - 1;
@@ -42,21 +44,27 @@ pub(super) async fn datapath(run: &mut Run<'_>, w: &mut World) -> Step {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         };
-        let out = std::process::Command::new("ovs-appctl")
-            .arg("-t")
-            .arg(node.ctl_socket())
-            .arg("ipsec/show")
-            .output();
-        let show = match out {
-            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
-            Ok(o) => {
+        // The design's troubleshooting line, as typed in the `ipsec`
+        // container: a bare `ovs-appctl ipsec/show` reaches the agent...
+        let show = match node.container_appctl(&w.bins.agent, &["ipsec/show"])? {
+            o if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+            o => {
                 return fail(format!(
                     "{name}: ovs-appctl ipsec/show: {}",
                     String::from_utf8_lossy(&o.stderr).trim()
                 ));
             }
-            Err(e) => return fail(format!("{name}: running ovs-appctl: {e}")),
         };
+        // ...and every other command still reaches ovs-vswitchd.
+        let dpif = node.container_appctl(&w.bins.agent, &["dpif/show"])?;
+        let dpif_out = String::from_utf8_lossy(&dpif.stdout);
+        if !dpif.status.success() || !dpif_out.contains("br-int") {
+            return fail(format!(
+                "{name}: ovs-appctl dpif/show did not reach ovs-vswitchd: {}{}",
+                dpif_out.trim(),
+                String::from_utf8_lossy(&dpif.stderr).trim()
+            ));
+        }
         if !show.contains("datapath: healthy") {
             return fail(format!(
                 "{name}: ipsec/show disagrees with /status:\n{show}"
@@ -69,7 +77,10 @@ pub(super) async fn datapath(run: &mut Run<'_>, w: &mut World) -> Step {
         run.line(
             "data path",
             &name,
-            format!("{peers} peers Healthy; {mtu}; ipsec/show answers"),
+            format!(
+                "{peers} peers Healthy; {mtu}; ovs-appctl ipsec/show answers, dpif/show reaches \
+                 ovs-vswitchd"
+            ),
         );
     }
     run.done("data path");

@@ -3,7 +3,7 @@
 //! started. The streams run from here to after `Disabled`, so every later
 //! phase's lost echoes are measured against a working plaintext baseline.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use testbed::probe::ProbeStream;
 
@@ -29,6 +29,7 @@ pub(super) fn plaintext_overlay(run: &mut Run<'_>, w: &mut World, interval: Dura
             None => return fail(format!("pod {a} gets no reply from pod {b} in 90 s")),
         }
     }
+    settle(run, w)?;
     for &(a, b) in &w.pairs {
         w.probes.push(ProbeStream::start(
             w.nodes[a].node.netns(),
@@ -47,5 +48,71 @@ pub(super) fn plaintext_overlay(run: &mut Run<'_>, w: &mut World, interval: Dura
         ),
     );
     run.done("plaintext overlay");
+    Ok(())
+}
+
+/// How long every node's OpenFlow table must stay unchanged, with every
+/// pair answering, for the overlay to count as settled.
+const STEADY: Duration = Duration::from_secs(2);
+
+/// Waits until the overlay has settled: no node's OpenFlow table changed
+/// for [`STEADY`] and every pair answers. A first reply can come before
+/// ovn-controller (or its emulation) has written a node's forwarding —
+/// OVS's default flow carries it meanwhile — and replacing those flows
+/// under TCG cost the probes' first seconds on that node's pairs
+/// (19 echoes each, in the plaintext baseline). The baseline starts once
+/// the overlay is the one the rest of the run uses.
+fn settle(run: &mut Run<'_>, w: &World) -> Step {
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(60);
+    let flows = |w: &World| -> Step<Vec<String>> {
+        w.nodes
+            .iter()
+            .map(|n| {
+                let out = n
+                    .node
+                    .netns()
+                    .run("ovs-ofctl", ["dump-flows", "br-int", "--no-stats"])?;
+                if !out.status.success() {
+                    return fail(format!(
+                        "{}: ovs-ofctl dump-flows: {}",
+                        n.node.chassis(),
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ));
+                }
+                let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .map(str::to_owned)
+                    .collect();
+                lines.sort();
+                Ok(lines.join("\n"))
+            })
+            .collect()
+    };
+    loop {
+        let before = flows(w)?;
+        std::thread::sleep(STEADY);
+        let answering = first_replies(&w.nodes, &w.pairs, Duration::from_secs(2))
+            .iter()
+            .all(Option::is_some);
+        if answering && flows(w)? == before {
+            break;
+        }
+        if Instant::now() > deadline {
+            return fail(
+                "the plaintext overlay did not settle in 60 s: a node's OpenFlow table kept \
+                 changing or a pair stopped answering; see ovn-controller's log",
+            );
+        }
+    }
+    run.line(
+        "plaintext overlay",
+        "-",
+        format!(
+            "settled: every node's flows unchanged for {} s, every pair answering ({:.1} s)",
+            STEADY.as_secs(),
+            t0.elapsed().as_secs_f64()
+        ),
+    );
     Ok(())
 }

@@ -120,8 +120,10 @@ pub struct RunArgs {
         default_value = "ovn-controller"
     )]
     pub ovn_controller: std::ffi::OsString,
-    /// `ovs-appctl` (capability probe, monitor `tunnels/show`).
-    #[arg(long, env = "OVN_IPSEC_OVS_APPCTL", default_value = "ovs-appctl")]
+    /// `ovs-appctl` (capability probe, monitor `tunnels/show`): OVS's own,
+    /// not the image's `ovs-appctl` link to this binary (`appctl`), which
+    /// would only pass these targeted calls on to it.
+    #[arg(long, env = "OVN_IPSEC_OVS_APPCTL", default_value = crate::appctl::REAL_OVS_APPCTL)]
     pub ovs_appctl: std::ffi::OsString,
     /// The running ovn-controller's unixctl socket. Default: discovered
     /// from `--ovn-controller-pidfile` as `<its dir>/ovn-controller.<pid>.ctl`.
