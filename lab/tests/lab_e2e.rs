@@ -239,18 +239,11 @@ fn the_lab_runs_the_lifecycle_and_down_leaves_nothing_behind() {
     // rekey (rekeyed, never reauthenticated: docs/decisions.md), not while
     // every node renews onto a new CA nor once the old one is retired, not
     // in the cleanup rollout or after it.
-    // The plaintext baseline, before any IPsec state exists: in clean-clone
-    // CI runs of 2026-12-07 it lost 40-42 of about 220 echoes while the
-    // agents and charons started, with no XFRM counter grown (0 in every
-    // run by hand); docs/performance.md records it as unexplained. Bounded
-    // here, not hidden: the summary and the table show every one.
-    let baseline = phase("before enable");
-    assert!(baseline.sent > 0, "{baseline:?}");
-    assert!(
-        baseline.lost * 4 <= baseline.sent && baseline.xfrm.is_empty(),
-        "the plaintext baseline lost more than a quarter of its echoes: {baseline:?}"
-    );
+    // The plaintext baseline too: the probes start once every node's
+    // flows have settled (a node's forwarding written after the first
+    // replies once cost its pairs' first seconds; docs/performance.md).
     for quiet in [
+        "before enable",
         "Prepare",
         "Arm",
         "Enabled",
