@@ -269,37 +269,48 @@ impl ControlPlane {
     /// The trust bundle as the controller publishes it (ConfigMap
     /// `ovn-ipsec-trust`, key `ca.crt`).
     pub async fn trust(&self) -> Result<TrustBundle, ClusterError> {
-        let maps: Api<ConfigMap> = Api::namespaced(self.admin.clone(), NS);
-        let cm = maps
-            .get(k8s::TRUST_CONFIGMAP)
-            .await
-            .map_err(|source| ClusterError::Api {
-                what: "reading the trust bundle",
-                source,
-            })?;
-        let pem = cm
-            .data
-            .and_then(|mut d| d.remove(k8s::TRUST_CONFIGMAP_KEY))
+        let pem = self
+            .configmap_key(
+                k8s::TRUST_CONFIGMAP,
+                k8s::TRUST_CONFIGMAP_KEY,
+                "reading the trust bundle",
+            )
+            .await?
             .unwrap_or_default();
         TrustBundle::from_pem(pem.as_bytes()).map_err(|e| ClusterError::Trust(e.to_string()))
     }
 
     /// The coordination record as stored (`None`: none yet).
     pub async fn record(&self) -> Result<Option<CoordinationRecord>, ClusterError> {
-        let maps: Api<ConfigMap> = Api::namespaced(self.admin.clone(), NS);
-        let cm = maps
-            .get_opt(k8s::COORDINATION_CONFIGMAP)
-            .await
-            .map_err(|source| ClusterError::Api {
-                what: "reading the coordination record",
-                source,
-            })?;
-        let Some(state) = cm.and_then(|c| c.data?.remove(k8s::COORDINATION_CONFIGMAP_KEY)) else {
+        let Some(state) = self
+            .configmap_key(
+                k8s::COORDINATION_CONFIGMAP,
+                k8s::COORDINATION_CONFIGMAP_KEY,
+                "reading the coordination record",
+            )
+            .await?
+        else {
             return Ok(None);
         };
         CoordinationRecord::decode(state.as_bytes())
             .map(Some)
             .map_err(|e| ClusterError::Record(e.to_string()))
+    }
+
+    /// Key `key` of ConfigMap `name` in the controller's namespace (`None`:
+    /// no such ConfigMap or key); `what` names it in an error.
+    async fn configmap_key(
+        &self,
+        name: &str,
+        key: &str,
+        what: &'static str,
+    ) -> Result<Option<String>, ClusterError> {
+        let maps: Api<ConfigMap> = Api::namespaced(self.admin.clone(), NS);
+        let cm = maps
+            .get_opt(name)
+            .await
+            .map_err(|source| ClusterError::Api { what, source })?;
+        Ok(cm.and_then(|c| c.data?.remove(key)))
     }
 }
 

@@ -19,6 +19,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use kube_ovn_ipsec_api::pki::{Certificate, TrustBundle};
+use kube_ovn_ipsec_api::status::Status;
 use testbed::probe::unix_now;
 
 use super::context::{Run, Step, fail};
@@ -62,47 +63,28 @@ pub(super) async fn ca_rotation(run: &mut Run<'_>, w: &mut World) -> Step {
             &both_digest[..12]
         ),
     );
-    let n = w.nodes.len();
-    let deadline = Instant::now() + PATIENCE;
-    let mut moved = vec![false; n];
-    while moved.iter().any(|m| !m) {
-        for (i, done) in moved.iter_mut().enumerate() {
-            if *done {
-                continue;
-            }
-            let Some(s) = w.nodes[i].parsed_status().await else {
-                continue;
-            };
-            update_row(&mut run.summary.nodes[i], &s);
-            let on_new = leaf_of(&w.nodes[i]).is_some_and(|l| l.verify_issued_by(&new).is_ok());
-            if on_new
+    each_node(
+        run,
+        w,
+        ("CA rotation", "CA renewal"),
+        (
+            "not every node renewed onto the new CA",
+            "CA rotation: renewing onto the signing CA",
+        ),
+        |_, node, s| {
+            let on_new = leaf_of(node).is_some_and(|l| l.verify_issued_by(&new).is_ok());
+            (on_new
                 && s.configuration_applied
-                && s.trust_digest.map(|d| d.to_hex()) == Some(both_digest.clone())
-            {
-                *done = true;
-                let g = s.generation.unwrap_or_default();
-                w.event(
-                    "CA renewal",
-                    i,
-                    unix_now(),
-                    format!("generation {g} from the new CA active, two-CA trust acknowledged"),
-                );
-                run.line(
-                    "CA rotation",
-                    &w.cp.nodes[i].name.clone(),
-                    format!("generation {g} from the new CA, two-CA trust acknowledged"),
-                );
-            }
-        }
-        if Instant::now() > deadline {
-            return fail(format!(
-                "not every node renewed onto the new CA within {} s; see agent.log \
-                 (\"CA rotation: renewing onto the signing CA\")",
-                PATIENCE.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+                && s.trust_digest.map(|d| d.to_hex()) == Some(both_digest.clone()))
+            .then(|| {
+                format!(
+                    "generation {} from the new CA active, two-CA trust acknowledged",
+                    s.generation.unwrap_or_default()
+                )
+            })
+        },
+    )
+    .await?;
     // Echoes sent just before the last renewal need a few seconds to be
     // judged before the window opens.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -130,44 +112,24 @@ pub(super) async fn ca_rotation(run: &mut Run<'_>, w: &mut World) -> Step {
             &retired_digest[..12]
         ),
     );
-    let deadline = Instant::now() + PATIENCE;
-    let mut done = vec![false; n];
-    while done.iter().any(|d| !d) {
-        for (i, d) in done.iter_mut().enumerate() {
-            if *d {
-                continue;
-            }
-            let Some(s) = w.nodes[i].parsed_status().await else {
-                continue;
-            };
-            update_row(&mut run.summary.nodes[i], &s);
-            if s.configuration_applied
+    each_node(
+        run,
+        w,
+        ("CA retirement", "CA retired"),
+        (
+            "not every node dropped the old CA and rebuilt its tunnels",
+            REBUILT,
+        ),
+        |i, node, s| {
+            (s.configuration_applied
                 && s.trust_digest.map(|d| d.to_hex()) == Some(retired_digest.clone())
-                && rebuilds(&w.nodes[i]) > rebuilt_before[i]
-            {
-                *d = true;
-                w.event(
-                    "CA retired",
-                    i,
-                    unix_now(),
-                    "old CA dropped, tunnels rebuilt make-before-break",
-                );
-                run.line(
-                    "CA retirement",
-                    &w.cp.nodes[i].name.clone(),
-                    "old CA dropped, tunnels rebuilt under the new trust",
-                );
-            }
-        }
-        if Instant::now() > deadline {
-            return fail(format!(
-                "not every node dropped the old CA and rebuilt its tunnels within {} s; see \
-                 agent.log (\"{REBUILT}\")",
-                PATIENCE.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+                && rebuilds(node) > rebuilt_before[i])
+                .then(|| "old CA dropped, tunnels rebuilt make-before-break".to_string())
+        },
+    )
+    .await?;
+    let n = w.nodes.len();
+    let deadline = Instant::now() + PATIENCE;
     // Each node deletes the SAs it replaced once the new ones are in; a
     // packet in flight on one of them when it goes is the rebuild's too.
     loop {
@@ -195,6 +157,45 @@ pub(super) async fn ca_rotation(run: &mut Run<'_>, w: &mut World) -> Step {
     run.done("CA retirement");
     run.phase("CA retired");
     refresh_rows(run, w).await;
+    Ok(())
+}
+
+/// Polls every node's `/status` until `done` (given the node's index, the
+/// node and its status) names what it got to, recording that as an event
+/// `kind` and a progress line of `step` for each node as it does; fails
+/// after [`PATIENCE`] with `late` and the agent's log line to look for.
+async fn each_node(
+    run: &mut Run<'_>,
+    w: &mut World,
+    (step, kind): (&str, &str),
+    (late, look_for): (&str, &str),
+    mut done: impl FnMut(usize, &SimNode, &Status) -> Option<String>,
+) -> Step {
+    let deadline = Instant::now() + PATIENCE;
+    let mut there = vec![false; w.nodes.len()];
+    while there.contains(&false) {
+        for (i, got) in there.iter_mut().enumerate() {
+            if *got {
+                continue;
+            }
+            let Some(s) = w.nodes[i].parsed_status().await else {
+                continue;
+            };
+            update_row(&mut run.summary.nodes[i], &s);
+            if let Some(detail) = done(i, &w.nodes[i], &s) {
+                *got = true;
+                w.event(kind, i, unix_now(), detail.clone());
+                run.line(step, &w.cp.nodes[i].name.clone(), detail);
+            }
+        }
+        if Instant::now() > deadline {
+            return fail(format!(
+                "{late} within {} s; see agent.log (\"{look_for}\")",
+                PATIENCE.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     Ok(())
 }
 
