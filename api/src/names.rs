@@ -89,6 +89,9 @@ pub mod ovs {
 
     /// `Open_vSwitch . external_ids` key: the chassis name.
     pub const EXTERNAL_ID_SYSTEM_ID: &str = "system-id";
+    /// `Open_vSwitch.external_ids` key: the tunnel types ovn-controller
+    /// builds (comma-separated; Kube-OVN writes its `TUNNEL_TYPE`).
+    pub const EXTERNAL_ID_ENCAP_TYPE: &str = "ovn-encap-type";
     /// `external_ids` key: Node UID the published lease belongs to.
     pub const EXTERNAL_ID_PROTECTION_NODE_UID: &str = "ovn-ipsec-protection-node-uid";
     /// `external_ids` key: the lease id.

@@ -768,3 +768,48 @@ async fn the_real_controller_signs_the_agent_with_a_pod_bound_token() {
     let _ = agent.kill();
     let _ = agent.wait();
 }
+
+/// A node whose OVSDB says its tunnels are STT (Kube-OVN's
+/// `TUNNEL_TYPE=stt`): OVN encrypts only Geneve and VXLAN and Linux has no
+/// STT datapath, so the agent refuses at start with the reason, before it
+/// claims the node or writes anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_stt_node_is_refused_at_start_having_touched_nothing() {
+    harness::use_agent_binary!();
+    let cluster = Cluster::start(Duration::from_secs(600)).await;
+    cluster
+        .ovs
+        .vsctl(&[
+            "set",
+            "Open_vSwitch",
+            ".",
+            "external_ids:ovn-encap-type=stt",
+        ])
+        .unwrap();
+    let key_dir = cluster.dir.path().join("keys");
+    let before = node_snapshot(&cluster, &key_dir);
+    let mut agent = cluster.spawn_agent(&key_dir, Cluster::free_port(), 600, &[]);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = agent.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the agent is still running on an STT node:\n{}",
+            cluster.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(1), "{status}");
+    let logs = cluster.agent_logs();
+    assert!(
+        logs.contains("ovn-encap-type") && logs.contains("no STT datapath"),
+        "the refusal does not say why:\n{logs}"
+    );
+    assert_eq!(
+        node_snapshot(&cluster, &key_dir),
+        before,
+        "the agent changed an STT node"
+    );
+}

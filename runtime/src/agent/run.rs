@@ -168,6 +168,13 @@ async fn chassis(
     loop {
         match client.read_map(&MapColumn::ovs_external_ids()).await {
             Ok(snap) => {
+                if let Some(why) = unsupported_encap(
+                    snap.entries
+                        .get(ovs::EXTERNAL_ID_ENCAP_TYPE)
+                        .map(String::as_str),
+                ) {
+                    return Err(AgentError::Unsupported(why));
+                }
                 if let Some(id) = snap.entries.get(ovs::EXTERNAL_ID_SYSTEM_ID) {
                     let chassis =
                         Chassis::new(id.clone()).map_err(|source| AgentError::Invalid {
@@ -184,6 +191,25 @@ async fn chassis(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Why this node's tunnel type cannot be encrypted, if it cannot: OVN
+/// encrypts Geneve and VXLAN tunnels only, and Linux has no STT datapath
+/// (the chart refuses `stt` at render; this is the same refusal on a node
+/// whose OVSDB says it, e.g. a chart rendered without the tunnel type).
+fn unsupported_encap(encap_type: Option<&str>) -> Option<String> {
+    let encap = encap_type?;
+    encap
+        .split(',')
+        .any(|t| t.trim().eq_ignore_ascii_case("stt"))
+        .then(|| {
+            format!(
+                "external_ids:{}=\"{encap}\": OVN encrypts only geneve and vxlan tunnels, and \
+                 Linux has no STT datapath; set Kube-OVN's TUNNEL_TYPE to geneve or vxlan, or \
+                 run without IPsec; nothing on this node was touched",
+                ovs::EXTERNAL_ID_ENCAP_TYPE
+            )
+        })
 }
 
 /// The running ovn-controller's control socket from its pidfile:
@@ -640,6 +666,21 @@ pub async fn run_with(
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn stt_is_refused_and_geneve_and_vxlan_are_not() {
+        for ok in [None, Some("geneve"), Some("vxlan"), Some("geneve,vxlan")] {
+            assert_eq!(unsupported_encap(ok), None, "{ok:?}");
+        }
+        for stt in ["stt", "STT", "geneve, stt"] {
+            let why = unsupported_encap(Some(stt)).unwrap();
+            assert!(
+                why.contains("ovn-encap-type") && why.contains("STT datapath"),
+                "{why}"
+            );
+            assert!(why.contains("nothing on this node was touched"), "{why}");
+        }
+    }
 
     #[derive(Debug, Parser)]
     struct Cli {
