@@ -34,15 +34,21 @@ pub enum Address {
     Unix(PathBuf),
     /// `tcp:host:port`
     Tcp(String),
+    /// `ssl:host:port`: TCP with mutual TLS ([`crate::tls`]; the files in
+    /// [`Config::tls`]).
+    Ssl(String),
 }
 
 impl Address {
-    /// Parses `unix:PATH` or `tcp:HOST:PORT`; a bare path is taken as unix.
+    /// Parses `unix:PATH`, `tcp:HOST:PORT` or `ssl:HOST:PORT`; a bare path
+    /// is taken as unix.
     pub fn parse(s: &str) -> Self {
         if let Some(p) = s.strip_prefix("unix:") {
             Address::Unix(PathBuf::from(p))
         } else if let Some(t) = s.strip_prefix("tcp:") {
             Address::Tcp(t.to_string())
+        } else if let Some(t) = s.strip_prefix("ssl:") {
+            Address::Ssl(t.to_string())
         } else {
             Address::Unix(PathBuf::from(s))
         }
@@ -54,6 +60,7 @@ impl fmt::Display for Address {
         match self {
             Address::Unix(p) => write!(f, "unix:{}", p.display()),
             Address::Tcp(t) => write!(f, "tcp:{t}"),
+            Address::Ssl(t) => write!(f, "ssl:{t}"),
         }
     }
 }
@@ -73,6 +80,9 @@ pub struct Config {
     /// peer whose host died). `None` disables the probe. Default 5 s, the
     /// same as ovsdb-server's own probe.
     pub inactivity_probe: Option<Duration>,
+    /// The key, certificate and CA files for an `ssl:` address (read at
+    /// every connect). Required for `ssl:`, ignored otherwise.
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 impl Default for Config {
@@ -82,6 +92,7 @@ impl Default for Config {
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(30),
             inactivity_probe: Some(Duration::from_secs(5)),
+            tls: None,
         }
     }
 }
@@ -211,12 +222,46 @@ enum Pending {
 type Reader = Box<dyn AsyncRead + Send + Unpin>;
 type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
-async fn open(address: &Address) -> Result<(Reader, Writer), Error> {
+async fn open(
+    address: &Address,
+    tls: Option<&crate::tls::TlsFiles>,
+) -> Result<(Reader, Writer), Error> {
     let err = |e: std::io::Error| Error::Connect {
         address: address.to_string(),
         source: Arc::new(e),
     };
     match address {
+        Address::Ssl(t) => {
+            let refuse = |reason: String| Error::Tls {
+                address: address.to_string(),
+                reason,
+            };
+            let files = tls.ok_or_else(|| {
+                refuse(
+                    "an ssl: remote needs a private key, a certificate and a CA certificate \
+                     file, and none were given"
+                        .into(),
+                )
+            })?;
+            let config = files.client_config().map_err(refuse)?;
+            let host = t.rsplit_once(':').map_or(t.as_str(), |(h, _)| h);
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                .map_err(|e| refuse(format!("host {host:?}: {e}")))?;
+            let s = tokio::net::TcpStream::connect(t.as_str())
+                .await
+                .map_err(err)?;
+            s.set_nodelay(true).map_err(err)?;
+            // The handshake's failure (an untrusted server certificate, a
+            // client certificate the server refuses) is a connect error
+            // naming the remote, retried like any other.
+            let s = tokio_rustls::TlsConnector::from(config)
+                .connect(name, s)
+                .await
+                .map_err(err)?;
+            let (r, w) = tokio::io::split(s);
+            Ok((Box::new(r), Box::new(w)))
+        }
         Address::Unix(p) => {
             let s = tokio::net::UnixStream::connect(p).await.map_err(err)?;
             let (r, w) = s.into_split();
@@ -240,7 +285,7 @@ pub(crate) async fn spawn(
     address: Address,
     config: Config,
 ) -> Result<mpsc::UnboundedSender<Command>, Error> {
-    let conn = open(&address).await?;
+    let conn = open(&address, config.tls.as_ref()).await?;
     let (tx, rx) = mpsc::unbounded_channel();
     let task = Task {
         backoff: BackoffPolicy {
@@ -376,7 +421,7 @@ impl Task {
                     }
                 }
             }
-            match open(&self.address).await {
+            match open(&self.address, self.config.tls.as_ref()).await {
                 Ok(c) => {
                     tracing::info!(address = %self.address, "OVSDB reconnected");
                     self.backoff.reset();

@@ -111,6 +111,16 @@ pub enum Error {
     /// The client was closed (every handle dropped or `close()` called).
     #[error("OVSDB client closed")]
     Closed,
+    /// An `ssl:` remote cannot be used as configured: a key, certificate
+    /// or CA file missing or unreadable, or no files given at all. Not
+    /// retried: the files must be fixed first.
+    #[error("OVSDB over SSL to {address}: {reason}")]
+    Tls {
+        /// The remote, as given.
+        address: String,
+        /// What is wrong, naming the file.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -130,6 +140,7 @@ impl Error {
             Error::RowCount { .. } => "row_count",
             Error::Timeout { .. } => "timeout",
             Error::Closed => "closed",
+            Error::Tls { .. } => "tls",
         }
     }
 

@@ -54,6 +54,7 @@ pub mod framing;
 pub mod helpers;
 pub mod jsonrpc;
 pub mod protocol;
+pub mod tls;
 
 pub use client::{Client, MonitorStream};
 pub use connection::{Address, Config, MonitorEvent};
@@ -66,3 +67,4 @@ pub use protocol::{
     Condition, MonitorRequest, Mutation, Operation, OperationResult, Row, RowUpdate, RowUpdate2,
     TableUpdates,
 };
+pub use tls::TlsFiles;

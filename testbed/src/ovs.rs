@@ -117,7 +117,12 @@ pub fn run(program: &str, args: &[&str]) -> Result<String, Error> {
         return Err(Error::Command {
             command,
             status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            // Some tools (ovs-pki) say why on stdout.
+            stderr: if out.stderr.is_empty() {
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            } else {
+                String::from_utf8_lossy(&out.stderr).into_owned()
+            },
         });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -228,6 +233,92 @@ pub struct OvsdbServer {
     ctl: PathBuf,
     log: PathBuf,
     daemon: Daemon,
+    /// The key, certificate and CA files it serves `ssl:` with, once set.
+    ssl: Option<SslFiles>,
+}
+
+/// A PEM key, certificate and CA certificate, as OVS's `--private-key`,
+/// `--certificate` and `--ca-cert` take them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SslFiles {
+    /// The private key.
+    pub private_key: PathBuf,
+    /// The certificate.
+    pub certificate: PathBuf,
+    /// The CA certificate peers must chain to.
+    pub ca_cert: PathBuf,
+}
+
+/// A PKI made by OVS's own `ovs-pki` (what Kube-OVN's `ENABLE_SSL` uses):
+/// its `switchca` signs every certificate asked for.
+#[derive(Debug)]
+pub struct OvsPki {
+    dir: PathBuf,
+}
+
+impl OvsPki {
+    /// `ovs-pki init` in `<dir>/pki`.
+    pub fn create(dir: &Path) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
+        let pki = Self {
+            dir: dir.to_path_buf(),
+        };
+        pki.ovs_pki(&["init"])?;
+        Ok(pki)
+    }
+
+    /// The CA certificate every certificate of this PKI chains to.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.join("pki/switchca/cacert.pem")
+    }
+
+    /// A key and certificate `name`, signed by the CA (`ovs-pki
+    /// req+sign`), with this PKI's CA as the peers' CA.
+    pub fn issue(&self, name: &str) -> Result<SslFiles, Error> {
+        // Run in the PKI's directory with a bare name: ovs-pki puts the
+        // name into the subject, whose fields hold 64 characters.
+        self.ovs_pki(&["--force", "req+sign", name, "switch"])?;
+        Ok(SslFiles {
+            private_key: self.dir.join(format!("{name}-privkey.pem")),
+            certificate: self.dir.join(format!("{name}-cert.pem")),
+            ca_cert: self.ca_cert(),
+        })
+    }
+
+    /// `ovs-pki <args>` in the PKI's directory, its openssl output logged
+    /// there (and quoted in the error: ovs-pki itself says nothing).
+    fn ovs_pki(&self, args: &[&str]) -> Result<(), Error> {
+        let path = require_program("ovs-pki")?;
+        let log = self.dir.join("ovs-pki.log");
+        let command = format!("ovs-pki {}", args.join(" "));
+        let out = Command::new(&path)
+            .arg(format!("--dir={}", self.dir.join("pki").display()))
+            .arg(format!("--log={}", log.display()))
+            .args(args)
+            .current_dir(&self.dir)
+            .output()
+            .map_err(|source| Error::Io {
+                what: format!("spawn `{command}`"),
+                source,
+            })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let logged = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = logged.lines().rev().take(5).collect();
+        Err(Error::Command {
+            command,
+            status: out.status.to_string(),
+            stderr: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stderr),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ),
+        })
+    }
 }
 
 impl OvsdbServer {
@@ -246,6 +337,7 @@ impl OvsdbServer {
                 dir.join(format!("{stem}.pid")),
             ),
             db,
+            ssl: None,
         };
         run(
             "ovsdb-tool",
@@ -279,18 +371,22 @@ impl OvsdbServer {
     fn launch(&mut self) -> Result<(), Error> {
         // A killed server leaves its socket file behind.
         remove_if_exists(&self.socket)?;
-        run(
-            "ovsdb-server",
-            &[
-                &path_str(&self.db),
-                &format!("--remote=punix:{}", self.socket.display()),
-                &format!("--unixctl={}", self.ctl.display()),
-                &format!("--pidfile={}", self.daemon.pidfile.display()),
-                &format!("--log-file={}", self.log.display()),
-                "--detach",
-                "--no-chdir",
-            ],
-        )?;
+        let mut args = vec![
+            path_str(&self.db),
+            format!("--remote=punix:{}", self.socket.display()),
+            format!("--unixctl={}", self.ctl.display()),
+            format!("--pidfile={}", self.daemon.pidfile.display()),
+            format!("--log-file={}", self.log.display()),
+            "--detach".into(),
+            "--no-chdir".into(),
+        ];
+        if let Some(ssl) = &self.ssl {
+            args.push(format!("--private-key={}", ssl.private_key.display()));
+            args.push(format!("--certificate={}", ssl.certificate.display()));
+            args.push(format!("--ca-cert={}", ssl.ca_cert.display()));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run("ovsdb-server", &args)?;
         self.daemon.record_pid()
     }
 
@@ -352,10 +448,27 @@ impl OvsdbServer {
         self.launch()
     }
 
+    /// Restarts the server with `ssl`'s key, certificate and CA, and makes
+    /// it listen for SSL at 127.0.0.1 on a free port; returns
+    /// `ssl:127.0.0.1:<port>`. Not persisted across a later restart's
+    /// remotes (the files are).
+    pub fn serve_ssl(&mut self, ssl: SslFiles) -> Result<String, Error> {
+        self.ssl = Some(ssl);
+        self.restart()?;
+        let address = self.add_remote("pssl")?;
+        Ok(format!("ssl:{address}"))
+    }
+
     /// Makes the running server also listen on TCP at 127.0.0.1 on a free
     /// port (`ovsdb-server/add-remote`); returns `tcp:127.0.0.1:<port>`.
     /// Not persisted across [`OvsdbServer::restart`].
     pub fn listen_tcp(&self) -> Result<String, Error> {
+        Ok(format!("tcp:{}", self.add_remote("ptcp")?))
+    }
+
+    /// `ovsdb-server/add-remote <kind>:<free port>:127.0.0.1`, waited for
+    /// until the port accepts; returns `127.0.0.1:<port>`.
+    fn add_remote(&self, kind: &str) -> Result<String, Error> {
         // Ask the kernel for a free port, then hand it to the server. The
         // tiny window in between is acceptable for a test harness.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -371,7 +484,7 @@ impl OvsdbServer {
                 "-t",
                 &path_str(&self.ctl),
                 "ovsdb-server/add-remote",
-                &format!("ptcp:{port}:127.0.0.1"),
+                &format!("{kind}:{port}:127.0.0.1"),
             ],
         )?;
         let address = format!("127.0.0.1:{port}");
@@ -384,7 +497,7 @@ impl OvsdbServer {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Ok(format!("tcp:{address}"))
+        Ok(address)
     }
 
     /// Runs `ovs-vsctl --db=<this> --no-wait args` (`--no-wait` because no
