@@ -105,7 +105,7 @@ def check_node_env(case, c, key_dir):
     check(mounts.get("/run/openvswitch") == "host-run-ovs", f"{case}: {c['name']} lacks /run/openvswitch")
 
 
-def check_case(case, objs, *, ipsec, cleanup, cert_manager, key_dir):
+def check_case(case, objs, *, ipsec, cleanup, cert_manager, key_dir, ssl=False):
     ds = find(objs, "DaemonSet", "kube-ovn-cni")
     if not check(len(ds) == 1, f"{case}: one kube-ovn-cni DaemonSet"):
         return
@@ -158,6 +158,24 @@ def check_case(case, objs, *, ipsec, cleanup, cert_manager, key_dir):
         args = c["args"]
         check(f"--enable-ipsec={'true' if ipsec else 'false'}" in args, f"{case}: controller args {args}")
         check(f"--cert-manager-ipsec-cert={'true' if cert_manager else 'false'}" in args, f"{case}: controller args {args}")
+        env = env_of(c)
+        scheme = "ssl:" if ssl else "tcp:"
+        for var in ("OVN_NB_ADDR", "OVN_SB_ADDR"):
+            value = env.get(var, {}).get("value", "")
+            check(value.startswith(scheme), f"{case}: controller {var}={value!r}, want {scheme}")
+        pod = dep[0]["spec"]["template"]["spec"]
+        tls = {v["name"]: v for v in pod.get("volumes", [])}.get("ovn-tls")
+        mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+        if ssl:
+            check(tls is not None and tls.get("secret", {}).get("secretName") == "kube-ovn-tls",
+                  f"{case}: the controller mounts Kube-OVN's TLS secret ({tls})")
+            m = mounts.get("ovn-tls", {})
+            check(m.get("mountPath") == "/var/run/tls" and m.get("readOnly") is True,
+                  f"{case}: TLS files at /var/run/tls, read-only ({m})")
+            check(pod.get("securityContext", {}).get("fsGroup") == 65534,
+                  f"{case}: the secret's files readable by the controller's group")
+        else:
+            check(tls is None and "ovn-tls" not in mounts, f"{case}: no TLS secret without SSL")
     check_rbac(case, objs)
 
 
@@ -214,6 +232,8 @@ CASES = [
                                                         key_dir="/var/lib/ovs_ipsec_keys")),
     ("v2 off + Talos", ["v2-off-previous.yaml", "talos.yaml"], dict(ipsec=False, cleanup=True, cert_manager=False,
                                                                    key_dir="/var/lib/ovs_ipsec_keys")),
+    ("v1 on + SSL", ["v1-ssl.yaml"], dict(ipsec=True, cleanup=False, cert_manager=False, ssl=True)),
+    ("v2 on + SSL", ["v2-ssl.yaml"], dict(ipsec=True, cleanup=False, cert_manager=False, ssl=True)),
     ("defaults", [], dict(ipsec=False, cleanup=True, cert_manager=False)),
 ]
 
@@ -231,7 +251,8 @@ BAD = [
     ({"OVN_IPSEC_KEY_DIR": "/var/lib/a", "ipsec": {"keyDirectory": "/var/lib/b"}}, "set twice with different values"),
     ({"features": {"enableOvnIpsec": True}, "networking": {"tunnelType": "stt"}}, "geneve and vxlan tunnels only"),
     ({"cni": {"capabilities": ["NET_ADMIN", "SYS_NICE"]}}, "always drops it"),
-    ({"controller": {"ovnNb": "ssl:10.0.0.1:6641"}}, "only tcp:HOST:PORT"),
+    ({"controller": {"ovnNb": "udp:10.0.0.1:6641"}}, "use tcp:HOST:PORT or ssl:HOST:PORT"),
+    ({"networking": {"ENABLE_SSL": True, "enableSsl": False}}, "set twice with different values"),
     ({"features": {"enableOvnIpsec": True}, "ipsec": {"childLifetime": 600, "rekeyMargin": 300}},
      "starts rekeying before a 600 s lifetime has begun"),
     ({"ipsec": {"rekeyFuzz": -5}}, "/ipsec/rekeyFuzz"),

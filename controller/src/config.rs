@@ -120,6 +120,17 @@ pub struct Config {
     /// OVN southbound database (e.g. `tcp:10.0.0.1:6642`).
     #[arg(long, env = "OVN_SB_ADDR")]
     pub ovn_sb: Option<String>,
+    /// For `ssl:` NB/SB remotes: this client's private key (PEM), as
+    /// Kube-OVN mounts it for `ENABLE_SSL` (`/var/run/tls/key`).
+    #[arg(long, env = "OVN_SSL_PRIVATE_KEY", default_value = "/var/run/tls/key")]
+    pub ovn_ssl_private_key: std::path::PathBuf,
+    /// For `ssl:` remotes: this client's certificate (`/var/run/tls/cert`).
+    #[arg(long, env = "OVN_SSL_CERTIFICATE", default_value = "/var/run/tls/cert")]
+    pub ovn_ssl_certificate: std::path::PathBuf,
+    /// For `ssl:` remotes: the CA the databases' certificates chain to
+    /// (`/var/run/tls/cacert`).
+    #[arg(long, env = "OVN_SSL_CA_CERT", default_value = "/var/run/tls/cacert")]
+    pub ovn_ssl_ca_cert: std::path::PathBuf,
     /// How often the coordinator observes and acts.
     #[arg(long, env = "OVN_IPSEC_COORDINATION_PERIOD", default_value = "2s", value_parser = parse_period)]
     pub coordination_period: Duration,

@@ -185,6 +185,25 @@ impl Drop for Background {
     }
 }
 
+/// The key, certificate and CA files when a remote in `remotes` is
+/// `ssl:`, checked now: the controller refuses to start on a file it
+/// cannot read or parse (naming it), rather than retry a connection that
+/// cannot succeed. `None` when no remote is `ssl:`.
+fn ovn_tls(config: &Config, remotes: &[&str]) -> Result<Option<ovsdb::TlsFiles>> {
+    let Some(ssl) = remotes.iter().find(|r| r.starts_with("ssl:")) else {
+        return Ok(None);
+    };
+    let files = ovsdb::TlsFiles {
+        private_key: config.ovn_ssl_private_key.clone(),
+        certificate: config.ovn_ssl_certificate.clone(),
+        ca_cert: config.ovn_ssl_ca_cert.clone(),
+    };
+    files
+        .client_config()
+        .map_err(|reason| Error::Config(format!("OVN remote {ssl}: {reason}")))?;
+    Ok(Some(files))
+}
+
 /// The coordinator's settings, when `--ovn-nb` is given.
 fn coordinator_config(config: &Config) -> Result<Option<coordination::run::CoordinatorConfig>> {
     let Some(nb) = &config.ovn_nb else {
@@ -199,6 +218,7 @@ fn coordinator_config(config: &Config) -> Result<Option<coordination::run::Coord
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
+    let ovn_tls = ovn_tls(config, &[nb.as_str(), sb.as_str()])?;
     Ok(Some(coordination::run::CoordinatorConfig {
         namespace: config.namespace.clone(),
         cni_namespace: config.cni_namespace.clone(),
@@ -206,6 +226,7 @@ fn coordinator_config(config: &Config) -> Result<Option<coordination::run::Coord
         want_enabled: config.enable_ipsec,
         ovn_nb: nb.clone(),
         ovn_sb: sb,
+        ovn_tls,
         period: config.coordination_period,
         lease_duration: config.lease_duration,
         identity,
@@ -296,4 +317,63 @@ pub async fn serve_metrics(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Args;
+
+    fn config(args: &[&str]) -> Config {
+        let cmd = Config::augment_args(clap::Command::new("kube-ovn-ipsec-controller"));
+        let matches = cmd
+            .no_binary_name(true)
+            .try_get_matches_from(args)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        <Config as clap::FromArgMatches>::from_arg_matches(&matches).unwrap()
+    }
+
+    #[test]
+    fn an_ssl_remote_needs_readable_files_and_a_tcp_one_none() {
+        let tcp = config(&[
+            "--ovn-nb",
+            "tcp:10.0.0.1:6641",
+            "--ovn-sb",
+            "tcp:10.0.0.1:6642",
+        ]);
+        let c = coordinator_config(&tcp).unwrap().unwrap();
+        assert_eq!(c.ovn_tls, None);
+        // A CA and a certificate that read, a key file that is not there.
+        let dir = tempfile::tempdir().unwrap();
+        let ca = kube_ovn_ipsec_api::test_util::TestCa::p256("OVN CA");
+        let (ca_file, cert_file) = (dir.path().join("cacert"), dir.path().join("cert"));
+        std::fs::write(&ca_file, ca.cert_pem()).unwrap();
+        std::fs::write(&cert_file, ca.cert_pem()).unwrap();
+        let key = dir.path().join("no-such-key");
+        let ssl = config(&[
+            "--ovn-nb",
+            "ssl:10.0.0.1:6641",
+            "--ovn-sb",
+            "tcp:10.0.0.1:6642",
+            "--ovn-ssl-ca-cert",
+            ca_file.to_str().unwrap(),
+            "--ovn-ssl-certificate",
+            cert_file.to_str().unwrap(),
+            "--ovn-ssl-private-key",
+            key.to_str().unwrap(),
+        ]);
+        let e = coordinator_config(&ssl).unwrap_err().to_string();
+        assert!(e.contains("ssl:10.0.0.1:6641"), "{e}");
+        assert!(
+            e.contains("private key file") && e.contains("no-such-key"),
+            "{e}"
+        );
+        // Without any of the files, the first one read is named.
+        let none = config(&["--ovn-nb", "tcp:a:1", "--ovn-sb", "ssl:b:2"]);
+        let e = coordinator_config(&none).unwrap_err().to_string();
+        assert!(
+            e.contains("ssl:b:2") && e.contains("/var/run/tls/cacert"),
+            "{e}"
+        );
+    }
 }

@@ -95,6 +95,21 @@ async fn enable_walks_prepare_arm_nb_enabled_on_signed_receipts() {
 /// for the Lease to expire, takes over and resumes the same barrier — the
 /// epochs go on from the stored record, no phase is skipped, NB is set once
 /// the last receipt is in.
+/// OVN's databases as Kube-OVN's `ENABLE_SSL` serves them: NB and SB
+/// over SSL only (ovs-pki's certificates, ovn-northd over SSL too); the
+/// controller, given the key, certificate and CA files, walks the same
+/// barriers to `Enabled` and the switch reaches SB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_over_ssl_reaches_enabled_with_nb_and_sb_on() {
+    let (s, _) = setup_over_ssl(2).await;
+    let t0 = Instant::now();
+    let (seen, _) = until_enabled(&s, Duration::from_secs(60)).await;
+    assert_eq!(seen.last(), Some(&CoordinationPhase::Enabled), "{seen:?}");
+    assert_eq!(nb_sb(&s.central).await, (true, true));
+    println!("Enabled over SSL after {:?}", t0.elapsed());
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_takes_over_a_killed_leader_mid_barrier_and_resumes() {
     let (mut s, ids) = setup(3, None, Some(2)).await;

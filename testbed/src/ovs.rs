@@ -278,8 +278,9 @@ impl OvsPki {
     /// A key and certificate `name`, signed by the CA (`ovs-pki
     /// req+sign`), with this PKI's CA as the peers' CA.
     pub fn issue(&self, name: &str) -> Result<SslFiles, Error> {
-        // Run in the PKI's directory with a bare name: ovs-pki puts the
-        // name into the subject, whose fields hold 64 characters.
+        // Run in the PKI's directory with a bare, short name: ovs-pki puts
+        // the name and a UUID into the subject's CN, which holds 64
+        // characters.
         self.ovs_pki(&["--force", "req+sign", name, "switch"])?;
         Ok(SslFiles {
             private_key: self.dir.join(format!("{name}-privkey.pem")),
@@ -531,6 +532,7 @@ impl OvsdbServer {
 pub struct Northd {
     nb: String,
     sb: String,
+    ssl: Option<SslFiles>,
     ctl: PathBuf,
     log: PathBuf,
     daemon: Daemon,
@@ -541,10 +543,21 @@ impl Northd {
     /// directory. It creates `SB_Global` and mirrors `NB_Global.ipsec` into
     /// `SB_Global.ipsec` (~10 ms).
     pub fn start(nb: &OvsdbServer, sb: &OvsdbServer) -> Result<Self, Error> {
+        Self::start_at(nb, (nb.address(), sb.address()), None)
+    }
+
+    /// [`Northd::start`] connected to the `remotes` (NB, SB) given, with
+    /// `ssl`'s key, certificate and CA for `ssl:` ones.
+    fn start_at(
+        nb: &OvsdbServer,
+        remotes: (String, String),
+        ssl: Option<SslFiles>,
+    ) -> Result<Self, Error> {
         let dir = nb.socket_path().parent().unwrap_or(Path::new("/tmp"));
         let mut n = Self {
-            nb: nb.address(),
-            sb: sb.address(),
+            nb: remotes.0,
+            sb: remotes.1,
+            ssl,
             ctl: dir.join("northd.ctl"),
             log: dir.join("northd.log"),
             daemon: Daemon::new("ovn-northd", dir.join("northd.pid")),
@@ -554,18 +567,22 @@ impl Northd {
     }
 
     fn launch(&mut self) -> Result<(), Error> {
-        run(
-            "ovn-northd",
-            &[
-                &format!("--ovnnb-db={}", self.nb),
-                &format!("--ovnsb-db={}", self.sb),
-                &format!("--unixctl={}", self.ctl.display()),
-                &format!("--pidfile={}", self.daemon.pidfile.display()),
-                &format!("--log-file={}", self.log.display()),
-                "--detach",
-                "--no-chdir",
-            ],
-        )?;
+        let mut args = vec![
+            format!("--ovnnb-db={}", self.nb),
+            format!("--ovnsb-db={}", self.sb),
+            format!("--unixctl={}", self.ctl.display()),
+            format!("--pidfile={}", self.daemon.pidfile.display()),
+            format!("--log-file={}", self.log.display()),
+            "--detach".into(),
+            "--no-chdir".into(),
+        ];
+        if let Some(ssl) = &self.ssl {
+            args.push(format!("--private-key={}", ssl.private_key.display()));
+            args.push(format!("--certificate={}", ssl.certificate.display()));
+            args.push(format!("--ca-cert={}", ssl.ca_cert.display()));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run("ovn-northd", &args)?;
         self.daemon.record_pid()
     }
 
@@ -609,6 +626,18 @@ pub struct OvnCentral {
     pub sb: OvsdbServer,
 }
 
+/// Where [`OvnCentral::start_ssl`] serves NB and SB over SSL, and a
+/// client's files for them.
+#[derive(Debug, Clone)]
+pub struct SslRemotes {
+    /// `ssl:127.0.0.1:<port>` of NB.
+    pub nb: String,
+    /// `ssl:127.0.0.1:<port>` of SB.
+    pub sb: String,
+    /// A client key and certificate of the same PKI, with its CA.
+    pub client: SslFiles,
+}
+
 impl OvnCentral {
     /// Starts NB, SB and northd in `dir`.
     pub fn start(dir: &Path) -> Result<Self, Error> {
@@ -616,6 +645,29 @@ impl OvnCentral {
         let sb = OvsdbServer::start_sb(dir)?;
         let northd = Northd::start(&nb, &sb)?;
         Ok(Self { northd, nb, sb })
+    }
+
+    /// [`OvnCentral::start`] as Kube-OVN's `ENABLE_SSL` runs it: a PKI
+    /// made by ovs-pki in `<dir>/tls`, NB and SB served over SSL with
+    /// certificates of their own (their unix sockets stay, for the
+    /// `*ctl` helpers), and ovn-northd connected to both over SSL.
+    pub fn start_ssl(dir: &Path) -> Result<(Self, SslRemotes), Error> {
+        let pki = OvsPki::create(&dir.join("tls"))?;
+        let mut nb = OvsdbServer::start_nb(dir)?;
+        let mut sb = OvsdbServer::start_sb(dir)?;
+        let nb_remote = nb.serve_ssl(pki.issue("ovn-nb")?)?;
+        let sb_remote = sb.serve_ssl(pki.issue("ovn-sb")?)?;
+        let northd = Northd::start_at(
+            &nb,
+            (nb_remote.clone(), sb_remote.clone()),
+            Some(pki.issue("ovn-northd")?),
+        )?;
+        let remotes = SslRemotes {
+            nb: nb_remote,
+            sb: sb_remote,
+            client: pki.issue("controller")?,
+        };
+        Ok((Self { northd, nb, sb }, remotes))
     }
 
     /// Turns IPsec on or off the way the controller does — `NB_Global.ipsec`

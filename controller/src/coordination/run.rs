@@ -76,10 +76,12 @@ pub struct CoordinatorConfig {
     pub daemon_set: String,
     /// `--enable-ipsec`.
     pub want_enabled: bool,
-    /// OVN northbound database (`tcp:…`, `unix:…`).
+    /// OVN northbound database (`tcp:…`, `ssl:…`, `unix:…`).
     pub ovn_nb: String,
     /// OVN southbound database.
     pub ovn_sb: String,
+    /// The key, certificate and CA files for `ssl:` remotes.
+    pub ovn_tls: Option<ovsdb::TlsFiles>,
     /// Pass period.
     pub period: Duration,
     /// Lease duration.
@@ -278,7 +280,11 @@ impl Coordinator {
             (&mut self.nb, &self.config.ovn_nb)
         };
         if slot.is_none() {
-            match ovsdb::Client::connect_str(addr).await {
+            let config = ovsdb::Config {
+                tls: self.config.ovn_tls.clone(),
+                ..ovsdb::Config::default()
+            };
+            match ovsdb::Client::connect(ovsdb::Address::parse(addr), config).await {
                 Ok(c) => *slot = Some(c),
                 Err(e) => {
                     tracing::warn!(error = %e, database = %addr, "cannot reach the OVN database");

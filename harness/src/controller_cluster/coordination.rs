@@ -365,8 +365,31 @@ pub async fn setup_with(
     held: Option<usize>,
     late: bool,
 ) -> (Setup, Vec<Identity>) {
+    setup_on(nodes, forged, held, late, false).await
+}
+
+/// A [`setup`] of `nodes` nodes whose NB and SB the controller reaches
+/// over SSL only, as with Kube-OVN's `ENABLE_SSL`
+/// ([`OvnCentral::start_ssl`]: ovs-pki's certificates, ovn-northd over
+/// SSL too).
+pub async fn setup_over_ssl(nodes: usize) -> (Setup, Vec<Identity>) {
+    setup_on(nodes, None, None, false, true).await
+}
+
+async fn setup_on(
+    nodes: usize,
+    forged: Option<usize>,
+    held: Option<usize>,
+    late: bool,
+    ssl: bool,
+) -> (Setup, Vec<Identity>) {
     let dir = tempfile::tempdir().unwrap();
-    let central = OvnCentral::start(dir.path()).unwrap();
+    let (central, remotes) = if ssl {
+        let (central, remotes) = OvnCentral::start_ssl(dir.path()).unwrap();
+        (central, Some(remotes))
+    } else {
+        (OvnCentral::start(dir.path()).unwrap(), None)
+    };
     let mut c = Cluster::start(nodes).await;
     let early = nodes - usize::from(late);
     if late {
@@ -375,8 +398,23 @@ pub async fn setup_with(
             .await
             .unwrap();
     }
-    let (nb, sb) = (central.nb.address(), central.sb.address());
-    let config = c.config_with(&flags(&nb, &sb, "controller-0"));
+    let (nb, sb) = match &remotes {
+        Some(r) => (r.nb.clone(), r.sb.clone()),
+        None => (central.nb.address(), central.sb.address()),
+    };
+    let mut args = flags(&nb, &sb, "controller-0");
+    let files: Vec<String> = remotes
+        .iter()
+        .flat_map(|r| {
+            [
+                format!("--ovn-ssl-private-key={}", r.client.private_key.display()),
+                format!("--ovn-ssl-certificate={}", r.client.certificate.display()),
+                format!("--ovn-ssl-ca-cert={}", r.client.ca_cert.display()),
+            ]
+        })
+        .collect();
+    args.extend(files.iter().map(String::as_str));
+    let config = c.config_with(&args);
     c.start_controller(config).await;
     let mut ids = Vec::new();
     for n in 0..early {

@@ -19,6 +19,23 @@ conflicting or unusable value fails the render with what to change.
 {{- include "kube-ovn-ipsec.pick" (list .Values.func.ENABLE_OVN_IPSEC .Values.features.enableOvnIpsec "IPsec (func.ENABLE_OVN_IPSEC / features.enableOvnIpsec)" false) -}}
 {{- end -}}
 
+{{/* "true" when Kube-OVN serves OVN's databases over SSL (its
+     ENABLE_SSL): the controller's default NB/SB remotes are ssl:, and the
+     controller mounts Kube-OVN's client key, certificate and CA. */}}
+{{- define "kube-ovn-ipsec.ssl" -}}
+{{- include "kube-ovn-ipsec.pick" (list .Values.networking.ENABLE_SSL .Values.networking.enableSsl "SSL to OVN's databases (networking.ENABLE_SSL / networking.enableSsl)" false) -}}
+{{- end -}}
+
+{{/* "true" when the controller reaches NB or SB over SSL: Kube-OVN's
+     ENABLE_SSL, or an ssl: remote given. */}}
+{{- define "kube-ovn-ipsec.ovnTls" -}}
+{{- $given := false -}}
+{{- range list .Values.controller.ovnNb .Values.controller.ovnSb -}}
+{{- if and . (hasPrefix "ssl:" .) -}}{{- $given = true -}}{{- end -}}
+{{- end -}}
+{{- or (eq (include "kube-ovn-ipsec.ssl" .) "true") $given -}}
+{{- end -}}
+
 {{/* "true" when validated CSRs go to cert-manager. */}}
 {{- define "kube-ovn-ipsec.certManager" -}}
 {{- include "kube-ovn-ipsec.pick" (list .Values.func.CERT_MANAGER_IPSEC_CERT (ternary true nil .Values.ipsec.certManager.enabled) "cert-manager signing (func.CERT_MANAGER_IPSEC_CERT / ipsec.certManager.enabled)" false) -}}
@@ -63,8 +80,8 @@ conflicting or unusable value fails the render with what to change.
 {{- fail "cni.capabilities lists SYS_NICE: the CNI container always drops it (only the ipsec container gets it); remove it" -}}
 {{- end -}}
 {{- range list .Values.controller.ovnNb .Values.controller.ovnSb -}}
-{{- if and . (not (hasPrefix "tcp:" .)) -}}
-{{- fail (printf "controller.ovnNb/ovnSb %q: only tcp:HOST:PORT is supported" .) -}}
+{{- if and . (not (or (hasPrefix "tcp:" .) (hasPrefix "ssl:" .))) -}}
+{{- fail (printf "controller.ovnNb/ovnSb %q: use tcp:HOST:PORT or ssl:HOST:PORT" .) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
