@@ -318,23 +318,33 @@ fn files_under(dir: &std::path::Path) -> std::collections::BTreeMap<String, (u32
     out
 }
 
-/// Waits (30 s at most) for `second` to exit, asserts it failed and that
-/// its refusal named the holder `first` and said nothing was touched;
-/// returns the agents' logs.
-async fn refused_naming(cluster: &Cluster, second: &mut std::process::Child, first: u32) -> String {
+/// Waits (30 s at most) for `agent` (`who`, in the failure) to exit.
+async fn exited(
+    cluster: &Cluster,
+    agent: &mut std::process::Child,
+    who: &str,
+) -> std::process::ExitStatus {
     let t = Instant::now();
     let status = loop {
-        if let Some(s) = second.try_wait().unwrap() {
+        if let Some(s) = agent.try_wait().unwrap() {
             break s;
         }
         assert!(
             t.elapsed() < Duration::from_secs(30),
-            "the second agent is still running:\n{}",
+            "{who} is still running:\n{}",
             cluster.agent_logs()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    println!("second agent exited ({status}) after {:?}", t.elapsed());
+    println!("{who} exited ({status}) after {:?}", t.elapsed());
+    status
+}
+
+/// Waits (30 s at most) for `second` to exit, asserts it failed and that
+/// its refusal named the holder `first` and said nothing was touched;
+/// returns the agents' logs.
+async fn refused_naming(cluster: &Cluster, second: &mut std::process::Child, first: u32) -> String {
+    let status = exited(cluster, second, "the second agent").await;
     assert!(!status.success(), "{status}");
     let logs = cluster.agent_logs();
     assert!(
@@ -789,18 +799,7 @@ async fn an_stt_node_is_refused_at_start_having_touched_nothing() {
     let key_dir = cluster.dir.path().join("keys");
     let before = node_snapshot(&cluster, &key_dir);
     let mut agent = cluster.spawn_agent(&key_dir, Cluster::free_port(), 600, &[]);
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = agent.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the agent is still running on an STT node:\n{}",
-            cluster.agent_logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = exited(&cluster, &mut agent, "the agent on an STT node").await;
     assert_eq!(status.code(), Some(1), "{status}");
     let logs = cluster.agent_logs();
     assert!(

@@ -249,6 +249,18 @@ pub struct SslFiles {
     pub ca_cert: PathBuf,
 }
 
+impl SslFiles {
+    /// `--private-key=…`, `--certificate=…`, `--ca-cert=…`: how every OVS
+    /// and OVN daemon takes them.
+    pub fn options(&self) -> [String; 3] {
+        [
+            format!("--private-key={}", self.private_key.display()),
+            format!("--certificate={}", self.certificate.display()),
+            format!("--ca-cert={}", self.ca_cert.display()),
+        ]
+    }
+}
+
 /// A PKI made by OVS's own `ovs-pki` (what Kube-OVN's `ENABLE_SSL` uses):
 /// its `switchca` signs every certificate asked for.
 #[derive(Debug)]
@@ -382,9 +394,7 @@ impl OvsdbServer {
             "--no-chdir".into(),
         ];
         if let Some(ssl) = &self.ssl {
-            args.push(format!("--private-key={}", ssl.private_key.display()));
-            args.push(format!("--certificate={}", ssl.certificate.display()));
-            args.push(format!("--ca-cert={}", ssl.ca_cert.display()));
+            args.extend(ssl.options());
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         run("ovsdb-server", &args)?;
@@ -577,9 +587,7 @@ impl Northd {
             "--no-chdir".into(),
         ];
         if let Some(ssl) = &self.ssl {
-            args.push(format!("--private-key={}", ssl.private_key.display()));
-            args.push(format!("--certificate={}", ssl.certificate.display()));
-            args.push(format!("--ca-cert={}", ssl.ca_cert.display()));
+            args.extend(ssl.options());
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         run("ovn-northd", &args)?;
