@@ -128,6 +128,22 @@ pub fn run(program: &str, args: &[&str]) -> Result<String, Error> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The options every detached OVS/OVN daemon here starts with: its
+/// control socket, pidfile and log, detached, and `ssl`'s files if any.
+fn daemon_options(ctl: &Path, daemon: &Daemon, log: &Path, ssl: Option<&SslFiles>) -> Vec<String> {
+    let mut args = vec![
+        format!("--unixctl={}", ctl.display()),
+        format!("--pidfile={}", daemon.pidfile.display()),
+        format!("--log-file={}", log.display()),
+        "--detach".into(),
+        "--no-chdir".into(),
+    ];
+    if let Some(ssl) = ssl {
+        args.extend(ssl.options());
+    }
+    args
+}
+
 /// A detached daemon known by its pidfile.
 #[derive(Debug)]
 struct Daemon {
@@ -387,15 +403,13 @@ impl OvsdbServer {
         let mut args = vec![
             path_str(&self.db),
             format!("--remote=punix:{}", self.socket.display()),
-            format!("--unixctl={}", self.ctl.display()),
-            format!("--pidfile={}", self.daemon.pidfile.display()),
-            format!("--log-file={}", self.log.display()),
-            "--detach".into(),
-            "--no-chdir".into(),
         ];
-        if let Some(ssl) = &self.ssl {
-            args.extend(ssl.options());
-        }
+        args.extend(daemon_options(
+            &self.ctl,
+            &self.daemon,
+            &self.log,
+            self.ssl.as_ref(),
+        ));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         run("ovsdb-server", &args)?;
         self.daemon.record_pid()
@@ -580,15 +594,13 @@ impl Northd {
         let mut args = vec![
             format!("--ovnnb-db={}", self.nb),
             format!("--ovnsb-db={}", self.sb),
-            format!("--unixctl={}", self.ctl.display()),
-            format!("--pidfile={}", self.daemon.pidfile.display()),
-            format!("--log-file={}", self.log.display()),
-            "--detach".into(),
-            "--no-chdir".into(),
         ];
-        if let Some(ssl) = &self.ssl {
-            args.extend(ssl.options());
-        }
+        args.extend(daemon_options(
+            &self.ctl,
+            &self.daemon,
+            &self.log,
+            self.ssl.as_ref(),
+        ));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         run("ovn-northd", &args)?;
         self.daemon.record_pid()
